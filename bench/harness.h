@@ -1,0 +1,136 @@
+// tessera-bench: the case registry and the helpers cases are built from.
+//
+// An op family adds its cases from its own .cpp file (listed in bench/CMakeLists.txt):
+//
+//   static void add_my_cases(std::vector<tessera::bench::CaseSpec>& cases) { cases.push_back({...}); }
+//   TESSERA_BENCH_CASES(add_my_cases);
+//
+// A CaseSpec is plain data plus a setup function; nothing touches the GPU until setup runs, so --list works
+// anywhere. setup allocates the device buffers and fills the inputs with fresh random data (never zeros, fixed
+// seed per case) in num_sets rotating copies (see rotating_sets), and returns the CaseInstance that runs and
+// checks the op.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "reference/moe_checks.h"
+
+namespace tessera::bench {
+
+using reference::CheckResult;
+
+// What setup knows about the device.
+struct DeviceContext {
+  int device = 0;
+  int64_t l2_bytes = 0;
+  int num_sms = 0;
+};
+
+class CaseInstance {
+ public:
+  virtual ~CaseInstance() = default;
+  // Rotating input sets; run(stream, set) takes set in [0, num_sets()).
+  virtual int num_sets() const = 0;
+  // One call of the op on input set `set`. Asynchronous, capturable, no allocation.
+  virtual void run(cudaStream_t stream, int set) = 0;
+  // Poisons the outputs, runs set 0, copies the outputs to the host and compares them with the CPU reference
+  // computed from set 0's inputs. May restrict the reference to a prefix of the problem (the message says so).
+  virtual CheckResult check(cudaStream_t stream) = 0;
+};
+
+struct CaseSpec {
+  std::string op;    // "fused_gate"
+  std::string name;  // "dsv3/T4096/fp32"
+  double bytes = 0;  // bytes one call must move: each input read once, each output written once
+  double flops = 0;  // 0 if the op has no meaningful flop count
+  std::function<std::unique_ptr<CaseInstance>(const DeviceContext&)> setup;
+};
+
+// All registered cases, in registration order (families in link order).
+std::vector<CaseSpec>& case_registry();
+
+struct CaseRegistrar {
+  explicit CaseRegistrar(void (*add)(std::vector<CaseSpec>&)) { add(case_registry()); }
+};
+
+#define TESSERA_BENCH_CASES_CAT2(a, b) a##b
+#define TESSERA_BENCH_CASES_CAT(a, b) TESSERA_BENCH_CASES_CAT2(a, b)
+#define TESSERA_BENCH_CASES(fn) \
+  static const ::tessera::bench::CaseRegistrar TESSERA_BENCH_CASES_CAT(tessera_bench_registrar_, __LINE__)(fn)
+
+// How many rotating input sets make the inputs of the rotation exceed twice the L2 (1 if one set already does),
+// capped at 64. bytes_per_set: the inputs one call reads.
+int rotating_sets(const DeviceContext& ctx, double bytes_per_set);
+
+// ---- device memory ---------------------------------------------------------------------------------------
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t bytes) { allocate(bytes); }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+
+  void allocate(std::size_t bytes);
+  void release() noexcept;
+  void* get() const { return ptr_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  std::size_t bytes() const { return bytes_; }
+
+  // Synchronous copies of a whole host vector to/from the start of the buffer.
+  template <typename T>
+  void upload(const std::vector<T>& host) {
+    copy_in(host.data(), host.size() * sizeof(T));
+  }
+  template <typename T>
+  std::vector<T> download(std::size_t count, cudaStream_t stream) const {
+    std::vector<T> host(count);
+    copy_out(host.data(), count * sizeof(T), stream);
+    return host;
+  }
+  // Fills with `byte` on the stream (NaN poison for floats: 0xFF).
+  void fill_async(int byte, cudaStream_t stream) const;
+
+ private:
+  void copy_in(const void* src, std::size_t bytes);
+  void copy_out(void* dst, std::size_t bytes, cudaStream_t stream) const;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// ---- host random data ------------------------------------------------------------------------------------
+// splitmix64: fast, and good enough for benchmark inputs.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+  // Roughly standard normal (Irwin-Hall of 4 uniforms), bounded by +-3.46.
+  double normal() { return (uniform() + uniform() + uniform() + uniform() - 2.0) * 1.7320508075688772; }
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }
+
+ private:
+  uint64_t state_;
+};
+
+// A stable seed from the case's identity (FNV-1a), mixed with the set index.
+uint64_t case_seed(const std::string& op, const std::string& name, int set);
+
+}  // namespace tessera::bench

@@ -1,0 +1,45 @@
+// tessera-bench: timing with CUDA events, in two modes, and the copy-bandwidth ceiling.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace tessera::bench {
+
+struct ModeTiming {
+  bool ok = false;
+  double median_us = 0;  // per call
+  double min_us = 0;
+  double max_us = 0;
+  int samples = 0;            // timed samples the median is taken over
+  int calls_per_sample = 1;   // graph mode: calls captured in the graph
+  std::string error;          // why the mode failed, when !ok
+};
+
+// "stream": `warmup` untimed calls, then `reps` calls with an event pair around each, rotating input sets.
+// Includes each launch's gap on the stream, so small kernels read their launch latency here.
+ModeTiming time_stream(CaseInstance& c, cudaStream_t stream, int reps, int warmup);
+
+// "graph": `calls` calls (rotating sets) captured into one CUDA graph; `warmup` untimed replays, then `replays`
+// timed replays; per-call time = replay time / calls, median over replays.
+ModeTiming time_graph(CaseInstance& c, cudaStream_t stream, int calls, int replays, int warmup);
+
+// Calls per graph: enough for a replay of ~2 ms (given an estimated call time; <= 0 if unknown), at most 256,
+// a multiple of num_sets so every replay sees each set equally often.
+int graph_calls_for(double est_call_us, int num_sets);
+
+struct CopyBandwidth {
+  double bytes_per_s = 0;  // (bytes read + bytes written) / median time
+  double copy_bytes = 0;   // bytes of one cudaMemcpyAsync
+  double median_us = 0;
+};
+// Device-to-device cudaMemcpyAsync of 1 GiB (512 MiB if that does not fit), median of `reps`.
+CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, int reps);
+
+double median(std::vector<double> v);
+
+}  // namespace tessera::bench

@@ -1,0 +1,11 @@
+# Writes the first ```cpp block of README (-DREADME=...) to OUT (-DOUT=...).
+file(READ "${README}" text)
+string(FIND "${text}" "```cpp\n" start)
+if(start EQUAL -1)
+  message(FATAL_ERROR "${README} has no ```cpp block")
+endif()
+math(EXPR start "${start} + 7")
+string(SUBSTRING "${text}" ${start} -1 rest)
+string(FIND "${rest}" "```" stop)
+string(SUBSTRING "${rest}" 0 ${stop} code)
+file(WRITE "${OUT}" "// Extracted from README.md by cmake/extract_readme_example.cmake; edit the README.\n${code}")

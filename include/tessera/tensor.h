@@ -1,0 +1,55 @@
+// tessera — non-owning tensor views and element types (public).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace tessera {
+
+// Element types. kInt4x2 is one byte holding two signed 4-bit values (low nibble = even element); shapes and
+// strides of a kInt4x2 view count bytes, not nibbles.
+enum class DType : uint8_t {
+  kBF16,
+  kFP16,
+  kFP32,
+  kFP8E4M3,
+  kFP8E5M2,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+  kInt4x2,
+};
+
+const char* dtype_name(DType dtype);
+// Storage size of one element, in bytes (kInt4x2: 1).
+std::size_t dtype_size(DType dtype);
+
+// A non-owning view of a strided tensor. Strides count elements. device is the CUDA device ordinal, or
+// kHostDevice for host memory.
+struct TensorView {
+  static constexpr int kMaxRank = 6;
+  static constexpr int kHostDevice = -1;
+
+  void* data = nullptr;
+  DType dtype = DType::kFP32;
+  int rank = 0;
+  int64_t shape[kMaxRank] = {};
+  int64_t strides[kMaxRank] = {};
+  int device = kHostDevice;
+
+  // A contiguous (row-major) view.
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                               int device = 0);
+
+  int64_t numel() const;
+  int64_t size(int dim) const { return shape[dim < 0 ? dim + rank : dim]; }
+  int64_t stride(int dim) const { return strides[dim < 0 ? dim + rank : dim]; }
+  bool is_contiguous() const;
+  std::size_t nbytes_min() const;  // bytes spanned by a contiguous tensor of this shape
+  std::string shape_str() const;   // "[4096, 7168]"
+};
+
+}  // namespace tessera

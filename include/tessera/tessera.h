@@ -1,0 +1,7 @@
+// tessera — umbrella header.
+#pragma once
+
+#include "tessera/error.h"
+#include "tessera/moe.h"
+#include "tessera/tensor.h"
+#include "tessera/version.h"

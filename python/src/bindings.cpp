@@ -1,0 +1,249 @@
+// tessera._C — the Python extension module: thin pybind11 bindings over the public C++ API.
+//
+// Tensors cross the boundary as DLPack capsules (PyCapsule named "dltensor" holding a DLManagedTensor*). The
+// binding only reads the DLTensor: it never renames or consumes the capsule, so the producer's deleter runs when
+// the capsule is collected, and the Python caller keeps the tensors alive for the duration of the call. Optional
+// tensors are None. The stream is the cudaStream_t as an int (0 = legacy default stream).
+//
+// fp8: tessera's from_dlpack knows the DLPack fp8 type codes only when built against a DLPack header >= 1.0
+// (Debian ships 0.6). The Python layer therefore passes fp8 tensors as torch.uint8 views, and permute() re-labels
+// its x_perm output as fp8 e4m3 here when quant is not "none" and the view is uint8. A capsule that already says
+// fp8 e4m3 (new header and producer) is accepted as is.
+//
+// Every tessera::Error becomes a Python ValueError with the same message. The GIL is released around each call
+// into the library (argument conversion happens before, with the GIL held).
+
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tessera/dlpack.h"
+#include "tessera/error.h"
+#include "tessera/moe.h"
+#include "tessera/tensor.h"
+#include "tessera/version.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using tessera::DType;
+using tessera::TensorView;
+
+constexpr const char* kLegacyCapsule = "dltensor";
+
+[[noreturn]] void fail(const char* op, const char* arg, const std::string& what) {
+  throw tessera::Error(std::string(op) + ": '" + arg + "' " + what);
+}
+
+// The TensorView of a DLPack capsule. The capsule is only read.
+TensorView view_of(const py::object& obj, const char* op, const char* arg) {
+  PyObject* p = obj.ptr();
+  if (p == nullptr || !PyCapsule_CheckExact(p)) {
+    std::string type = p == nullptr ? "NULL" : Py_TYPE(p)->tp_name;
+    throw py::type_error(std::string(op) + ": '" + arg + "' must be a DLPack capsule, got " + type);
+  }
+  const char* name = PyCapsule_GetName(p);
+  if (name == nullptr) {
+    PyErr_Clear();
+    fail(op, arg, "is a capsule without a name, not a DLPack capsule");
+  }
+  const std::string cap_name(name);
+  if (cap_name == kLegacyCapsule) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(p, kLegacyCapsule));
+    if (managed == nullptr) throw py::error_already_set();
+    return tessera::from_dlpack(managed->dl_tensor, arg);
+  }
+#if defined(DLPACK_MAJOR_VERSION) && DLPACK_MAJOR_VERSION >= 1
+  if (cap_name == "dltensor_versioned") {
+    auto* managed = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(p, "dltensor_versioned"));
+    if (managed == nullptr) throw py::error_already_set();
+    if (managed->version.major > DLPACK_MAJOR_VERSION)
+      fail(op, arg, "is a DLPack " + std::to_string(managed->version.major) + ".x capsule; tessera knows " +
+                        std::to_string(DLPACK_MAJOR_VERSION) + ".x");
+    return tessera::from_dlpack(managed->dl_tensor, arg);
+  }
+#endif
+  if (cap_name == "used_dltensor" || cap_name == "used_dltensor_versioned")
+    fail(op, arg, "is a DLPack capsule that was already consumed");
+  fail(op, arg, "must be a DLPack capsule named 'dltensor', got a capsule named '" + cap_name + "'");
+}
+
+std::optional<TensorView> optional_view_of(const py::object& obj, const char* op, const char* arg) {
+  if (obj.is_none()) return std::nullopt;
+  return view_of(obj, op, arg);
+}
+
+cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+tessera::moe::Scoring parse_scoring(const std::string& s, const char* op) {
+  if (s == "sigmoid") return tessera::moe::Scoring::kSigmoid;
+  if (s == "softmax") return tessera::moe::Scoring::kSoftmax;
+  fail(op, "scoring", "must be 'sigmoid' or 'softmax', got '" + s + "'");
+}
+
+tessera::moe::GroupScore parse_group_score(const std::string& s, const char* op) {
+  if (s == "top2_sum") return tessera::moe::GroupScore::kTop2Sum;
+  if (s == "max") return tessera::moe::GroupScore::kMax;
+  fail(op, "group_score", "must be 'top2_sum' or 'max', got '" + s + "'");
+}
+
+tessera::moe::PermuteQuant parse_quant(const py::object& q, const char* op) {
+  if (q.is_none()) return tessera::moe::PermuteQuant::kNone;
+  if (!py::isinstance<py::str>(q))
+    fail(op, "quant", std::string("must be None, 'none', 'fp8_blockwise' or 'fp8_per_tensor', got an object of type ") +
+                          Py_TYPE(q.ptr())->tp_name);
+  const std::string s = q.cast<std::string>();
+  if (s == "none") return tessera::moe::PermuteQuant::kNone;
+  if (s == "fp8_blockwise") return tessera::moe::PermuteQuant::kFP8Blockwise;
+  if (s == "fp8_per_tensor") return tessera::moe::PermuteQuant::kFP8PerTensor;
+  fail(op, "quant", "must be None, 'none', 'fp8_blockwise' or 'fp8_per_tensor', got '" + s + "'");
+}
+
+tessera::moe::PermuteParams permute_params(int num_experts, int pad_multiple, const py::object& quant,
+                                           const char* op) {
+  tessera::moe::PermuteParams params;
+  params.num_experts = num_experts;
+  params.pad_multiple = pad_multiple;
+  params.quant = parse_quant(quant, op);
+  return params;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+
+void fused_gate(const py::object& logits, const py::object& bias, const py::object& weights,
+                const py::object& ids, int topk, int num_groups, int topk_groups, const std::string& scoring,
+                const std::string& group_score, bool renormalize, float routed_scaling_factor,
+                int num_shared_experts, float shared_expert_weight, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.fused_gate";
+  tessera::moe::GateParams params;
+  params.topk = topk;
+  params.num_groups = num_groups;
+  params.topk_groups = topk_groups;
+  params.scoring = parse_scoring(scoring, op);
+  params.group_score = parse_group_score(group_score, op);
+  params.renormalize = renormalize;
+  params.routed_scaling_factor = routed_scaling_factor;
+  params.num_shared_experts = num_shared_experts;
+  params.shared_expert_weight = shared_expert_weight;
+
+  const TensorView logits_v = view_of(logits, op, "logits");
+  const std::optional<TensorView> bias_v = optional_view_of(bias, op, "bias");
+  const TensorView weights_v = view_of(weights, op, "weights");
+  const TensorView ids_v = view_of(ids, op, "ids");
+
+  py::gil_scoped_release no_gil;
+  tessera::moe::fused_gate(logits_v, bias_v, weights_v, ids_v, params, as_stream(stream));
+}
+
+void permute(const py::object& x, const py::object& ids, const py::object& input_scale, const py::object& x_perm,
+             const py::object& scales, const py::object& expert_offsets, const py::object& expert_counts,
+             const py::object& row_index, const py::object& row_token, const py::object& workspace,
+             int num_experts, int pad_multiple, const py::object& quant, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.permute";
+  const tessera::moe::PermuteParams params = permute_params(num_experts, pad_multiple, quant, op);
+
+  const TensorView x_v = view_of(x, op, "x");
+  const TensorView ids_v = view_of(ids, op, "ids");
+  const std::optional<TensorView> input_scale_v = optional_view_of(input_scale, op, "input_scale");
+
+  tessera::moe::PermuteOutputs out;
+  out.x_perm = view_of(x_perm, op, "x_perm");
+  // fp8 outputs arrive as uint8 views (see the note at the top of this file).
+  if (params.quant != tessera::moe::PermuteQuant::kNone && out.x_perm.dtype == DType::kUInt8)
+    out.x_perm.dtype = DType::kFP8E4M3;
+  out.scales = optional_view_of(scales, op, "scales");
+  out.expert_offsets = view_of(expert_offsets, op, "expert_offsets");
+  out.expert_counts = view_of(expert_counts, op, "expert_counts");
+  out.row_index = view_of(row_index, op, "row_index");
+  out.row_token = optional_view_of(row_token, op, "row_token");
+
+  tessera::moe::Workspace ws;
+  if (!workspace.is_none()) {
+    const TensorView w = view_of(workspace, op, "workspace");
+    if (!w.is_contiguous()) fail(op, "workspace", "must be contiguous, got shape " + w.shape_str());
+    ws.data = w.data;
+    ws.bytes = w.nbytes_min();
+  }
+
+  py::gil_scoped_release no_gil;
+  tessera::moe::permute(x_v, ids_v, input_scale_v, out, ws, params, as_stream(stream));
+}
+
+void unpermute_reduce(const py::object& y_perm, const py::object& row_index, const py::object& weights,
+                      const py::object& residual, const py::object& out, float routed_scale,
+                      std::uintptr_t stream) {
+  constexpr const char* op = "tessera.unpermute_reduce";
+  const TensorView y_v = view_of(y_perm, op, "y_perm");
+  const TensorView row_index_v = view_of(row_index, op, "row_index");
+  const TensorView weights_v = view_of(weights, op, "weights");
+  const std::optional<TensorView> residual_v = optional_view_of(residual, op, "residual");
+  const TensorView out_v = view_of(out, op, "out");
+
+  py::gil_scoped_release no_gil;
+  tessera::moe::unpermute_reduce(y_v, row_index_v, weights_v, residual_v, out_v, routed_scale, as_stream(stream));
+}
+
+int64_t permute_capacity_rows(int64_t num_tokens, int topk, int num_experts, int pad_multiple,
+                              const py::object& quant) {
+  return tessera::moe::permute_capacity_rows(
+      num_tokens, topk, permute_params(num_experts, pad_multiple, quant, "tessera.permute_capacity_rows"));
+}
+
+std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, int num_experts, int pad_multiple,
+                                    const py::object& quant) {
+  return tessera::moe::permute_workspace_bytes(
+      num_tokens, topk, permute_params(num_experts, pad_multiple, quant, "tessera.permute_workspace_bytes"));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() =
+      "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
+      "cudaStream_t as an int. Use the tessera package (tessera.moe) rather than this module.";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tessera::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.attr("version") = TESSERA_VERSION_STRING;
+  m.attr("__version__") = TESSERA_VERSION_STRING;
+  m.attr("dlpack_header_version") = static_cast<int>(DLPACK_VERSION);
+  m.attr("gate_max_experts") = tessera::moe::kGateMaxExperts;
+  m.attr("gate_max_topk") = tessera::moe::kGateMaxTopk;
+  m.attr("fp8_block_cols") = tessera::moe::kFP8BlockCols;
+
+  m.def("fused_gate", &fused_gate, py::arg("logits"), py::arg("bias"), py::arg("weights"), py::arg("ids"),
+        py::arg("topk"), py::arg("num_groups"), py::arg("topk_groups"), py::arg("scoring"),
+        py::arg("group_score"), py::arg("renormalize"), py::arg("routed_scaling_factor"),
+        py::arg("num_shared_experts"), py::arg("shared_expert_weight"), py::arg("stream"),
+        "Biased grouped top-k gate into preallocated weights (fp32) and ids (int32). "
+        "scoring: 'sigmoid' | 'softmax'; group_score: 'top2_sum' | 'max'.");
+
+  m.def("permute", &permute, py::arg("x"), py::arg("ids"), py::arg("input_scale"), py::arg("x_perm"),
+        py::arg("scales"), py::arg("expert_offsets"), py::arg("expert_counts"), py::arg("row_index"),
+        py::arg("row_token"), py::arg("workspace"), py::arg("num_experts"), py::arg("pad_multiple"),
+        py::arg("quant"), py::arg("stream"),
+        "Permute token rows by expert into preallocated outputs. quant: None | 'none' | 'fp8_blockwise' | "
+        "'fp8_per_tensor'; with quant, x_perm may be a uint8 view (it is treated as fp8 e4m3).");
+
+  m.def("unpermute_reduce", &unpermute_reduce, py::arg("y_perm"), py::arg("row_index"), py::arg("weights"),
+        py::arg("residual"), py::arg("out"), py::arg("routed_scale"), py::arg("stream"),
+        "out[t] = routed_scale * sum_j weights[t,j] * y_perm[row_index[t,j]] (+ residual[t]).");
+
+  m.def("permute_capacity_rows", &permute_capacity_rows, py::arg("num_tokens"), py::arg("topk"),
+        py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),
+        "Rows x_perm, scales and row_token must have.");
+
+  m.def("permute_workspace_bytes", &permute_workspace_bytes, py::arg("num_tokens"), py::arg("topk"),
+        py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),
+        "Bytes of device workspace permute needs.");
+}

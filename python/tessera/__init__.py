@@ -1,0 +1,43 @@
+"""tessera — CUDA kernels for MoE routing, callable from PyTorch.
+
+    import tessera
+    weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
+                                      renormalize=True, routed_scaling_factor=2.5)
+    p = tessera.permute(x, ids, num_experts=256, quant="fp8_blockwise")
+    y = tessera.unpermute_reduce(y_perm, p.row_index, weights)
+
+The ops live in tessera.moe and are re-exported here. They take torch tensors (or any DLPack producer), run on
+the current CUDA stream and raise ValueError for invalid arguments. Importing tessera does not import torch.
+"""
+
+try:
+    from . import _C
+except ImportError as _e:  # pragma: no cover - depends on the build
+    raise ImportError(
+        "tessera: the compiled extension tessera._C could not be imported "
+        f"({_e}). Build it with `cmake -S . -B build && cmake --build build` and set "
+        "PYTHONPATH=build/python, or `pip install --no-build-isolation .`") from _e
+
+from . import moe
+from .moe import (
+    PermuteResult,
+    fused_gate,
+    permute,
+    permute_capacity_rows,
+    permute_workspace_bytes,
+    unpermute_reduce,
+)
+
+version = _C.version
+__version__ = _C.version
+
+__all__ = [
+    "PermuteResult",
+    "fused_gate",
+    "moe",
+    "permute",
+    "permute_capacity_rows",
+    "permute_workspace_bytes",
+    "unpermute_reduce",
+    "version",
+]

@@ -1,0 +1,84 @@
+"""DLPack hand-off between Python tensors and tessera._C (internal).
+
+Rules, kept deliberately simple:
+
+* torch.Tensor (checked first): used as is. ``to_capsule`` calls ``torch.utils.dlpack.to_dlpack`` on a detached
+  alias; that does no stream synchronization, which is right because tessera runs on the caller's current stream.
+* Any other object with ``__dlpack__``: turned into a torch.Tensor once, zero-copy, with ``torch.from_dlpack``
+  (which follows the DLPack stream protocol for the producer). Everything downstream then works on torch tensors.
+* fp8 tensors (torch.float8_e4m3fn / float8_e5m2) travel as ``torch.uint8`` views. tessera's C++ ``from_dlpack``
+  only knows the DLPack fp8 codes when built against a DLPack >= 1.0 header, so the binding re-labels the uint8
+  view (see python/src/bindings.cpp). Only outputs of ``permute`` use this today.
+
+The capsule is never consumed by tessera: the caller keeps the tensor alive across the (synchronous launch) call,
+and the capsule's own deleter releases its reference when the capsule is collected.
+
+torch is looked up lazily, so importing tessera does not import torch.
+"""
+
+import sys
+
+__all__ = ["torch_module", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of"]
+
+
+def torch_module():
+    """Imports and returns torch (ImportError with a clear message when it is missing)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return torch
+    try:
+        import torch  # noqa: F401  (lazy: tessera itself does not need torch to import)
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("tessera ops need PyTorch to allocate their outputs; install torch") from e
+    return torch
+
+
+def _fp8_dtypes(torch):
+    return tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
+
+
+def as_tensor(obj, op, arg):
+    """obj as a torch.Tensor: torch tensors as is, other DLPack producers through torch.from_dlpack."""
+    torch = torch_module()
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if not hasattr(obj, "__dlpack__"):
+        raise TypeError(
+            f"{op}: '{arg}' must be a torch.Tensor or an object with __dlpack__, got {type(obj).__name__}")
+    return torch.from_dlpack(obj)
+
+
+def as_optional_tensor(obj, op, arg):
+    return None if obj is None else as_tensor(obj, op, arg)
+
+
+_to_dlpack = None
+_fp8 = ()
+
+
+def to_capsule(tensor):
+    """A legacy ("dltensor") DLPack capsule aliasing a torch tensor; None stays None."""
+    global _to_dlpack, _fp8
+    if tensor is None:
+        return None
+    if _to_dlpack is None:
+        torch = torch_module()
+        import torch.utils.dlpack
+
+        _fp8 = _fp8_dtypes(torch)
+        _to_dlpack = torch.utils.dlpack.to_dlpack
+    t = tensor.detach()
+    if t.dtype in _fp8:
+        t = t.view(_uint8())
+    return _to_dlpack(t)
+
+
+def _uint8():
+    return torch_module().uint8
+
+
+def cuda_device_of(tensor, op, arg):
+    """The tensor's torch.device; ValueError naming the argument when it is not a CUDA tensor."""
+    if tensor.device.type != "cuda":
+        raise ValueError(f"{op}: '{arg}' must be a CUDA tensor, got a tensor on device '{tensor.device}'")
+    return tensor.device

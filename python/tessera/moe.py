@@ -1,0 +1,231 @@
+"""tessera.moe — MoE routing ops: the fused grouped top-k gate, token permute and unpermute-reduce.
+
+Thin wrappers over tessera._C (the C++ library, include/tessera/moe.h). Every op
+
+* accepts torch tensors, or any object with ``__dlpack__`` (converted zero-copy with torch.from_dlpack);
+* runs asynchronously on the caller's current CUDA stream (``torch.cuda.current_stream(device)``) of the device
+  of its first tensor argument, never synchronizes, and can be captured in a CUDA graph;
+* allocates its outputs with torch (``torch.empty``) on that device unless ``out=`` is given;
+* raises ValueError (naming the op and the argument) for invalid arguments: bad option strings here, everything
+  else from the C++ validation (tessera::Error -> ValueError).
+
+torch is imported lazily, inside the calls.
+"""
+
+import collections
+import operator
+
+from . import _C
+from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, to_capsule, torch_module
+
+__all__ = [
+    "PermuteResult",
+    "fused_gate",
+    "permute",
+    "permute_capacity_rows",
+    "permute_workspace_bytes",
+    "unpermute_reduce",
+]
+
+SCORINGS = ("sigmoid", "softmax")
+GROUP_SCORES = ("top2_sum", "max")
+QUANTS = (None, "none", "fp8_blockwise", "fp8_per_tensor")
+FP8_BLOCK_COLS = 128
+
+PermuteResult = collections.namedtuple(
+    "PermuteResult", ["x_perm", "scales", "expert_offsets", "expert_counts", "row_index", "row_token"])
+PermuteResult.__doc__ = """Outputs of tessera.moe.permute.
+
+x_perm          [capacity_rows, H]: x's dtype, or torch.float8_e4m3fn when quantized. Rows at or past
+                expert_offsets[E] are not written (uninitialized); pad rows inside segments are zero.
+scales          fp32 [capacity_rows, ceil(H/128)] for quant='fp8_blockwise' (x ~= x_perm * scale), else None.
+expert_offsets  int32 [E+1]: expert e owns rows [offsets[e], offsets[e+1]).
+expert_counts   int32 [E]: real (unpadded) rows of expert e.
+row_index       int32 [T, k]: row of copy (t, j) in x_perm, -1 where the id was out of [0, E).
+row_token       int32 [capacity_rows]: token of each row, -1 for pad rows; None if with_row_token=False.
+"""
+
+
+def _choice(op, arg, value, allowed):
+    if not isinstance(value, str) or value not in allowed:
+        names = " | ".join(repr(a) for a in allowed)
+        raise ValueError(f"{op}: '{arg}' must be one of {names}, got {value!r}")
+    return value
+
+
+def _quant_name(op, quant):
+    if quant is not None and (not isinstance(quant, str) or quant not in QUANTS):
+        raise ValueError(
+            f"{op}: 'quant' must be None, 'fp8_blockwise' or 'fp8_per_tensor', got {quant!r}")
+    return "none" if quant is None else quant
+
+
+def _int(op, arg, value, minimum=None):
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{op}: '{arg}' must be an int, got {type(value).__name__}") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{op}: '{arg}' must be >= {minimum}, got {v}")
+    return v
+
+
+def _rank(op, arg, t, rank, what):
+    if t.dim() != rank:
+        raise ValueError(f"{op}: '{arg}' must have rank {rank} {what}, got shape {list(t.shape)}")
+
+
+def _launch(torch, device, call):
+    """Runs call(stream) with `device` current and its current stream."""
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device):
+            call(torch.cuda.current_stream(device).cuda_stream)
+    else:
+        call(torch.cuda.current_stream(device).cuda_stream)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring="sigmoid",
+               group_score="top2_sum", renormalize=False, routed_scaling_factor=1.0, num_shared_experts=0,
+               shared_expert_weight=1.0, out=None):
+    """DeepSeek-V3 style biased grouped top-k gate.
+
+    scores = sigmoid(logits) | softmax(logits over E); choice = scores + bias; experts are chosen among the
+    topk_groups best groups (group score: sum of the 2 best choices, or the best) by descending choice;
+    weights = scores[ids] (renormalized to sum 1 if renormalize) * routed_scaling_factor; then
+    num_shared_experts slots with ids E..E+s-1 and weight shared_expert_weight. Ties: lower index wins; a NaN
+    choice ranks as -inf.
+
+    logits [T, E] fp32 | bf16 | fp16 (unit stride along E); bias [E] or None.
+    Returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]); out=(weights, ids) writes into those.
+    """
+    op = "tessera.fused_gate"
+    _choice(op, "scoring", scoring, SCORINGS)
+    _choice(op, "group_score", group_score, GROUP_SCORES)
+    topk = _int(op, "topk", topk, 1)
+    num_groups = _int(op, "num_groups", num_groups)
+    topk_groups = _int(op, "topk_groups", topk_groups)
+    num_shared_experts = _int(op, "num_shared_experts", num_shared_experts, 0)
+
+    torch = torch_module()
+    logits = as_tensor(logits, op, "logits")
+    bias = as_optional_tensor(bias, op, "bias")
+    device = cuda_device_of(logits, op, "logits")
+    _rank(op, "logits", logits, 2, "[T, E]")
+    if out is None:
+        width = topk + num_shared_experts
+        weights = torch.empty((logits.shape[0], width), dtype=torch.float32, device=device)
+        ids = torch.empty((logits.shape[0], width), dtype=torch.int32, device=device)
+    else:
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ValueError(f"{op}: 'out' must be a (weights, ids) pair, got {type(out).__name__}")
+        weights = as_tensor(out[0], op, "weights")
+        ids = as_tensor(out[1], op, "ids")
+
+    def call(stream):
+        _C.fused_gate(to_capsule(logits), to_capsule(bias), to_capsule(weights), to_capsule(ids), topk,
+                      num_groups, topk_groups, scoring, group_score, bool(renormalize),
+                      float(routed_scaling_factor), num_shared_experts, float(shared_expert_weight), stream)
+
+    _launch(torch, device, call)
+    return weights, ids
+
+
+def permute_capacity_rows(num_tokens, topk, num_experts, *, pad_multiple=1, quant=None):
+    """Rows of permute's x_perm / scales / row_token: T*k, plus E*(pad_multiple-1) when padding."""
+    op = "tessera.permute_capacity_rows"
+    q = _quant_name(op, quant)
+    return _C.permute_capacity_rows(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
+                                    _int(op, "num_experts", num_experts, 1),
+                                    _int(op, "pad_multiple", pad_multiple, 1), q)
+
+
+def permute_workspace_bytes(num_tokens, topk, num_experts, *, pad_multiple=1, quant=None):
+    """Bytes of device workspace permute needs (permute allocates it itself)."""
+    op = "tessera.permute_workspace_bytes"
+    q = _quant_name(op, quant)
+    return _C.permute_workspace_bytes(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
+                                      _int(op, "num_experts", num_experts, 1),
+                                      _int(op, "pad_multiple", pad_multiple, 1), q)
+
+
+def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None, with_row_token=True):
+    """Copies of the token rows grouped by expert (expert 0 first, token order within an expert).
+
+    x [T, H] bf16 | fp16 (H % 8 == 0, rows 16-byte aligned); ids [T, k] int32 | int64, contiguous; ids outside
+    [0, E) are dropped. Each expert segment is padded to a multiple of pad_multiple rows (pad rows are zero).
+    quant: None (x_perm has x's dtype), 'fp8_blockwise' (x_perm float8_e4m3fn plus fp32 scales, one per row
+    per 128 columns) or 'fp8_per_tensor' (x_perm = saturate(x / input_scale), input_scale fp32 [1] on the
+    device). Returns a PermuteResult.
+    """
+    op = "tessera.permute"
+    q = _quant_name(op, quant)
+    num_experts = _int(op, "num_experts", num_experts, 1)
+    pad_multiple = _int(op, "pad_multiple", pad_multiple, 1)
+
+    torch = torch_module()
+    x = as_tensor(x, op, "x")
+    ids = as_tensor(ids, op, "ids")
+    input_scale = as_optional_tensor(input_scale, op, "input_scale")
+    device = cuda_device_of(x, op, "x")
+    _rank(op, "x", x, 2, "[T, H]")
+    _rank(op, "ids", ids, 2, "[T, k]")
+    num_tokens, hidden = x.shape
+    topk = ids.shape[1]
+    if topk < 1:
+        raise ValueError(f"{op}: 'ids' must have at least one column, got shape {list(ids.shape)}")
+
+    rows = _C.permute_capacity_rows(num_tokens, topk, num_experts, pad_multiple, q)
+    ws_bytes = _C.permute_workspace_bytes(num_tokens, topk, num_experts, pad_multiple, q)
+    if q == "none":
+        x_perm = torch.empty((rows, hidden), dtype=x.dtype, device=device)
+    else:
+        x_perm = torch.empty((rows, hidden), dtype=torch.float8_e4m3fn, device=device)
+    scales = None
+    if q == "fp8_blockwise":
+        blocks = (hidden + FP8_BLOCK_COLS - 1) // FP8_BLOCK_COLS
+        scales = torch.empty((rows, blocks), dtype=torch.float32, device=device)
+    expert_offsets = torch.empty((num_experts + 1,), dtype=torch.int32, device=device)
+    expert_counts = torch.empty((num_experts,), dtype=torch.int32, device=device)
+    row_index = torch.empty((ids.shape[0], topk), dtype=torch.int32, device=device)
+    row_token = torch.empty((rows,), dtype=torch.int32, device=device) if with_row_token else None
+    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=device) if ws_bytes > 0 else None
+
+    def call(stream):
+        _C.permute(to_capsule(x), to_capsule(ids), to_capsule(input_scale), to_capsule(x_perm),
+                   to_capsule(scales), to_capsule(expert_offsets), to_capsule(expert_counts),
+                   to_capsule(row_index), to_capsule(row_token), to_capsule(workspace), num_experts,
+                   pad_multiple, q, stream)
+
+    _launch(torch, device, call)
+    return PermuteResult(x_perm, scales, expert_offsets, expert_counts, row_index, row_token)
+
+
+def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0, out=None):
+    """out[t] = routed_scale * sum_j weights[t, j] * y_perm[row_index[t, j]] (+ residual[t]).
+
+    y_perm [R, H] bf16 | fp16; row_index [T, k] int32 (-1 = skip); weights [T, k] fp32; residual [T, H] of
+    y_perm's dtype or None. fp32 accumulation. Returns out [T, H] of y_perm's dtype (or writes into `out`).
+    """
+    op = "tessera.unpermute_reduce"
+    torch = torch_module()
+    y_perm = as_tensor(y_perm, op, "y_perm")
+    row_index = as_tensor(row_index, op, "row_index")
+    weights = as_tensor(weights, op, "weights")
+    residual = as_optional_tensor(residual, op, "residual")
+    device = cuda_device_of(y_perm, op, "y_perm")
+    _rank(op, "y_perm", y_perm, 2, "[R, H]")
+    _rank(op, "row_index", row_index, 2, "[T, k]")
+    if out is None:
+        out = torch.empty((row_index.shape[0], y_perm.shape[1]), dtype=y_perm.dtype, device=device)
+    else:
+        out = as_tensor(out, op, "out")
+
+    def call(stream):
+        _C.unpermute_reduce(to_capsule(y_perm), to_capsule(row_index), to_capsule(weights),
+                            to_capsule(residual), to_capsule(out), float(routed_scale), stream)
+
+    _launch(torch, device, call)
+    return out

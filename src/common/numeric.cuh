@@ -1,0 +1,46 @@
+// Device-side numeric helpers: element loads as fp32, order-preserving float keys, fp8 packing.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace tessera::detail {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// An unsigned key whose integer order is the float order, with NaN ranked as -inf. Every key of a real value is
+// >= order_key(-inf) = 0x007FFFFF, so 0 is free to mean "no candidate".
+__device__ __forceinline__ uint32_t order_key(float v) {
+  v = fmaxf(v, -INFINITY);  // fmaxf returns the non-NaN operand: NaN -> -inf
+  const uint32_t u = __float_as_uint(v);
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
+}
+inline constexpr uint32_t kNoCandidate = 0;
+
+// Eight floats to eight saturated fp8 e4m3 bytes (round to nearest even).
+__device__ __forceinline__ uint2 pack_fp8x8_e4m3(const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * i], v[2 * i + 1]), __NV_SATFINITE, __NV_E4M3);
+  return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
+}
+
+inline constexpr float kFP8E4M3Max = 448.0f;
+
+}  // namespace tessera::detail

@@ -1,0 +1,36 @@
+#include "common/occupancy.h"
+
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <vector>
+
+#include "common/check.h"
+
+namespace tessera::detail {
+
+namespace {
+struct Entry {
+  const void* kernel;
+  int threads, smem, device, blocks;
+};
+}  // namespace
+
+int resident_blocks_per_sm(const void* kernel, int threads, int smem) {
+  static std::mutex mutex;
+  static std::vector<Entry> cache;
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const Entry& e : cache)
+    if (e.kernel == kernel && e.threads == threads && e.smem == smem && e.device == device) return e.blocks;
+  if (smem > 48 * 1024)
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int blocks = 0;
+  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
+  if (blocks < 1) blocks = 1;
+  cache.push_back({kernel, threads, smem, device, blocks});
+  return blocks;
+}
+
+}  // namespace tessera::detail

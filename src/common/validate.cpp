@@ -1,0 +1,106 @@
+#include "common/validate.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+
+#include "common/check.h"
+
+namespace tessera::detail {
+
+void ArgCheck::fail(const char* arg, const std::string& what) const {
+  throw Error(std::string(op_) + ": '" + arg + "' " + what);
+}
+
+void ArgCheck::dtype(const TensorView& t, const char* arg, std::initializer_list<DType> allowed) const {
+  if (std::find(allowed.begin(), allowed.end(), t.dtype) != allowed.end()) return;
+  std::string list;
+  for (DType d : allowed) list += (list.empty() ? "" : " | ") + std::string(dtype_name(d));
+  fail(arg, "must have dtype " + list + ", got " + dtype_name(t.dtype));
+}
+
+void ArgCheck::rank(const TensorView& t, const char* arg, int expected) const {
+  if (t.rank != expected)
+    fail(arg, "must have rank " + std::to_string(expected) + ", got rank " + std::to_string(t.rank) + " " +
+                  t.shape_str());
+}
+
+void ArgCheck::dim(const TensorView& t, const char* arg, int d, int64_t expected, const char* what) const {
+  if (t.shape[d] != expected)
+    fail(arg, "must have size " + std::to_string(expected) + " (" + what + ") in dim " + std::to_string(d) +
+                  ", got shape " + t.shape_str());
+}
+
+void ArgCheck::contiguous(const TensorView& t, const char* arg) const {
+  if (!t.is_contiguous()) fail(arg, "must be contiguous, got shape " + t.shape_str() + " with other strides");
+}
+
+void ArgCheck::unit_inner_stride(const TensorView& t, const char* arg) const {
+  if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
+    fail(arg, "must have unit stride in its last dim, got stride " + std::to_string(t.strides[t.rank - 1]));
+}
+
+void ArgCheck::aligned(const TensorView& t, const char* arg, int bytes) const {
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.data);
+  if (t.numel() == 0) return;
+  if (addr % bytes != 0)
+    fail(arg, "must start at a " + std::to_string(bytes) + "-byte aligned address");
+  if (t.rank >= 2 && t.shape[0] > 1 &&
+      (t.strides[0] * static_cast<int64_t>(dtype_size(t.dtype))) % bytes != 0)
+    fail(arg, "must have rows " + std::to_string(bytes) + "-byte aligned, got row stride " +
+                  std::to_string(t.strides[0]) + " elements of " + dtype_name(t.dtype));
+}
+
+void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
+  if (t.numel() == 0) return;
+  if (t.data == nullptr) fail(arg, "is a null pointer");
+  int current = -1;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&current));
+  if (t.device != current)
+    fail(arg, "must be on the current CUDA device " + std::to_string(current) + ", got " +
+                  (t.device == TensorView::kHostDevice ? std::string("host memory")
+                                                       : "device " + std::to_string(t.device)));
+  cudaPointerAttributes attr{};
+  const cudaError_t err = cudaPointerGetAttributes(&attr, t.data);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(arg, "is not a pointer CUDA knows (" + std::string(cudaGetErrorName(err)) + ")");
+  }
+  if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
+    fail(arg, "must be in device memory, got a host pointer");
+  if (attr.device != current)
+    fail(arg, "must be on the current CUDA device " + std::to_string(current) + ", got memory of device " +
+                  std::to_string(attr.device));
+}
+
+void ArgCheck::in_range(int64_t value, const char* arg, int64_t lo, int64_t hi) const {
+  if (value < lo || value > hi)
+    fail(arg, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(value));
+}
+
+void ArgCheck::same_dtype(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const {
+  if (a.dtype != b.dtype)
+    fail(arg_b, std::string("must have the dtype of '") + arg_a + "' (" + dtype_name(a.dtype) + "), got " +
+                    dtype_name(b.dtype));
+}
+
+namespace {
+// [first byte, one past the last byte] a view can touch.
+std::pair<std::uintptr_t, std::uintptr_t> byte_span(const TensorView& t) {
+  const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+  int64_t last = 0;
+  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.strides[d];
+  return {base, base + static_cast<std::uintptr_t>((last + 1) * static_cast<int64_t>(dtype_size(t.dtype)))};
+}
+}  // namespace
+
+void ArgCheck::no_overlap(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const {
+  if (a.numel() == 0 || b.numel() == 0) return;
+  const auto [a0, a1] = byte_span(a);
+  const auto [b0, b1] = byte_span(b);
+  if (a0 < b1 && b0 < a1) fail(arg_b, std::string("must not overlap '") + arg_a + "' in memory");
+}
+
+}  // namespace tessera::detail

@@ -1,0 +1,136 @@
+// fused_gate: validation, configuration and launch.
+#include <string>
+
+#include "common/check.h"
+#include "common/device_info.h"
+#include "common/dispatch.h"
+#include "common/occupancy.h"
+#include "common/validate.h"
+#include "moe/fused_gate/config.h"
+#include "moe/fused_gate/kernel.cuh"
+#include "tessera/moe.h"
+
+namespace tessera::moe {
+
+namespace {
+
+using detail::GateConfig;
+using detail::GateKernelParams;
+
+template <typename T, int kV>
+void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
+  auto kernel = detail::fused_gate_kernel<T, kV>;
+  const int threads = 32 * cfg.warps_per_block;
+  const int smem = cfg.smem_bytes_per_warp * cfg.warps_per_block;
+  const int blocks_per_sm =
+      tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
+  // A persistent grid: one wave of resident blocks, each warp striding over the tokens.
+  const int64_t needed = (kp.num_tokens + cfg.warps_per_block - 1) / cfg.warps_per_block;
+  const int64_t resident = static_cast<int64_t>(num_sms) * blocks_per_sm;
+  const int grid = static_cast<int>(needed < resident ? needed : resident);
+  kernel<<<grid, threads, smem, stream>>>(kp);
+  TESSERA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void launch_gate_v(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
+  switch (cfg.values_per_lane) {
+    case 1: return launch_gate<T, 1>(kp, cfg, num_sms, stream);
+    case 2: return launch_gate<T, 2>(kp, cfg, num_sms, stream);
+    case 4: return launch_gate<T, 4>(kp, cfg, num_sms, stream);
+    case 8: return launch_gate<T, 8>(kp, cfg, num_sms, stream);
+    case 16: return launch_gate<T, 16>(kp, cfg, num_sms, stream);
+    default: throw Error("tessera::moe::fused_gate: no kernel for " + std::to_string(cfg.values_per_lane) + " experts per lane");
+  }
+}
+
+}  // namespace
+
+void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias, const TensorView& weights,
+                const TensorView& ids, const GateParams& p, cudaStream_t stream) {
+  const tessera::detail::ArgCheck check("tessera::moe::fused_gate");
+  check.dtype(logits, "logits", {DType::kFP32, DType::kBF16, DType::kFP16});
+  check.rank(logits, "logits", 2);
+  const int64_t T = logits.shape[0];
+  const int64_t E = logits.shape[1];
+  check.in_range(E, "logits.shape[1] (num_experts)", 1, kGateMaxExperts);
+  check.unit_inner_stride(logits, "logits");
+  if (T > 1 && logits.strides[0] < E)
+    check.fail("logits", "must have row stride >= num_experts (" + std::to_string(E) + "), got " +
+                             std::to_string(logits.strides[0]));
+  check.in_range(p.num_groups, "num_groups", 1, E);
+  if (E % p.num_groups != 0)
+    check.fail("num_groups", "must divide num_experts (" + std::to_string(E) + "), got " + std::to_string(p.num_groups));
+  const int64_t group_size = E / p.num_groups;
+  check.in_range(p.topk_groups, "topk_groups", 1, p.num_groups);
+  if (p.num_groups > 1 && p.group_score == GroupScore::kTop2Sum && group_size < 2)
+    check.fail("num_groups", "leaves " + std::to_string(group_size) +
+                                 " expert per group; group_score top2_sum needs at least 2");
+  check.in_range(p.topk, "topk", 1, kGateMaxTopk);
+  if (p.topk > p.topk_groups * group_size)
+    check.fail("topk", "must be <= the experts of the kept groups (topk_groups * E / num_groups = " +
+                           std::to_string(p.topk_groups * group_size) + "), got " + std::to_string(p.topk));
+  check.in_range(p.num_shared_experts, "num_shared_experts", 0, 1 << 20);
+  if (p.scoring != Scoring::kSigmoid && p.scoring != Scoring::kSoftmax) check.fail("scoring", "is not a Scoring value");
+  if (p.group_score != GroupScore::kTop2Sum && p.group_score != GroupScore::kMax)
+    check.fail("group_score", "is not a GroupScore value");
+  const int width = p.topk + p.num_shared_experts;
+  if (bias) {
+    check.dtype(*bias, "bias", {DType::kFP32, DType::kBF16, DType::kFP16});
+    check.rank(*bias, "bias", 1);
+    check.dim(*bias, "bias", 0, E, "num_experts");
+    check.contiguous(*bias, "bias");
+  }
+  check.dtype(weights, "weights", {DType::kFP32});
+  check.rank(weights, "weights", 2);
+  check.dim(weights, "weights", 0, T, "num_tokens");
+  check.dim(weights, "weights", 1, width, "topk + num_shared_experts");
+  check.contiguous(weights, "weights");
+  check.dtype(ids, "ids", {DType::kInt32});
+  check.rank(ids, "ids", 2);
+  check.dim(ids, "ids", 0, T, "num_tokens");
+  check.dim(ids, "ids", 1, width, "topk + num_shared_experts");
+  check.contiguous(ids, "ids");
+  check.no_overlap(logits, "logits", weights, "weights");
+  check.no_overlap(logits, "logits", ids, "ids");
+  check.no_overlap(weights, "weights", ids, "ids");
+  check.on_current_device(logits, "logits");
+  if (bias) check.on_current_device(*bias, "bias");
+  check.on_current_device(weights, "weights");
+  check.on_current_device(ids, "ids");
+  if (T == 0) return;
+
+  const int elem_bytes = static_cast<int>(dtype_size(logits.dtype));
+  const auto base = reinterpret_cast<std::uintptr_t>(logits.data);
+  const bool aligned = base % 16 == 0 && (T == 1 || (logits.strides[0] * elem_bytes) % 16 == 0);
+  const GateConfig cfg = detail::select_gate_config(
+      detail::GateProblem{T, static_cast<int>(E), p.num_groups, elem_bytes, aligned});
+
+  GateKernelParams kp{};
+  kp.logits = logits.data;
+  kp.row_stride = T > 1 ? logits.strides[0] : E;
+  kp.bias = bias ? bias->data : nullptr;
+  kp.bias_dtype = !bias ? 0 : bias->dtype == DType::kBF16 ? 1 : bias->dtype == DType::kFP16 ? 2 : 0;
+  kp.weights = static_cast<float*>(weights.data);
+  kp.ids = static_cast<int32_t*>(ids.data);
+  kp.num_tokens = T;
+  kp.num_experts = static_cast<int>(E);
+  kp.num_groups = p.num_groups;
+  kp.group_size = static_cast<int>(group_size);
+  kp.topk_groups = p.topk_groups;
+  kp.topk = p.topk;
+  kp.num_shared = p.num_shared_experts;
+  kp.shared_weight = p.shared_expert_weight;
+  kp.scaling = p.routed_scaling_factor;
+  kp.renormalize = p.renormalize;
+  kp.softmax = p.scoring == Scoring::kSoftmax;
+  kp.top2_sum = p.group_score == GroupScore::kTop2Sum;
+  kp.lanes_per_group = cfg.lanes_per_group;
+  kp.vector_loads = cfg.vector_loads;
+  kp.smem_floats_per_warp = cfg.smem_bytes_per_warp / 4;
+
+  const int num_sms = tessera::detail::current_device_info().num_sms;
+  TESSERA_DISPATCH_FLOAT(logits.dtype, Elem, [&] { launch_gate_v<Elem>(kp, cfg, num_sms, stream); });
+}
+
+}  // namespace tessera::moe

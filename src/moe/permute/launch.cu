@@ -1,0 +1,186 @@
+// permute: validation, workspace query and the three launches.
+#include <string>
+
+#include "common/check.h"
+#include "common/dispatch.h"
+#include "common/validate.h"
+#include "moe/permute/config.h"
+#include "moe/permute/kernel.cuh"
+#include "tessera/moe.h"
+
+namespace tessera::moe {
+
+namespace {
+
+using detail::PermuteConfig;
+using detail::PermuteKernelParams;
+using detail::QuantMode;
+
+void check_params(const tessera::detail::ArgCheck& check, int64_t num_tokens, int topk, const PermuteParams& p) {
+  if (num_tokens < 0) check.fail("num_tokens", "must be >= 0, got " + std::to_string(num_tokens));
+  check.in_range(topk, "ids.shape[1] (topk)", 1, detail::kPermuteMaxTopk);
+  check.in_range(p.num_experts, "num_experts", 1, detail::kPermuteMaxExperts);
+  check.in_range(p.pad_multiple, "pad_multiple", 1, 1 << 16);
+  if (p.quant != PermuteQuant::kNone && p.quant != PermuteQuant::kFP8Blockwise &&
+      p.quant != PermuteQuant::kFP8PerTensor)
+    check.fail("quant", "is not a PermuteQuant value");
+  const int64_t rows = num_tokens * topk + int64_t{p.num_experts} * (p.pad_multiple - 1);
+  if (rows > INT32_MAX) check.fail("num_tokens", "gives " + std::to_string(rows) + " rows; the row index is int32");
+}
+
+PermuteConfig config_for(int64_t num_tokens, int topk, const PermuteParams& p) {
+  return detail::select_permute_config(detail::PermuteProblem{num_tokens, topk, p.num_experts, p.pad_multiple});
+}
+
+template <typename Elem, QuantMode kQuant>
+void launch_scatter(const PermuteKernelParams& kp, cudaStream_t stream) {
+  detail::permute_scatter_kernel<Elem, kQuant>
+      <<<static_cast<unsigned>(kp.num_chunks), detail::kScatterThreads, 0, stream>>>(kp);
+  TESSERA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+int64_t permute_capacity_rows(int64_t num_tokens, int topk, const PermuteParams& params) {
+  const tessera::detail::ArgCheck check("tessera::moe::permute_capacity_rows");
+  check_params(check, num_tokens, topk, params);
+  return config_for(num_tokens, topk, params).capacity_rows;
+}
+
+std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, const PermuteParams& params) {
+  const tessera::detail::ArgCheck check("tessera::moe::permute_workspace_bytes");
+  check_params(check, num_tokens, topk, params);
+  return config_for(num_tokens, topk, params).workspace_bytes;
+}
+
+void permute(const TensorView& x, const TensorView& ids, const std::optional<TensorView>& input_scale,
+             const PermuteOutputs& out, const Workspace& workspace, const PermuteParams& p, cudaStream_t stream) {
+  const tessera::detail::ArgCheck check("tessera::moe::permute");
+  check.dtype(x, "x", {DType::kBF16, DType::kFP16});
+  check.rank(x, "x", 2);
+  check.unit_inner_stride(x, "x");
+  const int64_t T = x.shape[0], H = x.shape[1];
+  if (H % 8 != 0) check.fail("x", "must have a hidden size divisible by 8 (16-byte rows), got " + std::to_string(H));
+  if (T > 1 && x.strides[0] < H) check.fail("x", "must have row stride >= hidden size");
+  check.aligned(x, "x", 16);
+  check.dtype(ids, "ids", {DType::kInt32, DType::kInt64});
+  check.rank(ids, "ids", 2);
+  check.dim(ids, "ids", 0, T, "num_tokens of x");
+  check.contiguous(ids, "ids");
+  const int k = static_cast<int>(ids.shape[1]);
+  check_params(check, T, k, p);
+  const int E = p.num_experts;
+  const PermuteConfig cfg = config_for(T, k, p);
+
+  const TensorView& xp = out.x_perm;
+  check.rank(xp, "x_perm", 2);
+  if (p.quant == PermuteQuant::kNone) check.same_dtype(x, "x", xp, "x_perm");
+  else check.dtype(xp, "x_perm", {DType::kFP8E4M3});
+  if (xp.shape[0] < cfg.capacity_rows)
+    check.fail("x_perm", "must have at least " + std::to_string(cfg.capacity_rows) +
+                             " rows (permute_capacity_rows), got " + std::to_string(xp.shape[0]));
+  check.dim(xp, "x_perm", 1, H, "hidden size of x");
+  check.contiguous(xp, "x_perm");
+  check.aligned(xp, "x_perm", 16);
+  const int64_t num_blocks = (H + kFP8BlockCols - 1) / kFP8BlockCols;
+  if (p.quant == PermuteQuant::kFP8Blockwise) {
+    if (!out.scales) check.fail("scales", "is required for quant kFP8Blockwise");
+    check.dtype(*out.scales, "scales", {DType::kFP32});
+    check.rank(*out.scales, "scales", 2);
+    check.dim(*out.scales, "scales", 0, xp.shape[0], "rows of x_perm");
+    check.dim(*out.scales, "scales", 1, num_blocks, "ceil(hidden / 128)");
+  }
+  if (p.quant == PermuteQuant::kFP8PerTensor) {
+    if (!input_scale) check.fail("input_scale", "is required for quant kFP8PerTensor");
+    check.dtype(*input_scale, "input_scale", {DType::kFP32});
+    if (input_scale->numel() != 1)
+      check.fail("input_scale", "must have 1 element, got shape " + input_scale->shape_str());
+  }
+  check.dtype(out.expert_offsets, "expert_offsets", {DType::kInt32});
+  check.rank(out.expert_offsets, "expert_offsets", 1);
+  check.dim(out.expert_offsets, "expert_offsets", 0, int64_t{E} + 1, "num_experts + 1");
+  check.contiguous(out.expert_offsets, "expert_offsets");
+  check.dtype(out.expert_counts, "expert_counts", {DType::kInt32});
+  check.rank(out.expert_counts, "expert_counts", 1);
+  check.dim(out.expert_counts, "expert_counts", 0, E, "num_experts");
+  check.contiguous(out.expert_counts, "expert_counts");
+  check.dtype(out.row_index, "row_index", {DType::kInt32});
+  check.rank(out.row_index, "row_index", 2);
+  check.dim(out.row_index, "row_index", 0, T, "num_tokens");
+  check.dim(out.row_index, "row_index", 1, k, "topk");
+  check.contiguous(out.row_index, "row_index");
+  if (out.row_token) {
+    check.dtype(*out.row_token, "row_token", {DType::kInt32});
+    check.rank(*out.row_token, "row_token", 1);
+    check.dim(*out.row_token, "row_token", 0, xp.shape[0], "rows of x_perm");
+    check.contiguous(*out.row_token, "row_token");
+  }
+  if (workspace.bytes < cfg.workspace_bytes)
+    check.fail("workspace", "must have at least " + std::to_string(cfg.workspace_bytes) +
+                                " bytes (permute_workspace_bytes), got " + std::to_string(workspace.bytes));
+  if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0)
+    check.fail("workspace", "must be 16-byte aligned");
+  check.no_overlap(x, "x", xp, "x_perm");
+  check.on_current_device(x, "x");
+  check.on_current_device(ids, "ids");
+  check.on_current_device(xp, "x_perm");
+  if (p.quant == PermuteQuant::kFP8Blockwise) check.on_current_device(*out.scales, "scales");
+  if (p.quant == PermuteQuant::kFP8PerTensor) check.on_current_device(*input_scale, "input_scale");
+  check.on_current_device(out.expert_offsets, "expert_offsets");
+  check.on_current_device(out.expert_counts, "expert_counts");
+  check.on_current_device(out.row_index, "row_index");
+  if (out.row_token) check.on_current_device(*out.row_token, "row_token");
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8,
+                                         {static_cast<int64_t>(cfg.workspace_bytes)}, device);
+  check.on_current_device(ws, "workspace");
+
+  if (T == 0) {  // no copies: every segment is empty
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out.expert_offsets.data, 0, sizeof(int32_t) * (E + 1), stream));
+    TESSERA_CUDA_CHECK(cudaMemsetAsync(out.expert_counts.data, 0, sizeof(int32_t) * E, stream));
+    return;
+  }
+
+  auto* ws_bytes = static_cast<char*>(workspace.data);
+  PermuteKernelParams kp{};
+  kp.x = x.data;
+  kp.x_row_stride = T > 1 ? x.strides[0] : H;
+  kp.ids = ids.data;
+  kp.input_scale = input_scale ? static_cast<const float*>(input_scale->data) : nullptr;
+  kp.x_perm = xp.data;
+  kp.scales = out.scales ? static_cast<float*>(out.scales->data) : nullptr;
+  kp.scale_stride_row = out.scales ? out.scales->strides[0] : 0;
+  kp.scale_stride_block = out.scales ? out.scales->strides[1] : 0;
+  kp.offsets = static_cast<int32_t*>(out.expert_offsets.data);
+  kp.counts = static_cast<int32_t*>(out.expert_counts.data);
+  kp.row_index = static_cast<int32_t*>(out.row_index.data);
+  kp.row_token = out.row_token ? static_cast<int32_t*>(out.row_token->data) : nullptr;
+  kp.counter = reinterpret_cast<unsigned int*>(ws_bytes + cfg.counter_offset);
+  kp.totals = reinterpret_cast<int32_t*>(ws_bytes + cfg.totals_offset);
+  kp.ids32 = reinterpret_cast<int32_t*>(ws_bytes + cfg.ids_offset);
+  kp.hist = reinterpret_cast<int32_t*>(ws_bytes + cfg.hist_offset);
+  kp.num_tokens = T;
+  kp.hidden = H;
+  kp.topk = k;
+  kp.num_experts = E;
+  kp.pad_multiple = p.pad_multiple;
+  kp.tokens_per_chunk = cfg.tokens_per_chunk;
+  kp.num_chunks = cfg.num_chunks;
+
+  const auto chunks = static_cast<unsigned>(cfg.num_chunks);
+  if (ids.dtype == DType::kInt32) detail::permute_count_kernel<int32_t><<<chunks, 128, 0, stream>>>(kp);
+  else detail::permute_count_kernel<int64_t><<<chunks, 128, 0, stream>>>(kp);
+  TESSERA_CHECK_LAUNCH();
+  detail::permute_scan_kernel<<<E, detail::kScanThreads, 0, stream>>>(kp);
+  TESSERA_CHECK_LAUNCH();
+  TESSERA_DISPATCH_HALF(x.dtype, Elem, [&] {
+    switch (p.quant) {
+      case PermuteQuant::kNone: return launch_scatter<Elem, QuantMode::kNone>(kp, stream);
+      case PermuteQuant::kFP8Blockwise: return launch_scatter<Elem, QuantMode::kFP8Blockwise>(kp, stream);
+      case PermuteQuant::kFP8PerTensor: return launch_scatter<Elem, QuantMode::kFP8PerTensor>(kp, stream);
+    }
+  });
+}
+
+}  // namespace tessera::moe

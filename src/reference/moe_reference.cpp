@@ -1,0 +1,156 @@
+#include "reference/moe_reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "tessera/error.h"
+
+namespace tessera::reference {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The distance between two ranked values; 0 for an exact tie (including -inf vs -inf).
+double gap(double hi, double lo) { return hi == lo ? 0.0 : hi - lo; }
+
+void note_gap(double& margin, double hi, double lo) {
+  const double g = gap(hi, lo);
+  if (g > 0.0) margin = std::min(margin, g);
+}
+
+// Indices sorted by value descending, ties by index ascending.
+std::vector<int> ranked(const std::vector<double>& v, const std::vector<int>& candidates) {
+  std::vector<int> order = candidates;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return v[a] > v[b]; });
+  return order;
+}
+
+}  // namespace
+
+GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int num_experts,
+                   const std::vector<double>& bias, const moe::GateParams& p) {
+  const int E = num_experts, G = p.num_groups, k = p.topk, s = p.num_shared_experts;
+  if (G <= 0 || E % G != 0 || k < 1 || p.topk_groups < 1 || p.topk_groups > G)
+    throw Error("tessera::reference::fused_gate: invalid parameters");
+  const int group_size = E / G, width = k + s;
+  GateRef r;
+  r.weights.assign(num_tokens * width, 0.0);
+  r.ids.assign(num_tokens * width, -1);
+  r.scores.assign(num_tokens * E, 0.0);
+  r.tie_margin.assign(num_tokens, kInf);
+
+  std::vector<double> score(E), choice(E), group_score(G);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const double* x = &logits[t * E];
+    if (p.scoring == moe::Scoring::kSigmoid) {
+      for (int e = 0; e < E; ++e) score[e] = 1.0 / (1.0 + std::exp(-x[e]));
+    } else {
+      double m = NAN;  // fmax skips NaN: the max of the non-NaN logits
+      for (int e = 0; e < E; ++e) m = std::fmax(m, x[e]);
+      double sum = 0.0;
+      for (int e = 0; e < E; ++e) sum += (score[e] = std::exp(x[e] - m));
+      for (int e = 0; e < E; ++e) score[e] /= sum;
+    }
+    for (int e = 0; e < E; ++e) {
+      const double c = score[e] + (bias.empty() ? 0.0 : bias[e]);
+      choice[e] = std::isnan(c) ? -kInf : c;  // a NaN ranks as -inf
+      r.scores[t * E + e] = score[e];
+    }
+
+    double& margin = r.tie_margin[t];
+    std::vector<int> candidates;
+    if (G == 1) {
+      candidates.resize(E);
+      std::iota(candidates.begin(), candidates.end(), 0);
+    } else {
+      for (int g = 0; g < G; ++g) {
+        std::vector<double> members(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
+        std::sort(members.begin(), members.end(), std::greater<double>());
+        double gs = p.group_score == moe::GroupScore::kTop2Sum ? members[0] + members[1] : members[0];
+        group_score[g] = std::isnan(gs) ? -kInf : gs;
+      }
+      std::vector<int> all_groups(G);
+      std::iota(all_groups.begin(), all_groups.end(), 0);
+      const std::vector<int> order = ranked(group_score, all_groups);
+      if (p.topk_groups < G) note_gap(margin, group_score[order[p.topk_groups - 1]], group_score[order[p.topk_groups]]);
+      std::vector<int> kept(order.begin(), order.begin() + p.topk_groups);
+      std::sort(kept.begin(), kept.end());
+      for (int g : kept)
+        for (int e = g * group_size; e < (g + 1) * group_size; ++e) candidates.push_back(e);
+    }
+    if (k > static_cast<int>(candidates.size()))
+      throw Error("tessera::reference::fused_gate: topk exceeds the experts of the kept groups");
+    const std::vector<int> order = ranked(choice, candidates);
+    const int decisions = std::min<int>(k, static_cast<int>(order.size()) - 1);
+    for (int i = 0; i < decisions; ++i) note_gap(margin, choice[order[i]], choice[order[i + 1]]);
+
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j) sum += score[order[j]];
+    for (int j = 0; j < k; ++j) {
+      double w = score[order[j]];
+      if (p.renormalize) w /= sum;
+      r.weights[t * width + j] = w * p.routed_scaling_factor;
+      r.ids[t * width + j] = order[j];
+    }
+    for (int j = 0; j < s; ++j) {
+      r.weights[t * width + k + j] = p.shared_expert_weight;
+      r.ids[t * width + k + j] = E + j;
+    }
+  }
+  return r;
+}
+
+PermuteIndexRef permute_index(const std::vector<int64_t>& ids, int64_t num_tokens, int topk, int num_experts,
+                              int pad_multiple) {
+  PermuteIndexRef r;
+  const int E = num_experts;
+  r.counts.assign(E, 0);
+  for (int64_t i = 0; i < num_tokens * topk; ++i)
+    if (ids[i] >= 0 && ids[i] < E) ++r.counts[ids[i]];
+  r.offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) {
+    const int padded = (r.counts[e] + pad_multiple - 1) / pad_multiple * pad_multiple;
+    r.offsets[e + 1] = r.offsets[e] + padded;
+  }
+  r.row_token.assign(r.offsets[E], -1);
+  r.row_index.assign(num_tokens * topk, -1);
+  std::vector<int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    for (int j = 0; j < topk; ++j) {
+      const int64_t e = ids[t * topk + j];
+      if (e < 0 || e >= E) continue;
+      const int32_t row = next[e]++;
+      r.row_index[t * topk + j] = row;
+      r.row_token[row] = static_cast<int32_t>(t);
+    }
+  return r;
+}
+
+double fp8_block_scale(double amax) {
+  return std::max(amax, static_cast<double>(moe::kFP8BlockScaleEps)) / 448.0;
+}
+
+std::vector<double> unpermute_reduce(const std::vector<double>& y, const std::vector<int32_t>& row_index,
+                                     const std::vector<double>& weights, const std::vector<double>& residual,
+                                     int64_t num_tokens, int topk, int64_t hidden, double routed_scale) {
+  std::vector<double> out(num_tokens * hidden, 0.0);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    double* o = &out[t * hidden];
+    for (int j = 0; j < topk; ++j) {
+      const int32_t row = row_index[t * topk + j];
+      if (row < 0) continue;
+      const double w = weights[t * topk + j];
+      for (int64_t h = 0; h < hidden; ++h) o[h] += w * y[row * hidden + h];
+    }
+    for (int64_t h = 0; h < hidden; ++h) {
+      o[h] *= routed_scale;
+      if (!residual.empty()) o[h] += residual[t * hidden + h];
+    }
+  }
+  return out;
+}
+
+}  // namespace tessera::reference
