@@ -216,7 +216,14 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("version") = TESSERA_VERSION_STRING;
   m.attr("__version__") = TESSERA_VERSION_STRING;
-  m.attr("dlpack_header_version") = static_cast<int>(DLPACK_VERSION);
+  // The DLPack header tessera was built against, as "major.minor" (1.x headers define MAJOR/MINOR; 0.x VERSION).
+#if defined(DLPACK_MAJOR_VERSION) && defined(DLPACK_MINOR_VERSION)
+  m.attr("dlpack_header_version") = std::to_string(DLPACK_MAJOR_VERSION) + "." + std::to_string(DLPACK_MINOR_VERSION);
+#elif defined(DLPACK_VERSION)
+  m.attr("dlpack_header_version") = std::to_string(DLPACK_VERSION / 100) + "." + std::to_string(DLPACK_VERSION % 100 / 10);
+#else
+  m.attr("dlpack_header_version") = "unknown";
+#endif
   m.attr("gate_max_experts") = tessera::moe::kGateMaxExperts;
   m.attr("gate_max_topk") = tessera::moe::kGateMaxTopk;
   m.attr("fp8_block_cols") = tessera::moe::kFP8BlockCols;

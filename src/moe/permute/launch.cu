@@ -81,7 +81,8 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
                              " rows (permute_capacity_rows), got " + std::to_string(xp.shape[0]));
   check.dim(xp, "x_perm", 1, H, "hidden size of x");
   check.contiguous(xp, "x_perm");
-  check.aligned(xp, "x_perm", 16);
+  // Each lane stores 8 elements at once: 16 bytes of bf16/fp16, 8 bytes of fp8.
+  check.aligned(xp, "x_perm", p.quant == PermuteQuant::kNone ? 16 : 8);
   const int64_t num_blocks = (H + kFP8BlockCols - 1) / kFP8BlockCols;
   if (p.quant == PermuteQuant::kFP8Blockwise) {
     if (!out.scales) check.fail("scales", "is required for quant kFP8Blockwise");
