@@ -14,40 +14,41 @@ struct GateProblem {
 };
 
 struct GateConfig {
-  int values_per_lane;     // experts each lane holds: 1, 2, 4, 8 or 16 (32 lanes cover E)
+  int lanes_per_token;     // 16 (two tokens per warp) or 32
+  int values_per_lane;     // experts each lane holds: 1, 2, 4, 8 or 16
   int lanes_per_group;     // > 0: groups are lane-aligned (shuffle path); 0: groups go through shared memory
   int warps_per_block;
-  bool vector_loads;       // each lane loads its experts with one or more aligned vector loads
-  int smem_bytes_per_warp; // dynamic shared memory per warp
+  bool vector_loads;       // each lane loads its experts with aligned 16-byte loads
+  int smem_bytes_per_token; // dynamic shared memory per token slot (16-byte multiple)
 };
 
-// Experts per lane: the smallest power of two with 32 * v >= E.
-inline int gate_values_per_lane(int num_experts) {
+inline int next_pow2(int n) {
   int v = 1;
-  while (32 * v < num_experts) v *= 2;
+  while (v < n) v *= 2;
   return v;
 }
 
-inline GateConfig select_gate_config(const GateProblem& p) {
+inline GateConfig select_gate_config(const GateProblem& p, int topk) {
   GateConfig c{};
-  c.values_per_lane = gate_values_per_lane(p.num_experts);
+  // Half a warp per token shares every warp-wide step between two tokens; it needs E <= 256 (16 experts per lane
+  // at most) and topk <= 16 (a lane holds one selected id).
+  c.lanes_per_token = (p.num_experts <= 256 && topk <= 16) ? 16 : 32;
+  c.values_per_lane = next_pow2((p.num_experts + c.lanes_per_token - 1) / c.lanes_per_token);
   c.warps_per_block = 8;
   const int group_size = p.num_experts / p.num_groups;
   c.lanes_per_group = 0;
   if (p.num_groups == 1) {
-    c.lanes_per_group = 32;  // unused: no group stage
-  } else if (p.num_groups <= 32 && group_size % c.values_per_lane == 0) {
+    c.lanes_per_group = c.lanes_per_token;  // unused: no group stage
+  } else if (p.num_groups <= c.lanes_per_token && group_size % c.values_per_lane == 0) {
     const int lanes = group_size / c.values_per_lane;
     if ((lanes & (lanes - 1)) == 0) c.lanes_per_group = lanes;
   }
-  // Vector loads need each lane's slice (v * elem_bytes) to sit at a multiple of the vector width.
-  const int slice_bytes = c.values_per_lane * p.elem_bytes;
-  const bool slice_ok = slice_bytes >= 16 ? p.rows_16b_aligned : false;
-  c.vector_loads = slice_ok;
+  // Vector loads need each lane's slice (v * elem_bytes) to be a whole number of aligned 16-byte vectors.
+  c.vector_loads = c.values_per_lane * p.elem_bytes >= 16 && p.rows_16b_aligned;
   // Scores for the final gather; the shared-memory group path also keeps the keys, the group keys and flags.
-  const int slots = 32 * c.values_per_lane;
-  c.smem_bytes_per_warp = slots * 4;
-  if (c.lanes_per_group == 0) c.smem_bytes_per_warp += slots * 4 + p.num_groups * 4 + ((p.num_groups + 15) / 16) * 16;
+  const int slots = c.lanes_per_token * c.values_per_lane;
+  c.smem_bytes_per_token = slots * 4;
+  if (c.lanes_per_group == 0) c.smem_bytes_per_token += slots * 4 + p.num_groups * 4 + (p.num_groups + 15) / 16 * 16;
   return c;
 }
 

@@ -1,9 +1,9 @@
-// fused_gate device code: one warp per token, the E experts spread over the 32 lanes (kV contiguous experts per
-// lane, so a lower lane always holds lower expert ids and "lowest lane wins" is "lowest index wins").
+// fused_gate device code. A token is ranked by a segment of kLanes lanes (32: a warp, 16: half a warp, so that
+// one warp ranks two tokens and shares every warp-wide step between them). Each lane holds kV contiguous experts,
+// so a lower lane always holds lower expert ids and "lowest lane wins" is "lowest index wins".
 //
-// Ranking works on 32-bit order keys (common/numeric.cuh), so a warp-wide argmax is one redux.sync plus one
-// ballot. Each lane caches its best two remaining experts; a lane rescans its slice only when it wins a third
-// time, which keeps a top-k round at a handful of instructions.
+// Ranking works on 32-bit order keys (common/numeric.cuh): a segment-wide argmax is a redux.sync plus a ballot.
+// Each lane caches its best three remaining experts and rescans its slice only on its third win (LaneTop3).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,16 +41,21 @@ struct GateKernelParams {
   bool top2_sum;
   int lanes_per_group;  // 0: shared-memory group path
   bool vector_loads;
-  int smem_floats_per_warp;
+  int smem_floats_per_token;  // shared memory per token slot
 };
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr int kGateThreads = 256;
 
-// Loads the kV logits of this lane as floats; experts past E read as -inf.
+// Loads the kV logits of this lane as floats; experts past E (and inactive segments) read as -inf.
 template <typename T, int kV>
-__device__ __forceinline__ void load_logits(const T* row, int lane, int num_experts, bool vector_loads,
-                                            float (&x)[kV]) {
-  const int first = lane * kV;
+__device__ __forceinline__ void load_logits(const T* row, int first, int num_experts, bool vector_loads,
+                                            bool active, float (&x)[kV]) {
+  if (!active) {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) x[i] = -INFINITY;
+    return;
+  }
   if constexpr ((kV * sizeof(T)) % 16 == 0) {
     if (vector_loads && first + kV <= num_experts) {
       constexpr int kChunks = kV * sizeof(T) / 16;
@@ -77,79 +82,135 @@ __device__ __forceinline__ float load_bias(const void* bias, int dtype, int e) {
   }
 }
 
-// Best two keys of a lane (ties: the lower local index first), skipping those not after (after_key, after_idx)
-// in rank order when `only_after` is set.
+// Segment-wide operations. kLanes == 32: the whole warp; kLanes == 16: each half-warp separately (all 32 lanes
+// must call). redux.sync has a single warp-wide result, so a half-warp max is two reductions with the other half
+// contributing 0 (below every key).
+template <int kLanes>
+__device__ __forceinline__ uint32_t segment_max(uint32_t v, int seg) {
+  if constexpr (kLanes == 32) {
+    return __reduce_max_sync(kFullMask, v);
+  } else {
+    static_assert(kLanes == 16, "segments are a warp or half a warp");
+    const uint32_t lo = __reduce_max_sync(kFullMask, seg == 0 ? v : 0u);
+    const uint32_t hi = __reduce_max_sync(kFullMask, seg == 1 ? v : 0u);
+    return seg == 0 ? lo : hi;
+  }
+}
+// The lowest lane (within the segment) whose predicate holds.
+template <int kLanes>
+__device__ __forceinline__ int segment_first(bool pred, int seg) {
+  const unsigned ballot = __ballot_sync(kFullMask, pred);
+  const unsigned mine = kLanes == 32 ? ballot : (ballot >> (seg * kLanes)) & ((1u << kLanes) - 1u);
+  return __ffs(mine) - 1;
+}
+template <int kLanes>
+__device__ __forceinline__ float segment_sum(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+template <int kLanes>
+__device__ __forceinline__ float segment_fmax(float v) {
+#pragma unroll
+  for (int o = kLanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// The best three keys of a lane (ties: lower local index first). `scan` optionally skips every key that does not
+// come after (after_key, after_idx) in rank order, i.e. the ones already selected. `cached` counts the leading
+// entries known to be exact: a win pops one; a win with only one known entry left needs a rescan.
 template <int kV>
-struct LaneTop2 {
-  uint32_t key1 = kNoCandidate, key2 = kNoCandidate;
-  int idx1 = 0, idx2 = 0;
+struct LaneTop3 {
+  uint32_t key[3];
+  int idx[3];
+  int cached;
 
   __device__ __forceinline__ void scan(const uint32_t (&keys)[kV], bool only_after, uint32_t after_key,
                                        int after_idx) {
-    key1 = key2 = kNoCandidate;
-    idx1 = idx2 = 0;
+    key[0] = key[1] = key[2] = kNoCandidate;
+    idx[0] = idx[1] = idx[2] = 0;
 #pragma unroll
     for (int i = 0; i < kV; ++i) {
       uint32_t k = keys[i];
       if (only_after && !(k < after_key || (k == after_key && i > after_idx))) k = kNoCandidate;
-      if (k > key1) {
-        key2 = key1;
-        idx2 = idx1;
-        key1 = k;
-        idx1 = i;
-      } else if (k > key2) {
-        key2 = k;
-        idx2 = i;
+      if (k > key[0]) {
+        key[2] = key[1]; idx[2] = idx[1];
+        key[1] = key[0]; idx[1] = idx[0];
+        key[0] = k; idx[0] = i;
+      } else if (k > key[1]) {
+        key[2] = key[1]; idx[2] = idx[1];
+        key[1] = k; idx[1] = i;
+      } else if (k > key[2]) {
+        key[2] = k; idx[2] = i;
       }
+    }
+    cached = 3;
+  }
+
+  __device__ __forceinline__ void pop(const uint32_t (&keys)[kV]) {
+    if (cached > 1) {
+      key[0] = key[1]; idx[0] = idx[1];
+      key[1] = key[2]; idx[1] = idx[2];
+      key[2] = kNoCandidate;
+      --cached;
+    } else {
+      scan(keys, true, key[0], idx[0]);
     }
   }
 };
 
-template <typename T, int kV>
-__global__ void __launch_bounds__(256) fused_gate_kernel(const GateKernelParams p) {
+template <typename T, int kV, int kLanes>
+__global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKernelParams p) {
+  constexpr int kSegs = 32 / kLanes;
   extern __shared__ __align__(16) float smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  float* scores_smem = smem + warp * p.smem_floats_per_warp;  // [32 * kV]
+  const int seg = lane / kLanes;
+  const int tl = lane % kLanes;  // lane within the token's segment
+  const int seg_base = seg * kLanes;
+  float* slot = smem + (warp * kSegs + seg) * p.smem_floats_per_token;
+  float* scores_smem = slot;  // [kLanes * kV]
   const int E = p.num_experts;
-  const int first = lane * kV;
+  const int first = tl * kV;
 
   float bias[kV];
 #pragma unroll
   for (int i = 0; i < kV; ++i)
     bias[i] = (p.bias != nullptr && first + i < E) ? load_bias(p.bias, p.bias_dtype, first + i) : 0.0f;
 
-  const int64_t warp_stride = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
-  int64_t token = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + warp;
+  constexpr int kWarps = kGateThreads / 32;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * kSegs;
+  int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kSegs;  // first token of this warp
   const T* logits = static_cast<const T*>(p.logits);
 
   float x_next[kV];
-  if (token < p.num_tokens) load_logits<T, kV>(logits + token * p.row_stride, lane, E, p.vector_loads, x_next);
+  load_logits<T, kV>(logits + (base + seg) * p.row_stride, first, E, p.vector_loads, base + seg < p.num_tokens,
+                     x_next);
 
-  for (; token < p.num_tokens; token += warp_stride) {
+  // The loop bound is warp-uniform: both segments take part in every shuffle even when one has no token.
+  for (; base < p.num_tokens; base += stride) {
+    const int64_t token = base + seg;
+    const bool active = token < p.num_tokens;
     float score[kV];
 #pragma unroll
     for (int i = 0; i < kV; ++i) score[i] = x_next[i];
-    // Prefetch the next token's row while this one is ranked.
-    if (token + warp_stride < p.num_tokens)
-      load_logits<T, kV>(logits + (token + warp_stride) * p.row_stride, lane, E, p.vector_loads, x_next);
+    // Prefetch the next row while this one is ranked.
+    load_logits<T, kV>(logits + (token + stride) * p.row_stride, first, E, p.vector_loads,
+                       token + stride < p.num_tokens, x_next);
 
     // ---- scores (fp32 whatever the input dtype) ----
     if (p.softmax) {
       float m = -INFINITY;
 #pragma unroll
       for (int i = 0; i < kV; ++i) m = fmaxf(m, score[i]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, o));
+      m = segment_fmax<kLanes>(m);
       float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
         score[i] = first + i < E ? __expf(score[i] - m) : 0.0f;
         sum += score[i];
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-      const float inv = 1.0f / sum;
+      const float inv = 1.0f / segment_sum<kLanes>(sum);
 #pragma unroll
       for (int i = 0; i < kV; ++i) score[i] *= inv;
     } else {
@@ -159,20 +220,24 @@ __global__ void __launch_bounds__(256) fused_gate_kernel(const GateKernelParams 
 
     uint32_t keys[kV];
 #pragma unroll
-    for (int i = 0; i < kV; ++i) {
-      keys[i] = first + i < E ? order_key(score[i] + bias[i]) : kNoCandidate;
-      scores_smem[first + i] = score[i];
+    for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
+    if constexpr (kV % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < kV; i += 4)
+        *reinterpret_cast<float4*>(scores_smem + first + i) = make_float4(score[i], score[i + 1], score[i + 2], score[i + 3]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kV; ++i) scores_smem[first + i] = score[i];
     }
 
-    LaneTop2<kV> top;
+    LaneTop3<kV> top;
     top.scan(keys, false, 0, 0);
-    bool lane_excluded = false;
 
     // ---- group stage ----
     if (p.num_groups > 1) {
       if (p.lanes_per_group > 0) {
         // Groups are lane-aligned: merge the lanes' best two inside each group with butterfly shuffles.
-        uint32_t g1 = top.key1, g2 = top.key2;
+        uint32_t g1 = top.key[0], g2 = top.key[1];
         for (int o = 1; o < p.lanes_per_group; o <<= 1) {
           const uint32_t o1 = __shfl_xor_sync(kFullMask, g1, o);
           const uint32_t o2 = __shfl_xor_sync(kFullMask, g2, o);
@@ -180,28 +245,31 @@ __global__ void __launch_bounds__(256) fused_gate_kernel(const GateKernelParams 
           g1 = max(g1, o1);
         }
         const uint32_t group_key = p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
-        // Lane g takes group g's score; lanes past the last group offer nothing.
-        uint32_t gk = __shfl_sync(kFullMask, group_key, (lane * p.lanes_per_group) & 31);
-        if (lane >= p.num_groups) gk = kNoCandidate;
+        // Segment lane g takes group g's score; lanes past the last group offer nothing.
+        uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl * p.lanes_per_group) & (kLanes - 1)));
+        if (tl >= p.num_groups) gk = kNoCandidate;
         uint32_t kept = 0;
         for (int r = 0; r < p.topk_groups; ++r) {
-          const uint32_t best = __reduce_max_sync(kFullMask, gk);
-          const int winner = __ffs(__ballot_sync(kFullMask, gk == best)) - 1;
+          const uint32_t best = segment_max<kLanes>(gk, seg);
+          const int winner = segment_first<kLanes>(gk == best, seg);
           kept |= 1u << winner;
-          if (lane == winner) gk = kNoCandidate;
+          if (tl == winner) gk = kNoCandidate;
         }
-        lane_excluded = ((kept >> (lane / p.lanes_per_group)) & 1u) == 0;
+        if (((kept >> (tl / p.lanes_per_group)) & 1u) == 0) {
+          top.key[0] = top.key[1] = top.key[2] = kNoCandidate;
+          top.cached = 3;
+        }
       } else {
-        // Groups cut across lanes: rank them through shared memory. Lane l owns a contiguous run of groups so
+        // Groups cut across lanes: rank them through shared memory. Lane tl owns a contiguous run of groups so
         // that the lowest winning lane is also the lowest group index.
-        uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + 32 * kV);
-        uint32_t* group_smem = key_smem + 32 * kV;
+        uint32_t* key_smem = reinterpret_cast<uint32_t*>(slot + kLanes * kV);
+        uint32_t* group_smem = key_smem + kLanes * kV;
         uint8_t* kept_smem = reinterpret_cast<uint8_t*>(group_smem + p.num_groups);
 #pragma unroll
         for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
         __syncwarp();
-        const int groups_per_lane = (p.num_groups + 31) / 32;
-        const int g_begin = lane * groups_per_lane;
+        const int groups_per_lane = (p.num_groups + kLanes - 1) / kLanes;
+        const int g_begin = tl * groups_per_lane;
         const int g_end = min(g_begin + groups_per_lane, p.num_groups);
         for (int g = g_begin; g < g_end; ++g) {
           uint32_t a = kNoCandidate, b = kNoCandidate;
@@ -224,9 +292,9 @@ __global__ void __launch_bounds__(256) fused_gate_kernel(const GateKernelParams 
               best_g = g;
             }
           }
-          const uint32_t best = __reduce_max_sync(kFullMask, best_key);
-          const int winner = __ffs(__ballot_sync(kFullMask, best_key == best)) - 1;
-          if (lane == winner) {
+          const uint32_t best = segment_max<kLanes>(best_key, seg);
+          const int winner = segment_first<kLanes>(best_key == best, seg);
+          if (tl == winner) {
             group_smem[best_g] = kNoCandidate;
             kept_smem[best_g] = 1;
           }
@@ -239,48 +307,34 @@ __global__ void __launch_bounds__(256) fused_gate_kernel(const GateKernelParams 
         __syncwarp();
       }
     }
-    if (lane_excluded) top.key1 = top.key2 = kNoCandidate;
 
-    // ---- top-k experts, one warp-wide argmax per round ----
-    bool have_second = true;
+    // ---- top-k experts, one segment-wide argmax per round ----
     int my_id = -1;
     for (int r = 0; r < p.topk; ++r) {
-      const uint32_t best = __reduce_max_sync(kFullMask, top.key1);
-      const int winner = __ffs(__ballot_sync(kFullMask, top.key1 == best)) - 1;
-      const int id = __shfl_sync(kFullMask, first + top.idx1, winner);
-      if (lane == r) my_id = id;
-      if (lane == winner) {
-        if (have_second) {
-          top.key1 = top.key2;
-          top.idx1 = top.idx2;
-          have_second = false;
-        } else {
-          top.scan(keys, true, top.key1, top.idx1);
-          have_second = true;
-        }
-      }
+      const uint32_t best = segment_max<kLanes>(top.key[0], seg);
+      const int winner = segment_first<kLanes>(top.key[0] == best, seg);
+      const int id = __shfl_sync(kFullMask, first + top.idx[0], seg_base + winner);
+      if (tl == r) my_id = id;
+      if (tl == winner) top.pop(keys);
     }
 
     // ---- weights ----
     __syncwarp();
-    float w = (lane < p.topk) ? scores_smem[my_id] : 0.0f;
-    if (p.renormalize) {
-      float sum = w;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(kFullMask, sum, o);
-      w = w / sum;
-    }
+    float w = (tl < p.topk && active) ? scores_smem[my_id] : 0.0f;
+    if (p.renormalize) w = w / segment_sum<kLanes>(w);
     w *= p.scaling;
-    const int width = p.topk + p.num_shared;
-    float* w_row = p.weights + token * width;
-    int32_t* id_row = p.ids + token * width;
-    if (lane < p.topk) {
-      w_row[lane] = w;
-      id_row[lane] = my_id;
-    }
-    for (int j = lane; j < p.num_shared; j += 32) {
-      w_row[p.topk + j] = p.shared_weight;
-      id_row[p.topk + j] = E + j;
+    if (active) {
+      const int width = p.topk + p.num_shared;
+      float* w_row = p.weights + token * width;
+      int32_t* id_row = p.ids + token * width;
+      if (tl < p.topk) {
+        w_row[tl] = w;
+        id_row[tl] = my_id;
+      }
+      for (int j = tl; j < p.num_shared; j += kLanes) {
+        w_row[p.topk + j] = p.shared_weight;
+        id_row[p.topk + j] = E + j;
+      }
     }
     __syncwarp();
   }

@@ -17,31 +17,47 @@ namespace {
 using detail::GateConfig;
 using detail::GateKernelParams;
 
-template <typename T, int kV>
+template <typename T, int kV, int kLanes>
 void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
-  auto kernel = detail::fused_gate_kernel<T, kV>;
-  const int threads = 32 * cfg.warps_per_block;
-  const int smem = cfg.smem_bytes_per_warp * cfg.warps_per_block;
+  auto kernel = detail::fused_gate_kernel<T, kV, kLanes>;
+  const int threads = detail::kGateThreads;
+  const int tokens_per_block = threads / kLanes;
+  const int smem = cfg.smem_bytes_per_token * tokens_per_block;
   const int blocks_per_sm =
       tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
-  // A persistent grid: one wave of resident blocks, each warp striding over the tokens.
-  const int64_t needed = (kp.num_tokens + cfg.warps_per_block - 1) / cfg.warps_per_block;
+  // A persistent grid: at most one wave of resident blocks, each warp striding over the tokens.
+  const int64_t needed = (kp.num_tokens + tokens_per_block - 1) / tokens_per_block;
   const int64_t resident = static_cast<int64_t>(num_sms) * blocks_per_sm;
   const int grid = static_cast<int>(needed < resident ? needed : resident);
   kernel<<<grid, threads, smem, stream>>>(kp);
   TESSERA_CHECK_LAUNCH();
 }
 
+// The (experts per lane, lanes per token) pairs select_gate_config can return.
 template <typename T>
-void launch_gate_v(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
-  switch (cfg.values_per_lane) {
-    case 1: return launch_gate<T, 1>(kp, cfg, num_sms, stream);
-    case 2: return launch_gate<T, 2>(kp, cfg, num_sms, stream);
-    case 4: return launch_gate<T, 4>(kp, cfg, num_sms, stream);
-    case 8: return launch_gate<T, 8>(kp, cfg, num_sms, stream);
-    case 16: return launch_gate<T, 16>(kp, cfg, num_sms, stream);
-    default: throw Error("tessera::moe::fused_gate: no kernel for " + std::to_string(cfg.values_per_lane) + " experts per lane");
+void launch_gate_shape(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
+  const int v = cfg.values_per_lane;
+  if (cfg.lanes_per_token == 16) {
+    switch (v) {
+      case 1: return launch_gate<T, 1, 16>(kp, cfg, num_sms, stream);
+      case 2: return launch_gate<T, 2, 16>(kp, cfg, num_sms, stream);
+      case 4: return launch_gate<T, 4, 16>(kp, cfg, num_sms, stream);
+      case 8: return launch_gate<T, 8, 16>(kp, cfg, num_sms, stream);
+      case 16: return launch_gate<T, 16, 16>(kp, cfg, num_sms, stream);
+      default: break;
+    }
+  } else {
+    switch (v) {
+      case 1: return launch_gate<T, 1, 32>(kp, cfg, num_sms, stream);
+      case 2: return launch_gate<T, 2, 32>(kp, cfg, num_sms, stream);
+      case 4: return launch_gate<T, 4, 32>(kp, cfg, num_sms, stream);
+      case 8: return launch_gate<T, 8, 32>(kp, cfg, num_sms, stream);
+      case 16: return launch_gate<T, 16, 32>(kp, cfg, num_sms, stream);
+      default: break;
+    }
   }
+  throw Error("tessera::moe::fused_gate: no kernel for " + std::to_string(v) + " experts per lane and " +
+              std::to_string(cfg.lanes_per_token) + " lanes per token");
 }
 
 }  // namespace
@@ -104,7 +120,7 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   const auto base = reinterpret_cast<std::uintptr_t>(logits.data);
   const bool aligned = base % 16 == 0 && (T == 1 || (logits.strides[0] * elem_bytes) % 16 == 0);
   const GateConfig cfg = detail::select_gate_config(
-      detail::GateProblem{T, static_cast<int>(E), p.num_groups, elem_bytes, aligned});
+      detail::GateProblem{T, static_cast<int>(E), p.num_groups, elem_bytes, aligned}, p.topk);
 
   GateKernelParams kp{};
   kp.logits = logits.data;
@@ -127,10 +143,10 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.top2_sum = p.group_score == GroupScore::kTop2Sum;
   kp.lanes_per_group = cfg.lanes_per_group;
   kp.vector_loads = cfg.vector_loads;
-  kp.smem_floats_per_warp = cfg.smem_bytes_per_warp / 4;
+  kp.smem_floats_per_token = cfg.smem_bytes_per_token / 4;
 
   const int num_sms = tessera::detail::current_device_info().num_sms;
-  TESSERA_DISPATCH_FLOAT(logits.dtype, Elem, [&] { launch_gate_v<Elem>(kp, cfg, num_sms, stream); });
+  TESSERA_DISPATCH_FLOAT(logits.dtype, Elem, [&] { launch_gate_shape<Elem>(kp, cfg, num_sms, stream); });
 }
 
 }  // namespace tessera::moe

@@ -126,6 +126,16 @@ __device__ __forceinline__ void store_vector(const PermuteKernelParams& p, int64
   }
 }
 
+// One (token, 128-column block) work item of a half-warp: lane `sub` owns columns [8 sub, 8 sub + 8).
+struct CopyItem {
+  bool active;  // the item exists
+  bool in_row;  // this lane's 8 columns exist
+  int t_local;
+  int64_t blk;
+  int64_t vec;
+  uint4 raw;
+};
+
 template <typename Elem, QuantMode kQuant>
 __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const PermuteKernelParams p) {
   __shared__ int base[kPermuteMaxExperts];
@@ -133,6 +143,7 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x;
+  const bool first_slice = blockIdx.y == 0;  // the slice that writes the index outputs
   const int64_t t0 = chunk * p.tokens_per_chunk;
   const int num_chunk_tokens =
       static_cast<int>(p.num_tokens - t0 < p.tokens_per_chunk ? p.num_tokens - t0 : p.tokens_per_chunk);
@@ -144,7 +155,8 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   __syncthreads();
 
   // Stable ranks: warp 0 walks the chunk's copies in token order, 32 at a time; copies of one expert inside a
-  // step are ordered by lane, and the lowest of them advances the expert's running row afterwards.
+  // step are ordered by lane, and the lowest of them advances the expert's running row afterwards. Every column
+  // slice of the chunk computes the same rows; the first one publishes them.
   if (warp == 0) {
     for (int i0 = 0; i0 < n; i0 += 32) {
       const int i = i0 + lane;
@@ -157,74 +169,101 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
       __syncwarp();
       if (i < n) {
         rows[i] = row;
-        p.row_index[entry0 + i] = row;
-        if (row >= 0 && p.row_token != nullptr) p.row_token[row] = static_cast<int32_t>(t0 + i / p.topk);
+        if (first_slice) {
+          p.row_index[entry0 + i] = row;
+          if (row >= 0 && p.row_token != nullptr) p.row_token[row] = static_cast<int32_t>(t0 + i / p.topk);
+        }
       }
     }
   }
   __syncthreads();
 
-  // Copy: a half-warp per (token, 128-column block), 8 elements per lane, so a block's amax is a 16-lane
-  // reduction. The loop bound is warp-uniform because the shuffles need the whole warp.
+  // This block's column slice: 128-column blocks [blk_begin, blk_end) of every row.
   const int64_t num_vec = p.hidden / 8;
   const int64_t blocks_per_row = (num_vec + 15) / 16;
-  const int64_t work = num_chunk_tokens * blocks_per_row;
+  const int64_t blocks_per_slice = (blocks_per_row + gridDim.y - 1) / gridDim.y;
+  const int64_t blk_begin = blockIdx.y * blocks_per_slice;
+  const int64_t blk_left = blocks_per_row - blk_begin;
+  const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
+
+  // Copy: a half-warp per (token, 128-column block), 8 elements per lane, so a block's amax is a 16-lane
+  // reduction; each thread keeps two items in flight. The loop bound is warp-uniform (the shuffles need the
+  // whole warp).
+  const int64_t work = num_chunk_tokens * blk_count;
   const int sub = lane & 15;
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
-  for (int64_t w0 = 2 * warp; w0 < work; w0 += 2 * (kScatterThreads / 32)) {
-    const int64_t w = w0 + (lane >> 4);
-    const bool active = w < work;
-    const int t_local = active ? static_cast<int>(w / blocks_per_row) : 0;
-    const int64_t blk = active ? w % blocks_per_row : 0;
-    const int64_t vec = blk * 16 + sub;
-    const bool in_row = active && vec < num_vec;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (in_row) raw = ptx::ld_global_nc_na_v4(x + (t0 + t_local) * p.x_row_stride + vec * 8);
-    float q[8];
-    float block_scale = 0.0f;
-    if constexpr (kQuant != QuantMode::kNone) {
-      const Elem* vals = reinterpret_cast<const Elem*>(&raw);
-      float amax = 0.0f;
+  constexpr int kItems = 2;
+  constexpr int kItemsPerWarpStep = 2 * kItems;
+  for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kItemsPerWarpStep * (kScatterThreads / 32)) {
+    CopyItem item[kItems];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        q[i] = tessera::detail::to_float(vals[i]);
-        amax = fmaxf(amax, fabsf(q[i]));
-      }
-      float inv = tensor_inv;
-      if constexpr (kQuant == QuantMode::kFP8Blockwise) {
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
-        block_scale = clamped / tessera::detail::kFP8E4M3Max;
-        inv = tessera::detail::kFP8E4M3Max / clamped;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) q[i] *= inv;
+    for (int u = 0; u < kItems; ++u) {
+      const int64_t w = w0 + 2 * u + (lane >> 4);
+      CopyItem& it = item[u];
+      it.active = w < work;
+      it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
+      it.blk = it.active ? blk_begin + w % blk_count : 0;
+      it.vec = it.blk * 16 + sub;
+      it.in_row = it.active && it.vec < num_vec;
+      it.raw = it.in_row ? ptx::ld_global_nc_na_v4(x + (t0 + it.t_local) * p.x_row_stride + it.vec * 8)
+                         : make_uint4(0, 0, 0, 0);
     }
-    if (!active) continue;
-    for (int j = 0; j < p.topk; ++j) {
-      const int row = rows[t_local * p.topk + j];
-      if (row < 0) continue;
-      if (in_row) store_vector<Elem, kQuant>(p, row, vec, raw, q);
-      if constexpr (kQuant == QuantMode::kFP8Blockwise)
-        if (sub == 0) p.scales[row * p.scale_stride_row + blk * p.scale_stride_block] = block_scale;
+#pragma unroll
+    for (int u = 0; u < kItems; ++u) {
+      const CopyItem& it = item[u];
+      float q[8];
+      float block_scale = 0.0f;
+      if constexpr (kQuant != QuantMode::kNone) {
+        const Elem* vals = reinterpret_cast<const Elem*>(&it.raw);
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          q[i] = tessera::detail::to_float(vals[i]);
+          amax = fmaxf(amax, fabsf(q[i]));
+        }
+        float inv = tensor_inv;
+        if constexpr (kQuant == QuantMode::kFP8Blockwise) {
+#pragma unroll
+          for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+          const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
+          block_scale = clamped / tessera::detail::kFP8E4M3Max;
+          inv = tessera::detail::kFP8E4M3Max / clamped;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] *= inv;
+      }
+      if (!it.active) continue;
+      for (int j = 0; j < p.topk; ++j) {
+        const int row = rows[it.t_local * p.topk + j];
+        if (row < 0) continue;
+        if (it.in_row) store_vector<Elem, kQuant>(p, row, it.vec, it.raw, q);
+        if constexpr (kQuant == QuantMode::kFP8Blockwise)
+          if (sub == 0) p.scales[row * p.scale_stride_row + it.blk * p.scale_stride_block] = block_scale;
+      }
     }
   }
 
-  // Pad rows of the experts this block owns: zero data (and scale), mapped to no token.
+  // Pad rows of the experts this chunk owns, in this block's column slice: zero data (and scale), no token.
   if (p.pad_multiple > 1) {
+    const int64_t vec_begin = blk_begin * 16;
+    const int64_t vec_end = (blk_begin + blk_count) * 16 < num_vec ? (blk_begin + blk_count) * 16 : num_vec;
+    const int64_t slice_vecs = vec_end - vec_begin;
     for (int64_t e = chunk; e < p.num_experts; e += p.num_chunks) {
       const int64_t pad_begin = p.offsets[e] + p.counts[e];
       const int64_t pad_end = p.offsets[e + 1];
-      const int64_t pad_items = (pad_end - pad_begin) * num_vec;
+      if (first_slice)
+        for (int64_t row = pad_begin + threadIdx.x; row < pad_end; row += blockDim.x) {
+          if (p.row_token != nullptr) p.row_token[row] = -1;
+        }
+      if (slice_vecs <= 0) continue;
+      const int64_t pad_items = (pad_end - pad_begin) * slice_vecs;
       for (int64_t i = threadIdx.x; i < pad_items; i += blockDim.x) {
-        const int64_t row = pad_begin + i / num_vec;
-        const int64_t vec = i % num_vec;
+        const int64_t row = pad_begin + i / slice_vecs;
+        const int64_t vec = vec_begin + i % slice_vecs;
         const float zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         store_vector<Elem, kQuant>(p, row, vec, make_uint4(0, 0, 0, 0), zero);
-        if (vec == 0 && p.row_token != nullptr) p.row_token[row] = -1;
         if constexpr (kQuant == QuantMode::kFP8Blockwise)
           if (vec % 16 == 0) p.scales[row * p.scale_stride_row + (vec / 16) * p.scale_stride_block] = 0.0f;
       }
