@@ -1,8 +1,12 @@
-// tessera — DLPack interop (public). Needs <dlpack/dlpack.h> on the include path (Debian's libdlpack-dev, or the
-// copy that PyTorch ships).
+// tessera — DLPack interop (public). Needs the DLPack header on the include path: <dlpack/dlpack.h> (Debian's
+// libdlpack-dev) or the copy PyTorch ships as <ATen/dlpack.h>.
 #pragma once
 
+#if __has_include(<dlpack/dlpack.h>)
 #include <dlpack/dlpack.h>
+#else
+#include <ATen/dlpack.h>
+#endif
 
 #include "tessera/tensor.h"
 

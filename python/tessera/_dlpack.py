@@ -2,8 +2,9 @@
 
 Rules, kept deliberately simple:
 
-* torch.Tensor (checked first): used as is. ``to_capsule`` calls ``torch.utils.dlpack.to_dlpack`` on a detached
-  alias; that does no stream synchronization, which is right because tessera runs on the caller's current stream.
+* torch.Tensor (checked first): used as is. ``to_capsule`` calls ``torch.utils.dlpack.to_dlpack`` on it (on a
+  detached alias if it requires grad); that does no stream synchronization, which is right because tessera runs
+  on the caller's current stream.
 * Any other object with ``__dlpack__``: turned into a torch.Tensor once, zero-copy, with ``torch.from_dlpack``
   (which follows the DLPack stream protocol for the producer). Everything downstream then works on torch tensors.
 * fp8 tensors (torch.float8_e4m3fn / float8_e5m2) travel as ``torch.uint8`` views. tessera's C++ ``from_dlpack``
@@ -67,7 +68,7 @@ def to_capsule(tensor):
 
         _fp8 = _fp8_dtypes(torch)
         _to_dlpack = torch.utils.dlpack.to_dlpack
-    t = tensor.detach()
+    t = tensor.detach() if tensor.requires_grad else tensor
     if t.dtype in _fp8:
         t = t.view(_uint8())
     return _to_dlpack(t)

@@ -75,13 +75,23 @@ def _rank(op, arg, t, rank, what):
         raise ValueError(f"{op}: '{arg}' must have rank {rank} {what}, got shape {list(t.shape)}")
 
 
+def _current_stream(torch, index):
+    """The raw cudaStream_t (an int) of the current torch stream of device `index` (capture streams included)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # cheap; what torch's own generated code uses
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream
+
+
 def _launch(torch, device, call):
-    """Runs call(stream) with `device` current and its current stream."""
-    if device.index is not None and device.index != torch.cuda.current_device():
-        with torch.cuda.device(device):
-            call(torch.cuda.current_stream(device).cuda_stream)
+    """Runs call(stream) with `device` current, on its current stream."""
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    if index != current:
+        with torch.cuda.device(index):
+            call(_current_stream(torch, index))
     else:
-        call(torch.cuda.current_stream(device).cuda_stream)
+        call(_current_stream(torch, index))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ DType dtype_from_dl(DLDataType t, const char* arg) {
     default:
       break;
   }
-#if DLPACK_VERSION >= 80
-  // DLPack 1.0 added fp8 codes; older headers (Debian's 0.6) do not know them.
+#if defined(DLPACK_MAJOR_VERSION) && (DLPACK_MAJOR_VERSION > 1 || DLPACK_MINOR_VERSION >= 1)
+  // DLPack 1.1 added fp8 codes; older headers (Debian's 0.6) do not know them.
   if (t.code == kDLFloat8_e4m3fn && t.bits == 8) return DType::kFP8E4M3;
   if (t.code == kDLFloat8_e5m2 && t.bits == 8) return DType::kFP8E5M2;
 #endif

@@ -328,6 +328,44 @@ def test_gate_strided_logits_and_out():
     check_gate(weights, ids, logits, bias, case)
 
 
+class _Producer:
+    """A minimal non-torch DLPack producer (delegates to a torch tensor)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, stream=None, **kwargs):
+        return self._t.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+@gpu
+def test_gate_accepts_requires_grad_and_other_dlpack_producers():
+    case = GATE_CASES["deepseek_v3"]
+    logits, bias = make_gate_inputs(300, case, seed=5)
+    w0, i0 = tessera.fused_gate(logits, bias, **_gate_kwargs(case))
+    w1, i1 = tessera.fused_gate(logits.clone().requires_grad_(True), bias, **_gate_kwargs(case))
+    w2, i2 = tessera.fused_gate(_Producer(logits), _Producer(bias), **_gate_kwargs(case))
+    torch.cuda.synchronize()
+    assert torch.equal(i0, i1) and torch.equal(w0, w1)
+    assert torch.equal(i0, i2) and torch.equal(w0, w2)
+    check_gate(w0, i0, logits, bias, case)
+
+
+@gpu
+def test_gate_on_a_side_stream():
+    case = GATE_CASES["qwen3"]
+    logits, bias = make_gate_inputs(1024, case, seed=6)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        weights, ids = tessera.fused_gate(logits, bias, **_gate_kwargs(case))
+    side.synchronize()
+    check_gate(weights, ids, logits, bias, case)
+
+
 @gpu
 @pytest.mark.parametrize("name", ["odd_e160", "deepseek_v3"])
 def test_gate_nan_ranks_last(name):
