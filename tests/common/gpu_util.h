@@ -54,8 +54,10 @@ class DeviceBuffer {
     return host;
   }
   // Fill every byte with `byte` (0xFF: NaN for floats, -1 for ints) so that unwritten elements show.
+  // Synchronizes, so that the poison cannot land after work queued later on a non-blocking stream.
   void poison(uint8_t byte = 0xFF) {
     if (count_) TESSERA_CUDA_CHECK(cudaMemset(ptr_, byte, count_ * sizeof(T)));
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   }
   TensorView view(DType dtype, std::initializer_list<int64_t> shape) const {
     int device = 0;

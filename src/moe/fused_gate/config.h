@@ -30,9 +30,10 @@ inline int next_pow2(int n) {
 
 inline GateConfig select_gate_config(const GateProblem& p, int topk) {
   GateConfig c{};
-  // Half a warp per token shares every warp-wide step between two tokens; it needs E <= 256 (16 experts per lane
-  // at most) and topk <= 16 (a lane holds one selected id).
-  c.lanes_per_token = (p.num_experts <= 256 && topk <= 16) ? 16 : 32;
+  // Half a warp per token shares every warp-wide step between two tokens (topk <= 16: a lane holds one selected
+  // id). It pays off only where per-token overhead dominates and registers stay low: E <= 128 (8 experts per
+  // lane) and enough tokens that throughput, not the latency of one token, sets the time (docs/perf).
+  c.lanes_per_token = (p.num_experts <= 128 && topk <= 16 && p.num_tokens >= 16384) ? 16 : 32;
   c.values_per_lane = next_pow2((p.num_experts + c.lanes_per_token - 1) / c.lanes_per_token);
   c.warps_per_block = 8;
   const int group_size = p.num_experts / p.num_groups;

@@ -115,26 +115,33 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
   if (threadIdx.x == 0) p.offsets[p.num_experts] = grand;
 }
 
-// One 16-byte vector (8 elements) of a row, quantized or not, stored to one destination row.
+// Copy work: an item is one (token, 128-column block); 8 lanes share it, each owning 16 columns (two 16-byte
+// vectors of the source row), so a block's amax is an 8-lane reduction and every destination store moves 16 to
+// 32 bytes per lane.
+constexpr int kLanesPerItem = 8;
+
 template <typename Elem, QuantMode kQuant>
-__device__ __forceinline__ void store_vector(const PermuteKernelParams& p, int64_t row, int64_t vec,
-                                             const uint4& raw, const float (&q)[8]) {
+__device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int64_t row, int64_t vec0, bool has0,
+                                              bool has1, bool fp8_16b_rows, const uint4 (&raw)[2],
+                                              const float (&q)[16]) {
   if constexpr (kQuant == QuantMode::kNone) {
-    ptx::st_global_v4(static_cast<Elem*>(p.x_perm) + row * p.hidden + vec * 8, raw);
+    Elem* dst = static_cast<Elem*>(p.x_perm) + row * p.hidden + vec0 * 8;
+    if (has0) ptx::st_global_v4(dst, raw[0]);
+    if (has1) ptx::st_global_v4(dst + 8, raw[1]);
   } else {
-    ptx::st_global_v2(static_cast<uint8_t*>(p.x_perm) + row * p.hidden + vec * 8, tessera::detail::pack_fp8x8_e4m3(q));
+    uint8_t* dst = static_cast<uint8_t*>(p.x_perm) + row * p.hidden + vec0 * 8;
+    const float(&lo)[8] = *reinterpret_cast<const float(*)[8]>(&q[0]);
+    const float(&hi)[8] = *reinterpret_cast<const float(*)[8]>(&q[8]);
+    const uint2 a = tessera::detail::pack_fp8x8_e4m3(lo);
+    if (has1 && fp8_16b_rows) {
+      const uint2 b = tessera::detail::pack_fp8x8_e4m3(hi);
+      ptx::st_global_v4(dst, make_uint4(a.x, a.y, b.x, b.y));
+    } else {
+      if (has0) ptx::st_global_v2(dst, a);
+      if (has1) ptx::st_global_v2(dst + 8, tessera::detail::pack_fp8x8_e4m3(hi));
+    }
   }
 }
-
-// One (token, 128-column block) work item of a half-warp: lane `sub` owns columns [8 sub, 8 sub + 8).
-struct CopyItem {
-  bool active;  // the item exists
-  bool in_row;  // this lane's 8 columns exist
-  int t_local;
-  int64_t blk;
-  int64_t vec;
-  uint4 raw;
-};
 
 template <typename Elem, QuantMode kQuant>
 __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const PermuteKernelParams p) {
@@ -186,62 +193,56 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   const int64_t blk_left = blocks_per_row - blk_begin;
   const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
 
-  // Copy: a half-warp per (token, 128-column block), 8 elements per lane, so a block's amax is a 16-lane
-  // reduction; each thread keeps two items in flight. The loop bound is warp-uniform (the shuffles need the
-  // whole warp).
   const int64_t work = num_chunk_tokens * blk_count;
-  const int sub = lane & 15;
+  const int sub = lane % kLanesPerItem;
+  const int group = lane / kLanesPerItem;
+  constexpr int kItemsPerWarpStep = 32 / kLanesPerItem;
+  // 16-byte fp8 stores need every row start 16-byte aligned.
+  const bool fp8_16b_rows = p.hidden % 16 == 0;
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
-  constexpr int kItems = 2;
-  constexpr int kItemsPerWarpStep = 2 * kItems;
+  // The loop bound is warp-uniform: the amax shuffles need the whole warp.
   for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kItemsPerWarpStep * (kScatterThreads / 32)) {
-    CopyItem item[kItems];
+    const int64_t w = w0 + group;
+    const bool active = w < work;
+    const int t_local = active ? static_cast<int>(w / blk_count) : 0;
+    const int64_t blk = active ? blk_begin + w % blk_count : 0;
+    const int64_t vec0 = blk * 16 + 2 * sub;
+    const bool has0 = active && vec0 < num_vec;
+    const bool has1 = active && vec0 + 1 < num_vec;
+    const Elem* src = x + (t0 + t_local) * p.x_row_stride + vec0 * 8;
+    uint4 raw[2];
+    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src) : make_uint4(0, 0, 0, 0);
+    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + 8) : make_uint4(0, 0, 0, 0);
+    float q[16];
+    float block_scale = 0.0f;
+    if constexpr (kQuant != QuantMode::kNone) {
+      const Elem* vals = reinterpret_cast<const Elem*>(&raw[0]);
+      float amax = 0.0f;
 #pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const int64_t w = w0 + 2 * u + (lane >> 4);
-      CopyItem& it = item[u];
-      it.active = w < work;
-      it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
-      it.blk = it.active ? blk_begin + w % blk_count : 0;
-      it.vec = it.blk * 16 + sub;
-      it.in_row = it.active && it.vec < num_vec;
-      it.raw = it.in_row ? ptx::ld_global_nc_na_v4(x + (t0 + it.t_local) * p.x_row_stride + it.vec * 8)
-                         : make_uint4(0, 0, 0, 0);
+      for (int i = 0; i < 16; ++i) {
+        q[i] = tessera::detail::to_float(vals[i]);
+        amax = fmaxf(amax, fabsf(q[i]));
+      }
+      float inv = tensor_inv;
+      if constexpr (kQuant == QuantMode::kFP8Blockwise) {
+#pragma unroll
+        for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+        const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
+        block_scale = clamped / tessera::detail::kFP8E4M3Max;
+        inv = tessera::detail::kFP8E4M3Max / clamped;
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) q[i] *= inv;
     }
-#pragma unroll
-    for (int u = 0; u < kItems; ++u) {
-      const CopyItem& it = item[u];
-      float q[8];
-      float block_scale = 0.0f;
-      if constexpr (kQuant != QuantMode::kNone) {
-        const Elem* vals = reinterpret_cast<const Elem*>(&it.raw);
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          q[i] = tessera::detail::to_float(vals[i]);
-          amax = fmaxf(amax, fabsf(q[i]));
-        }
-        float inv = tensor_inv;
-        if constexpr (kQuant == QuantMode::kFP8Blockwise) {
-#pragma unroll
-          for (int o = 8; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-          const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
-          block_scale = clamped / tessera::detail::kFP8E4M3Max;
-          inv = tessera::detail::kFP8E4M3Max / clamped;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] *= inv;
-      }
-      if (!it.active) continue;
-      for (int j = 0; j < p.topk; ++j) {
-        const int row = rows[it.t_local * p.topk + j];
-        if (row < 0) continue;
-        if (it.in_row) store_vector<Elem, kQuant>(p, row, it.vec, it.raw, q);
-        if constexpr (kQuant == QuantMode::kFP8Blockwise)
-          if (sub == 0) p.scales[row * p.scale_stride_row + it.blk * p.scale_stride_block] = block_scale;
-      }
+    if (!active) continue;
+    for (int j = 0; j < p.topk; ++j) {
+      const int row = rows[t_local * p.topk + j];
+      if (row < 0) continue;
+      store_columns<Elem, kQuant>(p, row, vec0, has0, has1, fp8_16b_rows, raw, q);
+      if constexpr (kQuant == QuantMode::kFP8Blockwise)
+        if (sub == 0) p.scales[row * p.scale_stride_row + blk * p.scale_stride_block] = block_scale;
     }
   }
 
@@ -259,11 +260,13 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
         }
       if (slice_vecs <= 0) continue;
       const int64_t pad_items = (pad_end - pad_begin) * slice_vecs;
+      const int64_t elem_bytes = kQuant == QuantMode::kNone ? 2 : 1;
       for (int64_t i = threadIdx.x; i < pad_items; i += blockDim.x) {
         const int64_t row = pad_begin + i / slice_vecs;
         const int64_t vec = vec_begin + i % slice_vecs;
-        const float zero[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        store_vector<Elem, kQuant>(p, row, vec, make_uint4(0, 0, 0, 0), zero);
+        char* dst = static_cast<char*>(p.x_perm) + (row * p.hidden + vec * 8) * elem_bytes;
+        if constexpr (kQuant == QuantMode::kNone) ptx::st_global_v4(dst, make_uint4(0, 0, 0, 0));
+        else ptx::st_global_v2(dst, make_uint2(0, 0));
         if constexpr (kQuant == QuantMode::kFP8Blockwise)
           if (vec % 16 == 0) p.scales[row * p.scale_stride_row + (vec / 16) * p.scale_stride_block] = 0.0f;
       }

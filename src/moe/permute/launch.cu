@@ -37,7 +37,7 @@ template <typename Elem, QuantMode kQuant>
 void launch_scatter(const PermuteKernelParams& kp, cudaStream_t stream) {
   // Column slices give small token counts enough blocks to fill the GPU (a few blocks per SM).
   const int64_t blocks_per_row = (kp.hidden / 8 + 15) / 16;
-  const int64_t target_blocks = 4 * static_cast<int64_t>(tessera::detail::current_device_info().num_sms);
+  const int64_t target_blocks = 2 * static_cast<int64_t>(tessera::detail::current_device_info().num_sms);
   int64_t slices = (target_blocks + kp.num_chunks - 1) / kp.num_chunks;
   slices = slices < 1 ? 1 : (slices > blocks_per_row ? blocks_per_row : slices);
   const dim3 grid(static_cast<unsigned>(kp.num_chunks), static_cast<unsigned>(slices));
