@@ -5,6 +5,10 @@
 
 namespace tessera::moe::detail {
 
+// Shared memory of one token slot starts with the ids selected in each round, then the scores (then the arrays
+// of the shared-memory group path).
+inline constexpr int kGateIdSlots = 32;
+
 struct GateProblem {
   int64_t num_tokens;
   int num_experts;
@@ -46,9 +50,10 @@ inline GateConfig select_gate_config(const GateProblem& p, int topk) {
   }
   // Vector loads need each lane's slice (v * elem_bytes) to be a whole number of aligned 16-byte vectors.
   c.vector_loads = c.values_per_lane * p.elem_bytes >= 16 && p.rows_16b_aligned;
-  // Scores for the final gather; the shared-memory group path also keeps the keys, the group keys and flags.
+  // The selected ids and the scores for the final gather; the shared-memory group path also keeps the keys, the
+  // group keys and flags.
   const int slots = c.lanes_per_token * c.values_per_lane;
-  c.smem_bytes_per_token = slots * 4;
+  c.smem_bytes_per_token = kGateIdSlots * 4 + slots * 4;
   if (c.lanes_per_group == 0) c.smem_bytes_per_token += slots * 4 + p.num_groups * 4 + (p.num_groups + 15) / 16 * 16;
   return c;
 }

@@ -11,7 +11,9 @@
 #include <cstdint>
 
 #include "common/numeric.cuh"
+#include "moe/fused_gate/config.h"
 #include "ptx/ldst.cuh"
+#include "ptx/math.cuh"
 
 namespace tessera::moe::detail {
 
@@ -40,12 +42,14 @@ struct GateKernelParams {
   bool softmax;
   bool top2_sum;
   int lanes_per_group;  // 0: shared-memory group path
+  int lanes_per_group_log2;
   bool vector_loads;
   int smem_floats_per_token;  // shared memory per token slot
 };
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kGateThreads = 256;
+constexpr float kLog2e = 1.4426950408889634f;
 
 // Loads the kV logits of this lane as floats; experts past E (and inactive segments) read as -inf.
 template <typename T, int kV>
@@ -169,7 +173,8 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
   const int tl = lane % kLanes;  // lane within the token's segment
   const int seg_base = seg * kLanes;
   float* slot = smem + (warp * kSegs + seg) * p.smem_floats_per_token;
-  float* scores_smem = slot;  // [kLanes * kV]
+  int* id_smem = reinterpret_cast<int*>(slot);  // [kGateIdSlots]: the id picked in round r
+  float* scores_smem = slot + kGateIdSlots;     // [kLanes * kV]
   const int E = p.num_experts;
   const int first = tl * kV;
 
@@ -205,9 +210,10 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
       for (int i = 0; i < kV; ++i) m = fmaxf(m, score[i]);
       m = segment_fmax<kLanes>(m);
       float sum = 0.0f;
+      const float m_log2e = m * kLog2e;
 #pragma unroll
       for (int i = 0; i < kV; ++i) {
-        score[i] = first + i < E ? __expf(score[i] - m) : 0.0f;
+        score[i] = first + i < E ? ptx::ex2_approx_ftz(fmaf(score[i], kLog2e, -m_log2e)) : 0.0f;
         sum += score[i];
       }
       const float inv = 1.0f / segment_sum<kLanes>(sum);
@@ -215,7 +221,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
       for (int i = 0; i < kV; ++i) score[i] *= inv;
     } else {
 #pragma unroll
-      for (int i = 0; i < kV; ++i) score[i] = __fdividef(1.0f, 1.0f + __expf(-score[i]));
+      for (int i = 0; i < kV; ++i) score[i] = ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * score[i]));
     }
 
     uint32_t keys[kV];
@@ -246,7 +252,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
         }
         const uint32_t group_key = p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
         // Segment lane g takes group g's score; lanes past the last group offer nothing.
-        uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl * p.lanes_per_group) & (kLanes - 1)));
+        uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl << p.lanes_per_group_log2) & (kLanes - 1)));
         if (tl >= p.num_groups) gk = kNoCandidate;
         uint32_t kept = 0;
         for (int r = 0; r < p.topk_groups; ++r) {
@@ -255,14 +261,14 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
           kept |= 1u << winner;
           if (tl == winner) gk = kNoCandidate;
         }
-        if (((kept >> (tl / p.lanes_per_group)) & 1u) == 0) {
+        if (((kept >> (tl >> p.lanes_per_group_log2)) & 1u) == 0) {
           top.key[0] = top.key[1] = top.key[2] = kNoCandidate;
           top.cached = 3;
         }
       } else {
         // Groups cut across lanes: rank them through shared memory. Lane tl owns a contiguous run of groups so
         // that the lowest winning lane is also the lowest group index.
-        uint32_t* key_smem = reinterpret_cast<uint32_t*>(slot + kLanes * kV);
+        uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);
         uint32_t* group_smem = key_smem + kLanes * kV;
         uint8_t* kept_smem = reinterpret_cast<uint8_t*>(group_smem + p.num_groups);
 #pragma unroll
@@ -309,19 +315,21 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
     }
 
     // ---- top-k experts, one segment-wide argmax per round ----
-    int my_id = -1;
     for (int r = 0; r < p.topk; ++r) {
       const uint32_t best = segment_max<kLanes>(top.key[0], seg);
       const int winner = segment_first<kLanes>(top.key[0] == best, seg);
-      const int id = __shfl_sync(kFullMask, first + top.idx[0], seg_base + winner);
-      if (tl == r) my_id = id;
-      if (tl == winner) top.pop(keys);
+      if (tl == winner) {
+        id_smem[r] = first + top.idx[0];
+        top.pop(keys);
+      }
     }
 
     // ---- weights ----
     __syncwarp();
+    const int my_id = tl < p.topk ? id_smem[tl] : -1;
     float w = (tl < p.topk && active) ? scores_smem[my_id] : 0.0f;
-    if (p.renormalize) w = w / segment_sum<kLanes>(w);
+    // One correctly rounded reciprocal, then a product: w / sum within an ulp, without the per-lane division.
+    if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
     w *= p.scaling;
     if (active) {
       const int width = p.topk + p.num_shared;

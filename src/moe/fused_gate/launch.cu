@@ -142,6 +142,8 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.softmax = p.scoring == Scoring::kSoftmax;
   kp.top2_sum = p.group_score == GroupScore::kTop2Sum;
   kp.lanes_per_group = cfg.lanes_per_group;
+  kp.lanes_per_group_log2 = 0;
+  while ((1 << kp.lanes_per_group_log2) < cfg.lanes_per_group) ++kp.lanes_per_group_log2;
   kp.vector_loads = cfg.vector_loads;
   kp.smem_floats_per_token = cfg.smem_bytes_per_token / 4;
 

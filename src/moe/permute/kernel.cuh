@@ -115,10 +115,16 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
   if (threadIdx.x == 0) p.offsets[p.num_experts] = grand;
 }
 
-// Copy work: an item is one (token, 128-column block); 8 lanes share it, each owning 16 columns (two 16-byte
-// vectors of the source row), so a block's amax is an 8-lane reduction and every destination store moves 16 to
-// 32 bytes per lane.
+// Copy work: an item is one (token, 128-column block); 8 lanes share it, each owning two 16-byte vectors (16
+// columns) of the source row, so a block's amax is an 8-lane reduction. Unquantized, lane s owns vectors s and
+// s + 8: each store instruction of the 8 lanes covers 128 contiguous bytes. Quantized, lane s owns vectors 2s and
+// 2s + 1, whose 16 fp8 bytes are adjacent in the destination: one 16-byte store, 128 contiguous bytes again.
 constexpr int kLanesPerItem = 8;
+
+template <QuantMode kQuant>
+__device__ __forceinline__ int64_t second_vector(int64_t vec0) {
+  return kQuant == QuantMode::kNone ? vec0 + 8 : vec0 + 1;
+}
 
 template <typename Elem, QuantMode kQuant>
 __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int64_t row, int64_t vec0, bool has0,
@@ -127,7 +133,7 @@ __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int6
   if constexpr (kQuant == QuantMode::kNone) {
     Elem* dst = static_cast<Elem*>(p.x_perm) + row * p.hidden + vec0 * 8;
     if (has0) ptx::st_global_v4(dst, raw[0]);
-    if (has1) ptx::st_global_v4(dst + 8, raw[1]);
+    if (has1) ptx::st_global_v4(dst + 64, raw[1]);
   } else {
     uint8_t* dst = static_cast<uint8_t*>(p.x_perm) + row * p.hidden + vec0 * 8;
     const float(&lo)[8] = *reinterpret_cast<const float(*)[8]>(&q[0]);
@@ -208,13 +214,14 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
     const bool active = w < work;
     const int t_local = active ? static_cast<int>(w / blk_count) : 0;
     const int64_t blk = active ? blk_begin + w % blk_count : 0;
-    const int64_t vec0 = blk * 16 + 2 * sub;
+    const int64_t vec0 = blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
+    const int64_t vec1 = second_vector<kQuant>(vec0);
     const bool has0 = active && vec0 < num_vec;
-    const bool has1 = active && vec0 + 1 < num_vec;
-    const Elem* src = x + (t0 + t_local) * p.x_row_stride + vec0 * 8;
+    const bool has1 = active && vec1 < num_vec;
+    const Elem* src = x + (t0 + t_local) * p.x_row_stride;
     uint4 raw[2];
-    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src) : make_uint4(0, 0, 0, 0);
-    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + 8) : make_uint4(0, 0, 0, 0);
+    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src + vec0 * 8) : make_uint4(0, 0, 0, 0);
+    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
     float q[16];
     float block_scale = 0.0f;
     if constexpr (kQuant != QuantMode::kNone) {
