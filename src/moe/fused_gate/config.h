@@ -21,6 +21,7 @@ struct GateConfig {
   int lanes_per_token;     // 16 (two tokens per warp) or 32
   int values_per_lane;     // experts each lane holds: 1, 2, 4, 8 or 16
   int lanes_per_group;     // > 0: groups are lane-aligned (shuffle path); 0: groups go through shared memory
+  bool compact;            // lane-aligned groups keeping at most half the experts: rank the kept ones only
   int warps_per_block;
   bool vector_loads;       // each lane loads its experts with aligned 16-byte loads
   int smem_bytes_per_token; // dynamic shared memory per token slot (16-byte multiple)
@@ -32,7 +33,7 @@ inline int next_pow2(int n) {
   return v;
 }
 
-inline GateConfig select_gate_config(const GateProblem& p, int topk) {
+inline GateConfig select_gate_config(const GateProblem& p, int topk, int topk_groups) {
   GateConfig c{};
   // Half a warp per token shares every warp-wide step between two tokens (topk <= 16: a lane holds one selected
   // id). It pays off only where per-token overhead dominates and registers stay low: E <= 128 (8 experts per
@@ -48,12 +49,15 @@ inline GateConfig select_gate_config(const GateProblem& p, int topk) {
     const int lanes = group_size / c.values_per_lane;
     if ((lanes & (lanes - 1)) == 0) c.lanes_per_group = lanes;
   }
+  c.compact = p.num_groups > 1 && c.lanes_per_group > 0 && c.values_per_lane >= 2 && c.values_per_lane <= 8 &&
+              2 * topk_groups <= p.num_groups;
   // Vector loads need each lane's slice (v * elem_bytes) to be a whole number of aligned 16-byte vectors.
   c.vector_loads = c.values_per_lane * p.elem_bytes >= 16 && p.rows_16b_aligned;
   // The selected ids and the scores for the final gather; the shared-memory group path also keeps the keys, the
   // group keys and flags.
   const int slots = c.lanes_per_token * c.values_per_lane;
   c.smem_bytes_per_token = kGateIdSlots * 4 + slots * 4;
+  if (c.compact) c.smem_bytes_per_token += slots * 4;  // the keys, gathered from there
   if (c.lanes_per_group == 0) c.smem_bytes_per_token += slots * 4 + p.num_groups * 4 + (p.num_groups + 15) / 16 * 16;
   return c;
 }

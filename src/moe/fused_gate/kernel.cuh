@@ -43,6 +43,7 @@ struct GateKernelParams {
   bool top2_sum;
   int lanes_per_group;  // 0: shared-memory group path
   int lanes_per_group_log2;
+  bool compact;  // lane-aligned groups keep at most half the experts: rank only theirs, kV/2 per lane
   bool vector_loads;
   int smem_floats_per_token;  // shared memory per token slot
 };
@@ -120,38 +121,37 @@ __device__ __forceinline__ float segment_fmax(float v) {
   return v;
 }
 
-// The best three keys of a lane (ties: lower local index first). `scan` optionally skips every key that does not
-// come after (after_key, after_idx) in rank order, i.e. the ones already selected. `cached` counts the leading
-// entries known to be exact: a win pops one; a win with only one known entry left needs a rescan.
-template <int kV>
+// The best three keys of a lane among its N candidates (ties: lower local index first). `scan` optionally skips
+// every key that does not come after (after_key, after_idx) in rank order, i.e. the ones already selected.
+// `cached` counts the leading entries known to be exact: a win pops one; a win with one known entry left rescans.
+template <int N>
 struct LaneTop3 {
   uint32_t key[3];
   int idx[3];
   int cached;
 
-  __device__ __forceinline__ void scan(const uint32_t (&keys)[kV], bool only_after, uint32_t after_key,
+  __device__ __forceinline__ void scan(const uint32_t (&keys)[N], bool only_after, uint32_t after_key,
                                        int after_idx) {
     key[0] = key[1] = key[2] = kNoCandidate;
     idx[0] = idx[1] = idx[2] = 0;
 #pragma unroll
-    for (int i = 0; i < kV; ++i) {
+    for (int i = 0; i < N; ++i) {
       uint32_t k = keys[i];
       if (only_after && !(k < after_key || (k == after_key && i > after_idx))) k = kNoCandidate;
-      if (k > key[0]) {
-        key[2] = key[1]; idx[2] = idx[1];
-        key[1] = key[0]; idx[1] = idx[0];
-        key[0] = k; idx[0] = i;
-      } else if (k > key[1]) {
-        key[2] = key[1]; idx[2] = idx[1];
-        key[1] = k; idx[1] = i;
-      } else if (k > key[2]) {
-        key[2] = k; idx[2] = i;
-      }
+      // Branch-free insertion into the sorted three; strict > keeps the earlier index first on ties.
+      const bool c0 = k > key[0], c1 = k > key[1], c2 = k > key[2];
+      key[2] = c1 ? key[1] : (c2 ? k : key[2]);
+      idx[2] = c1 ? idx[1] : (c2 ? i : idx[2]);
+      key[1] = c0 ? key[0] : (c1 ? k : key[1]);
+      idx[1] = c0 ? idx[0] : (c1 ? i : idx[1]);
+      key[0] = c0 ? k : key[0];
+      idx[0] = c0 ? i : idx[0];
     }
     cached = 3;
   }
 
-  __device__ __forceinline__ void pop(const uint32_t (&keys)[kV]) {
+  // The lane's best was just selected: move to the next one.
+  __device__ __forceinline__ void pop(const uint32_t (&keys)[N]) {
     if (cached > 1) {
       key[0] = key[1]; idx[0] = idx[1];
       key[1] = key[2]; idx[1] = idx[2];
@@ -162,6 +162,32 @@ struct LaneTop3 {
     }
   }
 };
+
+// The best two keys of a lane, values only (for group scores).
+template <int N>
+__device__ __forceinline__ void lane_top2_values(const uint32_t (&keys)[N], uint32_t& first, uint32_t& second) {
+  first = second = kNoCandidate;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    second = max(second, min(first, keys[i]));
+    first = max(first, keys[i]);
+  }
+}
+
+// topk rounds of a segment-wide argmax over the lanes' cached bests; the winner records the id of its best (its
+// expert `first_id + idx`) in id_smem[round] and moves on to its next best.
+template <int N, int kLanes>
+__device__ __forceinline__ void select_topk(LaneTop3<N>& top, const uint32_t (&keys)[N], int first_id, int topk,
+                                            int seg, int tl, int* id_smem) {
+  for (int r = 0; r < topk; ++r) {
+    const uint32_t best = segment_max<kLanes>(top.key[0], seg);
+    const int winner = segment_first<kLanes>(top.key[0] == best, seg);
+    if (tl == winner) {
+      id_smem[r] = first_id + top.idx[0];
+      top.pop(keys);
+    }
+  }
+}
 
 template <typename T, int kV, int kLanes>
 __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKernelParams p) {
@@ -236,36 +262,63 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
       for (int i = 0; i < kV; ++i) scores_smem[first + i] = score[i];
     }
 
-    LaneTop3<kV> top;
-    top.scan(keys, false, 0, 0);
-
-    // ---- group stage ----
-    if (p.num_groups > 1) {
-      if (p.lanes_per_group > 0) {
-        // Groups are lane-aligned: merge the lanes' best two inside each group with butterfly shuffles.
-        uint32_t g1 = top.key[0], g2 = top.key[1];
-        for (int o = 1; o < p.lanes_per_group; o <<= 1) {
-          const uint32_t o1 = __shfl_xor_sync(kFullMask, g1, o);
-          const uint32_t o2 = __shfl_xor_sync(kFullMask, g2, o);
-          g2 = max(min(g1, o1), max(g2, o2));
-          g1 = max(g1, o1);
+    // ---- group stage, then top-k ----
+    if (p.num_groups > 1 && p.lanes_per_group > 0) {
+      // Groups are lane-aligned: merge the lanes' best two inside each group with butterfly shuffles.
+      uint32_t g1, g2;
+      lane_top2_values(keys, g1, g2);
+      for (int o = 1; o < p.lanes_per_group; o <<= 1) {
+        const uint32_t o1 = __shfl_xor_sync(kFullMask, g1, o);
+        const uint32_t o2 = __shfl_xor_sync(kFullMask, g2, o);
+        g2 = max(min(g1, o1), max(g2, o2));
+        g1 = max(g1, o1);
+      }
+      const uint32_t group_key = p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
+      // Segment lane g takes group g's score; lanes past the last group offer nothing.
+      uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl << p.lanes_per_group_log2) & (kLanes - 1)));
+      if (tl >= p.num_groups) gk = kNoCandidate;
+      uint32_t kept = 0;
+      for (int r = 0; r < p.topk_groups; ++r) {
+        const uint32_t best = segment_max<kLanes>(gk, seg);
+        const int winner = segment_first<kLanes>(gk == best, seg);
+        kept |= 1u << winner;
+        if (tl == winner) gk = kNoCandidate;
+      }
+      bool compacted = false;
+      if constexpr (kV >= 2 && kV <= 8) {  // 16 experts per lane: registers would cost more than it saves
+        if (p.compact) {
+          // At most half the experts survive: gather the kept groups' keys (in group order, so lane order is still
+          // expert order) over all lanes of the segment, kV/2 per lane, and rank only those.
+          constexpr int kHalf = kV / 2;
+          uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);
+#pragma unroll
+          for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
+          __syncwarp();
+          const int c0 = tl * kHalf;  // this lane's first candidate in the concatenated kept groups
+          const int group_size_log2 = p.lanes_per_group_log2 + __ffs(kV) - 1;
+          const bool has = c0 < (p.topk_groups << group_size_log2);
+          int cand_first = 0;
+          uint32_t ckeys[kHalf];
+          if (has) {
+            const int g = __fns(kept, 0, (c0 >> group_size_log2) + 1);
+            cand_first = (g << group_size_log2) + (c0 & ((1 << group_size_log2) - 1));
+          }
+#pragma unroll
+          for (int i = 0; i < kHalf; ++i) ckeys[i] = has ? key_smem[cand_first + i] : kNoCandidate;
+          LaneTop3<kHalf> top;
+          top.scan(ckeys, false, 0, 0);
+          select_topk<kHalf, kLanes>(top, ckeys, cand_first, p.topk, seg, tl, id_smem);
+          compacted = true;
         }
-        const uint32_t group_key = p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
-        // Segment lane g takes group g's score; lanes past the last group offer nothing.
-        uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl << p.lanes_per_group_log2) & (kLanes - 1)));
-        if (tl >= p.num_groups) gk = kNoCandidate;
-        uint32_t kept = 0;
-        for (int r = 0; r < p.topk_groups; ++r) {
-          const uint32_t best = segment_max<kLanes>(gk, seg);
-          const int winner = segment_first<kLanes>(gk == best, seg);
-          kept |= 1u << winner;
-          if (tl == winner) gk = kNoCandidate;
-        }
-        if (((kept >> (tl >> p.lanes_per_group_log2)) & 1u) == 0) {
-          top.key[0] = top.key[1] = top.key[2] = kNoCandidate;
-          top.cached = 3;
-        }
-      } else {
+      }
+      if (!compacted) {
+        LaneTop3<kV> top;
+        top.scan(keys, false, 0, 0);
+        if (((kept >> (tl >> p.lanes_per_group_log2)) & 1u) == 0) top.key[0] = top.key[1] = top.key[2] = kNoCandidate;
+        select_topk<kV, kLanes>(top, keys, first, p.topk, seg, tl, id_smem);
+      }
+    } else {
+      if (p.num_groups > 1) {
         // Groups cut across lanes: rank them through shared memory. Lane tl owns a contiguous run of groups so
         // that the lowest winning lane is also the lowest group index.
         uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);
@@ -309,19 +362,11 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
 #pragma unroll
         for (int i = 0; i < kV; ++i)
           if (first + i < E && !kept_smem[(first + i) / p.group_size]) keys[i] = kNoCandidate;
-        top.scan(keys, false, 0, 0);
         __syncwarp();
       }
-    }
-
-    // ---- top-k experts, one segment-wide argmax per round ----
-    for (int r = 0; r < p.topk; ++r) {
-      const uint32_t best = segment_max<kLanes>(top.key[0], seg);
-      const int winner = segment_first<kLanes>(top.key[0] == best, seg);
-      if (tl == winner) {
-        id_smem[r] = first + top.idx[0];
-        top.pop(keys);
-      }
+      LaneTop3<kV> top;
+      top.scan(keys, false, 0, 0);
+      select_topk<kV, kLanes>(top, keys, first, p.topk, seg, tl, id_smem);
     }
 
     // ---- weights ----

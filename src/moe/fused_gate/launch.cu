@@ -33,7 +33,7 @@ void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms,
   TESSERA_CHECK_LAUNCH();
 }
 
-// The (experts per lane, lanes per token) pairs select_gate_config can return.
+// The (experts per lane, lanes per token) pairs select_gate_config can return (16 lanes only for E <= 128).
 template <typename T>
 void launch_gate_shape(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
   const int v = cfg.values_per_lane;
@@ -43,7 +43,6 @@ void launch_gate_shape(const GateKernelParams& kp, const GateConfig& cfg, int nu
       case 2: return launch_gate<T, 2, 16>(kp, cfg, num_sms, stream);
       case 4: return launch_gate<T, 4, 16>(kp, cfg, num_sms, stream);
       case 8: return launch_gate<T, 8, 16>(kp, cfg, num_sms, stream);
-      case 16: return launch_gate<T, 16, 16>(kp, cfg, num_sms, stream);
       default: break;
     }
   } else {
@@ -120,7 +119,7 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   const auto base = reinterpret_cast<std::uintptr_t>(logits.data);
   const bool aligned = base % 16 == 0 && (T == 1 || (logits.strides[0] * elem_bytes) % 16 == 0);
   const GateConfig cfg = detail::select_gate_config(
-      detail::GateProblem{T, static_cast<int>(E), p.num_groups, elem_bytes, aligned}, p.topk);
+      detail::GateProblem{T, static_cast<int>(E), p.num_groups, elem_bytes, aligned}, p.topk, p.topk_groups);
 
   GateKernelParams kp{};
   kp.logits = logits.data;
@@ -142,6 +141,7 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.softmax = p.scoring == Scoring::kSoftmax;
   kp.top2_sum = p.group_score == GroupScore::kTop2Sum;
   kp.lanes_per_group = cfg.lanes_per_group;
+  kp.compact = cfg.compact;
   kp.lanes_per_group_log2 = 0;
   while ((1 << kp.lanes_per_group_log2) < cfg.lanes_per_group) ++kp.lanes_per_group_log2;
   kp.vector_loads = cfg.vector_loads;
