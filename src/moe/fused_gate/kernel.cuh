@@ -150,18 +150,16 @@ struct LaneTop3 {
     cached = 3;
   }
 
-  // If `won`, the lane's best was just selected: move to the next one. Branch-free unless a rescan is due.
-  __device__ __forceinline__ void pop_if(bool won, const uint32_t (&keys)[N]) {
-    if (won && cached == 1) {
+  // The lane's best was just selected: move to the next one.
+  __device__ __forceinline__ void pop(const uint32_t (&keys)[N]) {
+    if (cached > 1) {
+      key[0] = key[1]; idx[0] = idx[1];
+      key[1] = key[2]; idx[1] = idx[2];
+      key[2] = kNoCandidate;
+      --cached;
+    } else {
       scan(keys, true, key[0], idx[0]);
-      return;
     }
-    key[0] = won ? key[1] : key[0];
-    idx[0] = won ? idx[1] : idx[0];
-    key[1] = won ? key[2] : key[1];
-    idx[1] = won ? idx[2] : idx[1];
-    key[2] = won ? kNoCandidate : key[2];
-    cached -= won ? 1 : 0;
   }
 };
 
@@ -183,9 +181,11 @@ __device__ __forceinline__ void select_topk(LaneTop3<N>& top, const uint32_t (&k
                                             int seg, int tl, int* id_smem) {
   for (int r = 0; r < topk; ++r) {
     const uint32_t best = segment_max<kLanes>(top.key[0], seg);
-    const bool won = tl == segment_first<kLanes>(top.key[0] == best, seg);
-    if (won) id_smem[r] = first_id + top.idx[0];
-    top.pop_if(won, keys);
+    const int winner = segment_first<kLanes>(top.key[0] == best, seg);
+    if (tl == winner) {
+      id_smem[r] = first_id + top.idx[0];
+      top.pop(keys);
+    }
   }
 }
 
@@ -251,13 +251,8 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
     }
 
     uint32_t keys[kV];
-    if (active && first + kV <= E) {  // a full slice: no per-expert bound checks
 #pragma unroll
-      for (int i = 0; i < kV; ++i) keys[i] = order_key(score[i] + bias[i]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
-    }
+    for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
     if constexpr (kV % 4 == 0) {
 #pragma unroll
       for (int i = 0; i < kV; i += 4)
