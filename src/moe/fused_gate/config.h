@@ -22,6 +22,7 @@ struct GateConfig {
   int values_per_lane;     // experts each lane holds: 1, 2, 4, 8 or 16
   int lanes_per_group;     // > 0: groups are lane-aligned (shuffle path); 0: groups go through shared memory
   bool compact;            // lane-aligned groups keeping at most half the experts: rank the kept ones only
+  bool paired;             // compact, G <= 16, topk <= 16: rank two tokens per warp (fused_gate_pair_kernel)
   int warps_per_block;
   bool vector_loads;       // each lane loads its experts with aligned 16-byte loads
   int smem_bytes_per_token; // dynamic shared memory per token slot (16-byte multiple)
@@ -51,6 +52,7 @@ inline GateConfig select_gate_config(const GateProblem& p, int topk, int topk_gr
   }
   c.compact = p.num_groups > 1 && c.lanes_per_group > 0 && c.values_per_lane >= 2 && c.values_per_lane <= 8 &&
               2 * topk_groups <= p.num_groups;
+  c.paired = c.compact && c.lanes_per_token == 32 && p.num_groups <= 16 && topk <= 16;
   // Vector loads need each lane's slice (v * elem_bytes) to be a whole number of aligned 16-byte vectors.
   c.vector_loads = c.values_per_lane * p.elem_bytes >= 16 && p.rows_16b_aligned;
   // The selected ids and the scores for the final gather; the shared-memory group path also keeps the keys, the

@@ -43,6 +43,7 @@ struct GateKernelParams {
   bool top2_sum;
   int lanes_per_group;  // 0: shared-memory group path
   int lanes_per_group_log2;
+  int values_per_lane_log2;
   bool compact;  // lane-aligned groups keep at most half the experts: rank only theirs, kV/2 per lane
   bool vector_loads;
   int smem_floats_per_token;  // shared memory per token slot
@@ -189,6 +190,138 @@ __device__ __forceinline__ void select_topk(LaneTop3<N>& top, const uint32_t (&k
   }
 }
 
+// ---- per-token building blocks shared by the kernels ----------------------------------------------------------
+
+// Scores (fp32 whatever the input dtype) and order keys of this lane's kV experts; the scores also go to
+// scores_smem (indexed by expert) for the final gather. Inactive segments get no candidates.
+template <int kV, int kLanes>
+__device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p, float (&score)[kV],
+                                                      const float (&bias)[kV], int first, bool active,
+                                                      float* scores_smem, uint32_t (&keys)[kV]) {
+  const int E = p.num_experts;
+  if (p.softmax) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) m = fmaxf(m, score[i]);
+    m = segment_fmax<kLanes>(m);
+    float sum = 0.0f;
+    const float m_log2e = m * kLog2e;
+#pragma unroll
+    for (int i = 0; i < kV; ++i) {
+      score[i] = first + i < E ? ptx::ex2_approx_ftz(fmaf(score[i], kLog2e, -m_log2e)) : 0.0f;
+      sum += score[i];
+    }
+    const float inv = 1.0f / segment_sum<kLanes>(sum);
+#pragma unroll
+    for (int i = 0; i < kV; ++i) score[i] *= inv;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) score[i] = ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * score[i]));
+  }
+#pragma unroll
+  for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
+  if constexpr (kV % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kV; i += 4)
+      *reinterpret_cast<float4*>(scores_smem + first + i) = make_float4(score[i], score[i + 1], score[i + 2], score[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) scores_smem[first + i] = score[i];
+  }
+}
+
+// Lane-aligned groups: every lane of group g ends with g's score key (top-2 sum or max), merged by butterflies.
+template <int kV>
+__device__ __forceinline__ uint32_t lane_aligned_group_key(const GateKernelParams& p, const uint32_t (&keys)[kV]) {
+  uint32_t g1, g2;
+  lane_top2_values(keys, g1, g2);
+  for (int o = 1; o < p.lanes_per_group; o <<= 1) {
+    const uint32_t o1 = __shfl_xor_sync(kFullMask, g1, o);
+    const uint32_t o2 = __shfl_xor_sync(kFullMask, g2, o);
+    g2 = max(min(g1, o1), max(g2, o2));
+    g1 = max(g1, o1);
+  }
+  return p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
+}
+
+// topk_groups rounds of a segment-wide argmax over the group keys held by segment lanes 0..G-1; returns the kept
+// groups as a bit mask (bit g: group g).
+template <int kLanes>
+__device__ __forceinline__ uint32_t select_groups(uint32_t gk, int topk_groups, int seg, int tl) {
+  uint32_t kept = 0;
+  for (int r = 0; r < topk_groups; ++r) {
+    const uint32_t best = segment_max<kLanes>(gk, seg);
+    const int winner = segment_first<kLanes>(gk == best, seg);
+    kept |= 1u << winner;
+    if (tl == winner) gk = kNoCandidate;
+  }
+  return kept;
+}
+
+// The kept groups' keys, concatenated in group order, N per lane starting at candidate c0 (N divides the group
+// size, so a lane's candidates share one group). Returns the expert id of the lane's first candidate.
+template <int N>
+__device__ __forceinline__ int gather_kept(const GateKernelParams& p, const uint32_t* key_smem, uint32_t kept,
+                                           int c0, uint32_t (&ckeys)[N]) {
+  const int group_size_log2 = p.lanes_per_group_log2 + p.values_per_lane_log2;
+  const bool has = c0 < (p.topk_groups << group_size_log2);
+  int cand_first = 0;
+  if (has) {
+    // The n-th kept group: drop the n lowest set bits (n < topk_groups, a few steps).
+    uint32_t rest = kept;
+    for (int n = c0 >> group_size_log2; n > 0; --n) rest &= rest - 1;
+    const int g = __ffs(rest) - 1;
+    cand_first = (g << group_size_log2) + (c0 & ((1 << group_size_log2) - 1));
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i) ckeys[i] = has ? key_smem[cand_first + i] : kNoCandidate;
+  return cand_first;
+}
+
+template <int kV>
+__device__ __forceinline__ void store_keys(uint32_t* key_smem, int first, const uint32_t (&keys)[kV]) {
+  if constexpr (kV % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kV; i += 4)
+      *reinterpret_cast<uint4*>(key_smem + first + i) = make_uint4(keys[i], keys[i + 1], keys[i + 2], keys[i + 3]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
+  }
+}
+
+// Weights and ids of one token from the ids picked per round (id_smem) and the scores (scores_smem).
+template <int kLanes>
+__device__ __forceinline__ void write_token(const GateKernelParams& p, int64_t token, bool active, int tl,
+                                            const int* id_smem, const float* scores_smem) {
+  const int my_id = tl < p.topk ? id_smem[tl] : -1;
+  float w = (tl < p.topk && active) ? scores_smem[my_id] : 0.0f;
+  // One correctly rounded reciprocal, then a product: w / sum within an ulp, without a division per lane.
+  if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
+  w *= p.scaling;
+  if (!active) return;
+  const int width = p.topk + p.num_shared;
+  float* w_row = p.weights + token * width;
+  int32_t* id_row = p.ids + token * width;
+  if (tl < p.topk) {
+    w_row[tl] = w;
+    id_row[tl] = my_id;
+  }
+  for (int j = tl; j < p.num_shared; j += kLanes) {
+    w_row[p.topk + j] = p.shared_weight;
+    id_row[p.topk + j] = p.num_experts + j;
+  }
+}
+
+template <int kV>
+__device__ __forceinline__ void load_bias_slice(const GateKernelParams& p, int first, float (&bias)[kV]) {
+#pragma unroll
+  for (int i = 0; i < kV; ++i)
+    bias[i] = (p.bias != nullptr && first + i < p.num_experts) ? load_bias(p.bias, p.bias_dtype, first + i) : 0.0f;
+}
+
+// ---- the general kernel: a segment of kLanes lanes per token -----------------------------------------------
+
 template <typename T, int kV, int kLanes>
 __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKernelParams p) {
   constexpr int kSegs = 32 / kLanes;
@@ -201,13 +334,12 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
   float* slot = smem + (warp * kSegs + seg) * p.smem_floats_per_token;
   int* id_smem = reinterpret_cast<int*>(slot);  // [kGateIdSlots]: the id picked in round r
   float* scores_smem = slot + kGateIdSlots;     // [kLanes * kV]
+  uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);  // [kLanes * kV] where used
   const int E = p.num_experts;
   const int first = tl * kV;
 
   float bias[kV];
-#pragma unroll
-  for (int i = 0; i < kV; ++i)
-    bias[i] = (p.bias != nullptr && first + i < E) ? load_bias(p.bias, p.bias_dtype, first + i) : 0.0f;
+  load_bias_slice(p, first, bias);
 
   constexpr int kWarps = kGateThreads / 32;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * kSegs;
@@ -229,85 +361,25 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
     load_logits<T, kV>(logits + (token + stride) * p.row_stride, first, E, p.vector_loads,
                        token + stride < p.num_tokens, x_next);
 
-    // ---- scores (fp32 whatever the input dtype) ----
-    if (p.softmax) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kV; ++i) m = fmaxf(m, score[i]);
-      m = segment_fmax<kLanes>(m);
-      float sum = 0.0f;
-      const float m_log2e = m * kLog2e;
-#pragma unroll
-      for (int i = 0; i < kV; ++i) {
-        score[i] = first + i < E ? ptx::ex2_approx_ftz(fmaf(score[i], kLog2e, -m_log2e)) : 0.0f;
-        sum += score[i];
-      }
-      const float inv = 1.0f / segment_sum<kLanes>(sum);
-#pragma unroll
-      for (int i = 0; i < kV; ++i) score[i] *= inv;
-    } else {
-#pragma unroll
-      for (int i = 0; i < kV; ++i) score[i] = ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * score[i]));
-    }
-
     uint32_t keys[kV];
-#pragma unroll
-    for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
-    if constexpr (kV % 4 == 0) {
-#pragma unroll
-      for (int i = 0; i < kV; i += 4)
-        *reinterpret_cast<float4*>(scores_smem + first + i) = make_float4(score[i], score[i + 1], score[i + 2], score[i + 3]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kV; ++i) scores_smem[first + i] = score[i];
-    }
+    token_scores_and_keys<kV, kLanes>(p, score, bias, first, active, scores_smem, keys);
 
-    // ---- group stage, then top-k ----
     if (p.num_groups > 1 && p.lanes_per_group > 0) {
-      // Groups are lane-aligned: merge the lanes' best two inside each group with butterfly shuffles.
-      uint32_t g1, g2;
-      lane_top2_values(keys, g1, g2);
-      for (int o = 1; o < p.lanes_per_group; o <<= 1) {
-        const uint32_t o1 = __shfl_xor_sync(kFullMask, g1, o);
-        const uint32_t o2 = __shfl_xor_sync(kFullMask, g2, o);
-        g2 = max(min(g1, o1), max(g2, o2));
-        g1 = max(g1, o1);
-      }
-      const uint32_t group_key = p.top2_sum ? order_key(key_value(g1) + key_value(g2)) : g1;
+      const uint32_t group_key = lane_aligned_group_key(p, keys);
       // Segment lane g takes group g's score; lanes past the last group offer nothing.
       uint32_t gk = __shfl_sync(kFullMask, group_key, seg_base + ((tl << p.lanes_per_group_log2) & (kLanes - 1)));
       if (tl >= p.num_groups) gk = kNoCandidate;
-      uint32_t kept = 0;
-      for (int r = 0; r < p.topk_groups; ++r) {
-        const uint32_t best = segment_max<kLanes>(gk, seg);
-        const int winner = segment_first<kLanes>(gk == best, seg);
-        kept |= 1u << winner;
-        if (tl == winner) gk = kNoCandidate;
-      }
+      const uint32_t kept = select_groups<kLanes>(gk, p.topk_groups, seg, tl);
       bool compacted = false;
       if constexpr (kV >= 2 && kV <= 8) {  // 16 experts per lane: registers would cost more than it saves
         if (p.compact) {
           // At most half the experts survive: gather the kept groups' keys (in group order, so lane order is still
-          // expert order) over all lanes of the segment, kV/2 per lane, and rank only those.
+          // expert order) over the segment, kV/2 per lane, and rank only those.
           constexpr int kHalf = kV / 2;
-          uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);
-#pragma unroll
-          for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
+          store_keys(key_smem, first, keys);
           __syncwarp();
-          const int c0 = tl * kHalf;  // this lane's first candidate in the concatenated kept groups
-          const int group_size_log2 = p.lanes_per_group_log2 + __ffs(kV) - 1;
-          const bool has = c0 < (p.topk_groups << group_size_log2);
-          int cand_first = 0;
           uint32_t ckeys[kHalf];
-          if (has) {
-            // The n-th kept group: drop the n lowest set bits (n < topk_groups, a few steps).
-            uint32_t rest = kept;
-            for (int n = c0 >> group_size_log2; n > 0; --n) rest &= rest - 1;
-            const int g = __ffs(rest) - 1;
-            cand_first = (g << group_size_log2) + (c0 & ((1 << group_size_log2) - 1));
-          }
-#pragma unroll
-          for (int i = 0; i < kHalf; ++i) ckeys[i] = has ? key_smem[cand_first + i] : kNoCandidate;
+          const int cand_first = gather_kept(p, key_smem, kept, tl * kHalf, ckeys);
           LaneTop3<kHalf> top;
           top.scan(ckeys, false, 0, 0);
           select_topk<kHalf, kLanes>(top, ckeys, cand_first, p.topk, seg, tl, id_smem);
@@ -324,11 +396,9 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
       if (p.num_groups > 1) {
         // Groups cut across lanes: rank them through shared memory. Lane tl owns a contiguous run of groups so
         // that the lowest winning lane is also the lowest group index.
-        uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + kLanes * kV);
         uint32_t* group_smem = key_smem + kLanes * kV;
         uint8_t* kept_smem = reinterpret_cast<uint8_t*>(group_smem + p.num_groups);
-#pragma unroll
-        for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
+        store_keys(key_smem, first, keys);
         __syncwarp();
         const int groups_per_lane = (p.num_groups + kLanes - 1) / kLanes;
         const int g_begin = tl * groups_per_lane;
@@ -372,26 +442,81 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
       select_topk<kV, kLanes>(top, keys, first, p.topk, seg, tl, id_smem);
     }
 
-    // ---- weights ----
     __syncwarp();
-    const int my_id = tl < p.topk ? id_smem[tl] : -1;
-    float w = (tl < p.topk && active) ? scores_smem[my_id] : 0.0f;
-    // One correctly rounded reciprocal, then a product: w / sum within an ulp, without the per-lane division.
-    if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
-    w *= p.scaling;
-    if (active) {
-      const int width = p.topk + p.num_shared;
-      float* w_row = p.weights + token * width;
-      int32_t* id_row = p.ids + token * width;
-      if (tl < p.topk) {
-        w_row[tl] = w;
-        id_row[tl] = my_id;
-      }
-      for (int j = tl; j < p.num_shared; j += kLanes) {
-        w_row[p.topk + j] = p.shared_weight;
-        id_row[p.topk + j] = E + j;
-      }
+    write_token<kLanes>(p, token, active, tl, id_smem, scores_smem);
+    __syncwarp();
+  }
+}
+
+// ---- the paired kernel: lane-aligned groups keeping at most half the experts, topk <= 16 ------------------
+// Each token's scores, keys and group scores use the whole warp (kV experts per lane); then the warp ranks two
+// tokens at once, half a warp each: group selection over the two tokens' group keys, and the top-k rounds over
+// each token's kept experts gathered kV per lane (16 lanes x kV covers E/2). Every warp-wide step of the
+// ranking serves two tokens.
+template <typename T, int kV>
+__global__ void __launch_bounds__(kGateThreads, 3) fused_gate_pair_kernel(const GateKernelParams p) {
+  extern __shared__ __align__(16) float smem[];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int half = lane >> 4;  // which token of the pair this lane ranks
+  const int hl = lane & 15;
+  const int E = p.num_experts;
+  const int first = lane * kV;
+  // Two token slots per warp: [ids 32][scores 32 kV][keys 32 kV] each.
+  float* slots[2] = {smem + (warp * 2) * p.smem_floats_per_token, smem + (warp * 2 + 1) * p.smem_floats_per_token};
+
+  float bias[kV];
+  load_bias_slice(p, first, bias);
+
+  constexpr int kWarps = kGateThreads / 32;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * 2;
+  int64_t base = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 2;
+  const T* logits = static_cast<const T*>(p.logits);
+
+  float x_next[2][kV];
+#pragma unroll
+  for (int u = 0; u < 2; ++u)
+    load_logits<T, kV>(logits + (base + u) * p.row_stride, first, E, p.vector_loads, base + u < p.num_tokens,
+                       x_next[u]);
+
+  for (; base < p.num_tokens; base += stride) {
+    uint32_t group_key[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const bool active = base + u < p.num_tokens;
+      float score[kV];
+#pragma unroll
+      for (int i = 0; i < kV; ++i) score[i] = x_next[u][i];
+      load_logits<T, kV>(logits + (base + u + stride) * p.row_stride, first, E, p.vector_loads,
+                         base + u + stride < p.num_tokens, x_next[u]);
+      float* scores_smem = slots[u] + kGateIdSlots;
+      uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + 32 * kV);
+      uint32_t keys[kV];
+      token_scores_and_keys<kV, 32>(p, score, bias, first, active, scores_smem, keys);
+      store_keys(key_smem, first, keys);
+      group_key[u] = lane_aligned_group_key(p, keys);
     }
+    // Half h, lane g takes token h's group g score (G <= 16).
+    const int src = (hl << p.lanes_per_group_log2) & 31;
+    const uint32_t gk0 = __shfl_sync(kFullMask, group_key[0], src);
+    const uint32_t gk1 = __shfl_sync(kFullMask, group_key[1], src);
+    uint32_t gk = half ? gk1 : gk0;
+    if (hl >= p.num_groups) gk = kNoCandidate;
+    const uint32_t kept = select_groups<16>(gk, p.topk_groups, half, hl);
+    __syncwarp();
+
+    float* slot = half ? slots[1] : slots[0];
+    int* id_smem = reinterpret_cast<int*>(slot);
+    float* scores_smem = slot + kGateIdSlots;
+    const uint32_t* key_smem = reinterpret_cast<const uint32_t*>(scores_smem + 32 * kV);
+    uint32_t ckeys[kV];
+    const int cand_first = gather_kept(p, key_smem, kept, hl * kV, ckeys);
+    LaneTop3<kV> top;
+    top.scan(ckeys, false, 0, 0);
+    select_topk<kV, 16>(top, ckeys, cand_first, p.topk, half, hl, id_smem);
+    __syncwarp();
+    const int64_t token = base + half;
+    write_token<16>(p, token, token < p.num_tokens, hl, id_smem, scores_smem);
     __syncwarp();
   }
 }

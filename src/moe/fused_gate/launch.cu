@@ -17,11 +17,10 @@ namespace {
 using detail::GateConfig;
 using detail::GateKernelParams;
 
-template <typename T, int kV, int kLanes>
-void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
-  auto kernel = detail::fused_gate_kernel<T, kV, kLanes>;
+template <typename Kernel>
+void launch_persistent(Kernel kernel, int tokens_per_block, const GateKernelParams& kp, const GateConfig& cfg,
+                       int num_sms, cudaStream_t stream) {
   const int threads = detail::kGateThreads;
-  const int tokens_per_block = threads / kLanes;
   const int smem = cfg.smem_bytes_per_token * tokens_per_block;
   const int blocks_per_sm =
       tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
@@ -33,11 +32,29 @@ void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms,
   TESSERA_CHECK_LAUNCH();
 }
 
-// The (experts per lane, lanes per token) pairs select_gate_config can return (16 lanes only for E <= 128).
+template <typename T, int kV, int kLanes>
+void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
+  launch_persistent(detail::fused_gate_kernel<T, kV, kLanes>, detail::kGateThreads / kLanes, kp, cfg, num_sms,
+                    stream);
+}
+
+template <typename T, int kV>
+void launch_gate_pair(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
+  launch_persistent(detail::fused_gate_pair_kernel<T, kV>, detail::kGateThreads / 16, kp, cfg, num_sms, stream);
+}
+
+// The kernel shapes select_gate_config can return (16 lanes only for E <= 128; pairs only for kV 2..8).
 template <typename T>
 void launch_gate_shape(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
   const int v = cfg.values_per_lane;
-  if (cfg.lanes_per_token == 16) {
+  if (cfg.paired) {
+    switch (v) {
+      case 2: return launch_gate_pair<T, 2>(kp, cfg, num_sms, stream);
+      case 4: return launch_gate_pair<T, 4>(kp, cfg, num_sms, stream);
+      case 8: return launch_gate_pair<T, 8>(kp, cfg, num_sms, stream);
+      default: break;
+    }
+  } else if (cfg.lanes_per_token == 16) {
     switch (v) {
       case 1: return launch_gate<T, 1, 16>(kp, cfg, num_sms, stream);
       case 2: return launch_gate<T, 2, 16>(kp, cfg, num_sms, stream);
@@ -142,6 +159,8 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.top2_sum = p.group_score == GroupScore::kTop2Sum;
   kp.lanes_per_group = cfg.lanes_per_group;
   kp.compact = cfg.compact;
+  kp.values_per_lane_log2 = 0;
+  while ((1 << kp.values_per_lane_log2) < cfg.values_per_lane) ++kp.values_per_lane_log2;
   kp.lanes_per_group_log2 = 0;
   while ((1 << kp.lanes_per_group_log2) < cfg.lanes_per_group) ++kp.lanes_per_group_log2;
   kp.vector_loads = cfg.vector_loads;
