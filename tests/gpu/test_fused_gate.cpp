@@ -215,6 +215,15 @@ TEST_F(FusedGateGpu, LargeTokenCount) {
   const GateConfigCase c = config_grid()[0];
   check_case(c, 70000, DType::kFP32, Values::kRandom, 0, test::fresh_seed());
   check_case(c, 70000, DType::kBF16, Values::kRandom, 0, test::fresh_seed());
+  // T >= 4096 ranks two tokens per warp for lane-aligned groups keeping at most half the experts (dsv3,
+  // k_all_kept, e128_g4); an odd T leaves the last pair without its second token.
+  for (const GateConfigCase& grouped : config_grid())
+    if (grouped.p.num_groups > 1)
+      for (int64_t T : {4096, 4097}) {
+        check_case(grouped, T, DType::kFP32, Values::kRandom, 0, test::fresh_seed());
+        check_case(grouped, T, DType::kBF16, Values::kSpecial, 0, test::fresh_seed());
+        check_case(grouped, T, DType::kFP32, Values::kCoarse, 0, test::fresh_seed());
+      }
   // Large T with E <= 128 ranks two tokens per warp; an odd T leaves the last warp's second half without a token.
   for (const GateConfigCase& small : config_grid())
     if (small.E <= 128)

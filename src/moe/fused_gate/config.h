@@ -52,7 +52,9 @@ inline GateConfig select_gate_config(const GateProblem& p, int topk, int topk_gr
   }
   c.compact = p.num_groups > 1 && c.lanes_per_group > 0 && c.values_per_lane >= 2 && c.values_per_lane <= 8 &&
               2 * topk_groups <= p.num_groups;
-  c.paired = c.compact && c.lanes_per_token == 32 && p.num_groups <= 16 && topk <= 16;
+  // Pairs cut instructions per token but lengthen one warp's critical path (two tokens' scores before any
+  // ranking): worth it only when throughput sets the time (measured: slower at T <= 1024, equal at 4096).
+  c.paired = c.compact && c.lanes_per_token == 32 && p.num_groups <= 16 && topk <= 16 && p.num_tokens >= 4096;
   // Vector loads need each lane's slice (v * elem_bytes) to be a whole number of aligned 16-byte vectors.
   c.vector_loads = c.values_per_lane * p.elem_bytes >= 16 && p.rows_16b_aligned;
   // The selected ids and the scores for the final gather; the shared-memory group path also keeps the keys, the
