@@ -14,6 +14,7 @@
 #include "common/numeric.cuh"
 #include "moe/permute/config.h"
 #include "ptx/ldst.cuh"
+#include "ptx/math.cuh"
 #include "tessera/moe.h"
 
 namespace tessera::moe::detail {
@@ -121,6 +122,14 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
 // 2s + 1, whose 16 fp8 bytes are adjacent in the destination: one 16-byte store, 128 contiguous bytes again.
 constexpr int kLanesPerItem = 8;
 
+// One (token, 128-column block) item of an 8-lane group: this lane's two source vectors.
+struct CopyItem {
+  bool active, has0, has1;
+  int t_local;
+  int64_t blk, vec0;
+  uint4 raw[2];
+};
+
 template <QuantMode kQuant>
 __device__ __forceinline__ int64_t second_vector(int64_t vec0) {
   return kQuant == QuantMode::kNone ? vec0 + 8 : vec0 + 1;
@@ -208,48 +217,59 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
-  // The loop bound is warp-uniform: the amax shuffles need the whole warp.
-  for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kItemsPerWarpStep * (kScatterThreads / 32)) {
-    const int64_t w = w0 + group;
-    const bool active = w < work;
-    const int t_local = active ? static_cast<int>(w / blk_count) : 0;
-    const int64_t blk = active ? blk_begin + w % blk_count : 0;
-    const int64_t vec0 = blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
-    const int64_t vec1 = second_vector<kQuant>(vec0);
-    const bool has0 = active && vec0 < num_vec;
-    const bool has1 = active && vec1 < num_vec;
-    const Elem* src = x + (t0 + t_local) * p.x_row_stride;
-    uint4 raw[2];
-    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src + vec0 * 8) : make_uint4(0, 0, 0, 0);
-    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
-    float q[16];
-    float block_scale = 0.0f;
-    if constexpr (kQuant != QuantMode::kNone) {
-      const Elem* vals = reinterpret_cast<const Elem*>(&raw[0]);
-      float amax = 0.0f;
+  // The loop bound is warp-uniform: the amax shuffles need the whole warp. Each 8-lane group takes two items
+  // per step and issues both items' loads before using either, so that the loads of a warp overlap.
+  constexpr int kItemsPerGroup = 2;
+  constexpr int kWarpStep = kItemsPerWarpStep * kItemsPerGroup;
+  for (int64_t w0 = kWarpStep * warp; w0 < work; w0 += kWarpStep * (kScatterThreads / 32)) {
+    CopyItem item[kItemsPerGroup];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        q[i] = tessera::detail::to_float(vals[i]);
-        amax = fmaxf(amax, fabsf(q[i]));
-      }
-      float inv = tensor_inv;
-      if constexpr (kQuant == QuantMode::kFP8Blockwise) {
-#pragma unroll
-        for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
-        block_scale = clamped / tessera::detail::kFP8E4M3Max;
-        inv = tessera::detail::kFP8E4M3Max / clamped;
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) q[i] *= inv;
+    for (int u = 0; u < kItemsPerGroup; ++u) {
+      CopyItem& it = item[u];
+      const int64_t w = w0 + u * kItemsPerWarpStep + group;
+      it.active = w < work;
+      it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
+      it.blk = it.active ? blk_begin + w % blk_count : 0;
+      it.vec0 = it.blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
+      const int64_t vec1 = second_vector<kQuant>(it.vec0);
+      it.has0 = it.active && it.vec0 < num_vec;
+      it.has1 = it.active && vec1 < num_vec;
+      const Elem* src = x + (t0 + it.t_local) * p.x_row_stride;
+      it.raw[0] = it.has0 ? ptx::ld_global_nc_na_v4(src + it.vec0 * 8) : make_uint4(0, 0, 0, 0);
+      it.raw[1] = it.has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
     }
-    if (!active) continue;
-    for (int j = 0; j < p.topk; ++j) {
-      const int row = rows[t_local * p.topk + j];
-      if (row < 0) continue;
-      store_columns<Elem, kQuant>(p, row, vec0, has0, has1, fp8_16b_rows, raw, q);
-      if constexpr (kQuant == QuantMode::kFP8Blockwise)
-        if (sub == 0) p.scales[row * p.scale_stride_row + blk * p.scale_stride_block] = block_scale;
+#pragma unroll
+    for (int u = 0; u < kItemsPerGroup; ++u) {
+      const CopyItem& it = item[u];
+      float q[16];
+      float block_scale = 0.0f;
+      if constexpr (kQuant != QuantMode::kNone) {
+        const Elem* vals = reinterpret_cast<const Elem*>(&it.raw[0]);
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          q[i] = tessera::detail::to_float(vals[i]);
+          amax = fmaxf(amax, fabsf(q[i]));
+        }
+        float inv = tensor_inv;
+        if constexpr (kQuant == QuantMode::kFP8Blockwise) {
+#pragma unroll
+          for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+          block_scale = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps) / tessera::detail::kFP8E4M3Max;
+          // q only has to round x / scale to e4m3: an approximate reciprocal is far inside half an e4m3 ulp.
+          inv = ptx::rcp_approx_ftz(block_scale);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) q[i] *= inv;
+      }
+      if (!it.active) continue;
+      for (int j = 0; j < p.topk; ++j) {
+        const int row = rows[it.t_local * p.topk + j];
+        if (row < 0) continue;
+        store_columns<Elem, kQuant>(p, row, it.vec0, it.has0, it.has1, fp8_16b_rows, it.raw, q);
+        if constexpr (kQuant == QuantMode::kFP8Blockwise)
+          if (sub == 0) p.scales[row * p.scale_stride_row + it.blk * p.scale_stride_block] = block_scale;
+      }
     }
   }
 
