@@ -8,7 +8,7 @@ namespace tessera::moe::detail {
 
 inline constexpr int kPermuteMaxExperts = 1024;
 inline constexpr int kPermuteMaxTopk = 32;
-inline constexpr int kPermuteMaxChunkEntries = 160;  // max(32, E/8) rounded up to whole tokens, k <= 32
+inline constexpr int kPermuteMaxChunkEntries = 320;  // max(32, E/4) rounded up to whole tokens, k <= 32
 
 struct PermuteProblem {
   int64_t num_tokens;
@@ -33,9 +33,8 @@ inline std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 
 inline PermuteConfig select_permute_config(const PermuteProblem& p) {
   PermuteConfig c{};
-  // Small chunks, so that a persistent block ranks one chunk while it copies another, yet enough entries per
-  // chunk that the per-chunk histogram (E ints) stays small next to the rows the chunk moves.
-  const int target_entries = p.num_experts / 8 > 32 ? p.num_experts / 8 : 32;
+  // Enough entries per chunk that the per-chunk histogram (E ints) stays small next to the chunk itself.
+  const int target_entries = p.num_experts / 4 > 32 ? p.num_experts / 4 : 32;
   c.tokens_per_chunk = (target_entries + p.topk - 1) / p.topk;
   c.num_chunks = (p.num_tokens + c.tokens_per_chunk - 1) / c.tokens_per_chunk;
   c.capacity_rows = p.num_tokens * p.topk + (p.pad_multiple > 1 ? int64_t{p.num_experts} * (p.pad_multiple - 1) : 0);

@@ -14,7 +14,6 @@
 #include "common/numeric.cuh"
 #include "moe/permute/config.h"
 #include "ptx/ldst.cuh"
-#include "ptx/math.cuh"
 #include "tessera/moe.h"
 
 namespace tessera::moe::detail {
@@ -48,7 +47,6 @@ struct PermuteKernelParams {
 
 constexpr int kScanThreads = 256;
 constexpr int kScatterThreads = 256;
-constexpr int kCopyWarps = kScatterThreads / 32 - 1;  // warp 0 ranks
 
 template <typename IdT>
 __global__ void __launch_bounds__(128) permute_count_kernel(const PermuteKernelParams p) {
@@ -123,14 +121,6 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
 // 2s + 1, whose 16 fp8 bytes are adjacent in the destination: one 16-byte store, 128 contiguous bytes again.
 constexpr int kLanesPerItem = 8;
 
-// One (token, 128-column block) item of an 8-lane group: this lane's two source vectors.
-struct CopyItem {
-  bool active, has0, has1;
-  int t_local;
-  int64_t blk, vec0;
-  uint4 raw[2];
-};
-
 template <QuantMode kQuant>
 __device__ __forceinline__ int64_t second_vector(int64_t vec0) {
   return kQuant == QuantMode::kNone ? vec0 + 8 : vec0 + 1;
@@ -159,48 +149,56 @@ __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int6
   }
 }
 
-// Stable ranks of one chunk's copies, by one warp: the copies are walked in token order, 32 at a time; copies of
-// one expert inside a step are ordered by lane, and the lowest of them advances the expert's running row after.
-// Writes the chunk's rows to rows_out (and, for the publishing slice, row_index / row_token).
-__device__ __forceinline__ void rank_chunk(const PermuteKernelParams& p, int64_t chunk, bool publish, int* base,
-                                           int* rows_out) {
+template <typename Elem, QuantMode kQuant>
+__global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const PermuteKernelParams p) {
+  __shared__ int base[kPermuteMaxExperts];
+  __shared__ int rows[kPermuteMaxChunkEntries];
   const int lane = threadIdx.x & 31;
-  for (int e = lane; e < p.num_experts; e += 32) base[e] = p.offsets[e] + p.hist[chunk * p.num_experts + e];
-  __syncwarp();
+  const int warp = threadIdx.x >> 5;
+  const int64_t chunk = blockIdx.x;
+  const bool first_slice = blockIdx.y == 0;  // the slice that writes the index outputs
   const int64_t t0 = chunk * p.tokens_per_chunk;
-  const int64_t tokens_left = p.num_tokens - t0;
-  const int n = static_cast<int>(tokens_left < p.tokens_per_chunk ? tokens_left : p.tokens_per_chunk) * p.topk;
+  const int num_chunk_tokens =
+      static_cast<int>(p.num_tokens - t0 < p.tokens_per_chunk ? p.num_tokens - t0 : p.tokens_per_chunk);
+  const int n = num_chunk_tokens * p.topk;
   const int64_t entry0 = t0 * p.topk;
-  for (int i0 = 0; i0 < n; i0 += 32) {
-    const int i = i0 + lane;
-    const int e = i < n ? p.ids32[entry0 + i] : -1;
-    const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    const int row = e >= 0 ? base[e] + rank : -1;
-    __syncwarp();
-    if (e >= 0 && rank == 0) base[e] += __popc(peers);
-    __syncwarp();
-    if (i < n) {
-      rows_out[i] = row;
-      if (publish) {
-        p.row_index[entry0 + i] = row;
-        if (row >= 0 && p.row_token != nullptr) p.row_token[row] = static_cast<int32_t>(t0 + i / p.topk);
+
+  for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x)
+    base[e] = p.offsets[e] + p.hist[chunk * p.num_experts + e];
+  __syncthreads();
+
+  // Stable ranks: warp 0 walks the chunk's copies in token order, 32 at a time; copies of one expert inside a
+  // step are ordered by lane, and the lowest of them advances the expert's running row afterwards. Every column
+  // slice of the chunk computes the same rows; the first one publishes them.
+  if (warp == 0) {
+    for (int i0 = 0; i0 < n; i0 += 32) {
+      const int i = i0 + lane;
+      const int e = i < n ? p.ids32[entry0 + i] : -1;
+      const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      const int row = e >= 0 ? base[e] + rank : -1;
+      __syncwarp();
+      if (e >= 0 && rank == 0) base[e] += __popc(peers);
+      __syncwarp();
+      if (i < n) {
+        rows[i] = row;
+        if (first_slice) {
+          p.row_index[entry0 + i] = row;
+          if (row >= 0 && p.row_token != nullptr) p.row_token[row] = static_cast<int32_t>(t0 + i / p.topk);
+        }
       }
     }
   }
-}
+  __syncthreads();
 
-// Copies (and quantizes) one chunk's token rows into their destination rows, in this block's column slice, with
-// the copy warps (warps 1..7).
-template <typename Elem, QuantMode kQuant>
-__device__ __forceinline__ void copy_chunk(const PermuteKernelParams& p, int64_t chunk, const int* rows,
-                                           int64_t blk_begin, int64_t blk_count) {
-  const int lane = threadIdx.x & 31;
-  const int copy_warp = (threadIdx.x >> 5) - 1;
-  const int64_t t0 = chunk * p.tokens_per_chunk;
-  const int64_t tokens_left = p.num_tokens - t0;
-  const int num_chunk_tokens = static_cast<int>(tokens_left < p.tokens_per_chunk ? tokens_left : p.tokens_per_chunk);
+  // This block's column slice: 128-column blocks [blk_begin, blk_end) of every row.
   const int64_t num_vec = p.hidden / 8;
+  const int64_t blocks_per_row = (num_vec + 15) / 16;
+  const int64_t blocks_per_slice = (blocks_per_row + gridDim.y - 1) / gridDim.y;
+  const int64_t blk_begin = blockIdx.y * blocks_per_slice;
+  const int64_t blk_left = blocks_per_row - blk_begin;
+  const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
+
   const int64_t work = num_chunk_tokens * blk_count;
   const int sub = lane % kLanesPerItem;
   const int group = lane / kLanesPerItem;
@@ -211,23 +209,23 @@ __device__ __forceinline__ void copy_chunk(const PermuteKernelParams& p, int64_t
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
   // The loop bound is warp-uniform: the amax shuffles need the whole warp.
-  for (int64_t w0 = kItemsPerWarpStep * copy_warp; w0 < work; w0 += kItemsPerWarpStep * kCopyWarps) {
-    CopyItem it;
+  for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kItemsPerWarpStep * (kScatterThreads / 32)) {
     const int64_t w = w0 + group;
-    it.active = w < work;
-    it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
-    it.blk = it.active ? blk_begin + w % blk_count : 0;
-    it.vec0 = it.blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
-    const int64_t vec1 = second_vector<kQuant>(it.vec0);
-    it.has0 = it.active && it.vec0 < num_vec;
-    it.has1 = it.active && vec1 < num_vec;
-    const Elem* src = x + (t0 + it.t_local) * p.x_row_stride;
-    it.raw[0] = it.has0 ? ptx::ld_global_nc_na_v4(src + it.vec0 * 8) : make_uint4(0, 0, 0, 0);
-    it.raw[1] = it.has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
+    const bool active = w < work;
+    const int t_local = active ? static_cast<int>(w / blk_count) : 0;
+    const int64_t blk = active ? blk_begin + w % blk_count : 0;
+    const int64_t vec0 = blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
+    const int64_t vec1 = second_vector<kQuant>(vec0);
+    const bool has0 = active && vec0 < num_vec;
+    const bool has1 = active && vec1 < num_vec;
+    const Elem* src = x + (t0 + t_local) * p.x_row_stride;
+    uint4 raw[2];
+    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src + vec0 * 8) : make_uint4(0, 0, 0, 0);
+    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
     float q[16];
     float block_scale = 0.0f;
     if constexpr (kQuant != QuantMode::kNone) {
-      const Elem* vals = reinterpret_cast<const Elem*>(&it.raw[0]);
+      const Elem* vals = reinterpret_cast<const Elem*>(&raw[0]);
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -238,63 +236,32 @@ __device__ __forceinline__ void copy_chunk(const PermuteKernelParams& p, int64_t
       if constexpr (kQuant == QuantMode::kFP8Blockwise) {
 #pragma unroll
         for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        block_scale = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps) / tessera::detail::kFP8E4M3Max;
-        // q only has to round x / scale to e4m3: an approximate reciprocal is far inside half an e4m3 ulp.
-        inv = ptx::rcp_approx_ftz(block_scale);
+        const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
+        block_scale = clamped / tessera::detail::kFP8E4M3Max;
+        inv = tessera::detail::kFP8E4M3Max / clamped;
       }
 #pragma unroll
       for (int i = 0; i < 16; ++i) q[i] *= inv;
     }
-    if (!it.active) continue;
+    if (!active) continue;
     for (int j = 0; j < p.topk; ++j) {
-      const int row = rows[it.t_local * p.topk + j];
+      const int row = rows[t_local * p.topk + j];
       if (row < 0) continue;
-      store_columns<Elem, kQuant>(p, row, it.vec0, it.has0, it.has1, fp8_16b_rows, it.raw, q);
+      store_columns<Elem, kQuant>(p, row, vec0, has0, has1, fp8_16b_rows, raw, q);
       if constexpr (kQuant == QuantMode::kFP8Blockwise)
-        if (sub == 0) p.scales[row * p.scale_stride_row + it.blk * p.scale_stride_block] = block_scale;
+        if (sub == 0) p.scales[row * p.scale_stride_row + blk * p.scale_stride_block] = block_scale;
     }
   }
-}
 
-// Persistent blocks over chunks, warp-specialized: warp 0 ranks chunk i+1 while warps 1..7 copy chunk i (rows
-// double-buffered in shared memory), so the serial ranking never leaves the copy warps idle. grid.y splits the
-// columns so that few chunks still fill the GPU.
-template <typename Elem, QuantMode kQuant>
-__global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const PermuteKernelParams p) {
-  __shared__ int base[kPermuteMaxExperts];
-  __shared__ int rows[2][kPermuteMaxChunkEntries];
-  const int warp = threadIdx.x >> 5;
-  const bool publish = blockIdx.y == 0;  // the column slice that writes the index outputs
-
-  const int64_t num_vec = p.hidden / 8;
-  const int64_t blocks_per_row = (num_vec + 15) / 16;
-  const int64_t blocks_per_slice = (blocks_per_row + gridDim.y - 1) / gridDim.y;
-  const int64_t blk_begin = blockIdx.y * blocks_per_slice;
-  const int64_t blk_left = blocks_per_row - blk_begin;
-  const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
-
-  int64_t chunk = blockIdx.x;
-  if (warp == 0 && chunk < p.num_chunks) rank_chunk(p, chunk, publish, base, rows[0]);
-  __syncthreads();
-  for (int buf = 0; chunk < p.num_chunks; chunk += gridDim.x, buf ^= 1) {
-    const int64_t next = chunk + gridDim.x;
-    if (warp == 0) {
-      if (next < p.num_chunks) rank_chunk(p, next, publish, base, rows[buf ^ 1]);
-    } else {
-      copy_chunk<Elem, kQuant>(p, chunk, rows[buf], blk_begin, blk_count);
-    }
-    __syncthreads();
-  }
-
-  // Pad rows of the experts this block owns, in its column slice: zero data (and scale), no token.
+  // Pad rows of the experts this chunk owns, in this block's column slice: zero data (and scale), no token.
   if (p.pad_multiple > 1) {
     const int64_t vec_begin = blk_begin * 16;
     const int64_t vec_end = (blk_begin + blk_count) * 16 < num_vec ? (blk_begin + blk_count) * 16 : num_vec;
     const int64_t slice_vecs = vec_end - vec_begin;
-    for (int64_t e = blockIdx.x; e < p.num_experts; e += gridDim.x) {
+    for (int64_t e = chunk; e < p.num_experts; e += p.num_chunks) {
       const int64_t pad_begin = p.offsets[e] + p.counts[e];
       const int64_t pad_end = p.offsets[e + 1];
-      if (publish)
+      if (first_slice)
         for (int64_t row = pad_begin + threadIdx.x; row < pad_end; row += blockDim.x) {
           if (p.row_token != nullptr) p.row_token[row] = -1;
         }

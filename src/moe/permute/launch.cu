@@ -4,7 +4,6 @@
 #include "common/check.h"
 #include "common/device_info.h"
 #include "common/dispatch.h"
-#include "common/occupancy.h"
 #include "common/validate.h"
 #include "moe/permute/config.h"
 #include "moe/permute/kernel.cuh"
@@ -36,17 +35,13 @@ PermuteConfig config_for(int64_t num_tokens, int topk, const PermuteParams& p) {
 
 template <typename Elem, QuantMode kQuant>
 void launch_scatter(const PermuteKernelParams& kp, cudaStream_t stream) {
-  auto kernel = detail::permute_scatter_kernel<Elem, kQuant>;
-  const int64_t resident =
-      static_cast<int64_t>(tessera::detail::current_device_info().num_sms) *
-      tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), detail::kScatterThreads, 0);
-  // Persistent blocks over the chunks; column slices give small token counts enough blocks to fill the GPU.
+  // Column slices give small token counts enough blocks to fill the GPU (a few blocks per SM).
   const int64_t blocks_per_row = (kp.hidden / 8 + 15) / 16;
-  const int64_t chunk_blocks = kp.num_chunks < resident ? kp.num_chunks : resident;
-  int64_t slices = resident / chunk_blocks;
+  const int64_t target_blocks = 2 * static_cast<int64_t>(tessera::detail::current_device_info().num_sms);
+  int64_t slices = (target_blocks + kp.num_chunks - 1) / kp.num_chunks;
   slices = slices < 1 ? 1 : (slices > blocks_per_row ? blocks_per_row : slices);
-  const dim3 grid(static_cast<unsigned>(chunk_blocks), static_cast<unsigned>(slices));
-  kernel<<<grid, detail::kScatterThreads, 0, stream>>>(kp);
+  const dim3 grid(static_cast<unsigned>(kp.num_chunks), static_cast<unsigned>(slices));
+  detail::permute_scatter_kernel<Elem, kQuant><<<grid, detail::kScatterThreads, 0, stream>>>(kp);
   TESSERA_CHECK_LAUNCH();
 }
 
