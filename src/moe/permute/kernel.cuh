@@ -14,6 +14,7 @@
 #include "common/numeric.cuh"
 #include "moe/permute/config.h"
 #include "ptx/ldst.cuh"
+#include "ptx/math.cuh"
 #include "tessera/moe.h"
 
 namespace tessera::moe::detail {
@@ -236,9 +237,9 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
       if constexpr (kQuant == QuantMode::kFP8Blockwise) {
 #pragma unroll
         for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        const float clamped = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps);
-        block_scale = clamped / tessera::detail::kFP8E4M3Max;
-        inv = tessera::detail::kFP8E4M3Max / clamped;
+        block_scale = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps) / tessera::detail::kFP8E4M3Max;
+        // q only has to round x / scale to e4m3: an approximate reciprocal is far inside half an e4m3 ulp.
+        inv = ptx::rcp_approx_ftz(block_scale);
       }
 #pragma unroll
       for (int i = 0; i < 16; ++i) q[i] *= inv;
