@@ -143,22 +143,22 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     return weights, ids
 
 
+def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
+    q = _quant_name(op, quant)
+    return fn(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
+              _int(op, "num_experts", num_experts, 1), _int(op, "pad_multiple", pad_multiple, 1), q)
+
+
 def permute_capacity_rows(num_tokens, topk, num_experts, *, pad_multiple=1, quant=None):
     """Rows of permute's x_perm / scales / row_token: T*k, plus E*(pad_multiple-1) when padding."""
-    op = "tessera.permute_capacity_rows"
-    q = _quant_name(op, quant)
-    return _C.permute_capacity_rows(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
-                                    _int(op, "num_experts", num_experts, 1),
-                                    _int(op, "pad_multiple", pad_multiple, 1), q)
+    return _permute_query("tessera.permute_capacity_rows", _C.permute_capacity_rows, num_tokens, topk,
+                          num_experts, pad_multiple, quant)
 
 
 def permute_workspace_bytes(num_tokens, topk, num_experts, *, pad_multiple=1, quant=None):
     """Bytes of device workspace permute needs (permute allocates it itself)."""
-    op = "tessera.permute_workspace_bytes"
-    q = _quant_name(op, quant)
-    return _C.permute_workspace_bytes(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
-                                      _int(op, "num_experts", num_experts, 1),
-                                      _int(op, "pad_multiple", pad_multiple, 1), q)
+    return _permute_query("tessera.permute_workspace_bytes", _C.permute_workspace_bytes, num_tokens, topk,
+                          num_experts, pad_multiple, quant)
 
 
 def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None, with_row_token=True):

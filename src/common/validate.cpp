@@ -37,6 +37,15 @@ void ArgCheck::contiguous(const TensorView& t, const char* arg) const {
   if (!t.is_contiguous()) fail(arg, "must be contiguous, got shape " + t.shape_str() + " with other strides");
 }
 
+void ArgCheck::contiguous_matrix(const TensorView& t, const char* arg, std::initializer_list<DType> dtypes,
+                                 int64_t rows, const char* rows_what, int64_t cols, const char* cols_what) const {
+  dtype(t, arg, dtypes);
+  rank(t, arg, 2);
+  dim(t, arg, 0, rows, rows_what);
+  dim(t, arg, 1, cols, cols_what);
+  contiguous(t, arg);
+}
+
 void ArgCheck::unit_inner_stride(const TensorView& t, const char* arg) const {
   if (t.rank > 0 && t.shape[t.rank - 1] > 1 && t.strides[t.rank - 1] != 1)
     fail(arg, "must have unit stride in its last dim, got stride " + std::to_string(t.strides[t.rank - 1]));

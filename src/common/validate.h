@@ -22,6 +22,9 @@ class ArgCheck {
   // t.shape[dim] == expected; `what` names the quantity in the message ("num_experts").
   void dim(const TensorView& t, const char* arg, int dim, int64_t expected, const char* what) const;
   void contiguous(const TensorView& t, const char* arg) const;
+  // A contiguous [rows, cols] tensor of one of `dtypes` (the common shape of index and weight tensors).
+  void contiguous_matrix(const TensorView& t, const char* arg, std::initializer_list<DType> dtypes, int64_t rows,
+                         const char* rows_what, int64_t cols, const char* cols_what) const;
   void unit_inner_stride(const TensorView& t, const char* arg) const;
   // Data pointer and every row start (stride of dim 0) aligned to `bytes`.
   void aligned(const TensorView& t, const char* arg, int bytes) const;

@@ -113,16 +113,8 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
     check.dim(*bias, "bias", 0, E, "num_experts");
     check.contiguous(*bias, "bias");
   }
-  check.dtype(weights, "weights", {DType::kFP32});
-  check.rank(weights, "weights", 2);
-  check.dim(weights, "weights", 0, T, "num_tokens");
-  check.dim(weights, "weights", 1, width, "topk + num_shared_experts");
-  check.contiguous(weights, "weights");
-  check.dtype(ids, "ids", {DType::kInt32});
-  check.rank(ids, "ids", 2);
-  check.dim(ids, "ids", 0, T, "num_tokens");
-  check.dim(ids, "ids", 1, width, "topk + num_shared_experts");
-  check.contiguous(ids, "ids");
+  check.contiguous_matrix(weights, "weights", {DType::kFP32}, T, "num_tokens", width, "topk + num_shared_experts");
+  check.contiguous_matrix(ids, "ids", {DType::kInt32}, T, "num_tokens", width, "topk + num_shared_experts");
   check.no_overlap(logits, "logits", weights, "weights");
   check.no_overlap(logits, "logits", ids, "ids");
   check.no_overlap(weights, "weights", ids, "ids");

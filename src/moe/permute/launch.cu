@@ -111,11 +111,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   check.rank(out.expert_counts, "expert_counts", 1);
   check.dim(out.expert_counts, "expert_counts", 0, E, "num_experts");
   check.contiguous(out.expert_counts, "expert_counts");
-  check.dtype(out.row_index, "row_index", {DType::kInt32});
-  check.rank(out.row_index, "row_index", 2);
-  check.dim(out.row_index, "row_index", 0, T, "num_tokens");
-  check.dim(out.row_index, "row_index", 1, k, "topk");
-  check.contiguous(out.row_index, "row_index");
+  check.contiguous_matrix(out.row_index, "row_index", {DType::kInt32}, T, "num_tokens", k, "topk");
   if (out.row_token) {
     check.dtype(*out.row_token, "row_token", {DType::kInt32});
     check.rank(*out.row_token, "row_token", 1);

@@ -25,11 +25,7 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   const int64_t T = row_index.shape[0];
   const int64_t k = row_index.shape[1];
   check.in_range(k, "row_index.shape[1] (topk)", 1, 32);
-  check.dtype(weights, "weights", {DType::kFP32});
-  check.rank(weights, "weights", 2);
-  check.dim(weights, "weights", 0, T, "num_tokens of row_index");
-  check.dim(weights, "weights", 1, k, "topk of row_index");
-  check.contiguous(weights, "weights");
+  check.contiguous_matrix(weights, "weights", {DType::kFP32}, T, "num_tokens of row_index", k, "topk of row_index");
   check.same_dtype(y_perm, "y_perm", out, "out");
   check.rank(out, "out", 2);
   check.dim(out, "out", 0, T, "num_tokens of row_index");
