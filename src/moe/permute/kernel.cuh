@@ -116,25 +116,19 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
   if (threadIdx.x == 0) p.offsets[p.num_experts] = grand;
 }
 
-// Copy work: an item is one (token, 128-column block); 8 lanes share it, each owning two 16-byte vectors (16
-// columns) of the source row, so a block's amax is an 8-lane reduction. Unquantized, lane s owns vectors s and
-// s + 8: each store instruction of the 8 lanes covers 128 contiguous bytes. Quantized, lane s owns vectors 2s and
-// 2s + 1, whose 16 fp8 bytes are adjacent in the destination: one 16-byte store, 128 contiguous bytes again.
-constexpr int kLanesPerItem = 8;
-
+// Copy work: an item is one (token, 128-column block), shared by a group of lanes so that each destination store
+// instruction of the group covers 128 or 256 contiguous bytes. Unquantized: 16 lanes, lane s owns source vector
+// s (8 columns, 16 bytes). Quantized: 8 lanes, lane s owns source vectors 2s and 2s + 1 (16 columns, whose 16 fp8
+// bytes are adjacent in the destination: one 16-byte store); a block's amax is then an 8-lane reduction.
 template <QuantMode kQuant>
-__device__ __forceinline__ int64_t second_vector(int64_t vec0) {
-  return kQuant == QuantMode::kNone ? vec0 + 8 : vec0 + 1;
-}
+inline constexpr int kLanesPerItem = kQuant == QuantMode::kNone ? 16 : 8;
 
 template <typename Elem, QuantMode kQuant>
 __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int64_t row, int64_t vec0, bool has0,
                                               bool has1, bool fp8_16b_rows, const uint4 (&raw)[2],
                                               const float (&q)[16]) {
   if constexpr (kQuant == QuantMode::kNone) {
-    Elem* dst = static_cast<Elem*>(p.x_perm) + row * p.hidden + vec0 * 8;
-    if (has0) ptx::st_global_v4(dst, raw[0]);
-    if (has1) ptx::st_global_v4(dst + 64, raw[1]);
+    if (has0) ptx::st_global_v4(static_cast<Elem*>(p.x_perm) + row * p.hidden + vec0 * 8, raw[0]);
   } else {
     uint8_t* dst = static_cast<uint8_t*>(p.x_perm) + row * p.hidden + vec0 * 8;
     const float(&lo)[8] = *reinterpret_cast<const float(*)[8]>(&q[0]);
@@ -201,9 +195,10 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
 
   const int64_t work = num_chunk_tokens * blk_count;
-  const int sub = lane % kLanesPerItem;
-  const int group = lane / kLanesPerItem;
-  constexpr int kItemsPerWarpStep = 32 / kLanesPerItem;
+  constexpr int kItemLanes = kLanesPerItem<kQuant>;
+  const int sub = lane % kItemLanes;
+  const int group = lane / kItemLanes;
+  constexpr int kItemsPerWarpStep = 32 / kItemLanes;
   // 16-byte fp8 stores need every row start 16-byte aligned.
   const bool fp8_16b_rows = p.hidden % 16 == 0;
   float tensor_inv = 1.0f;
@@ -216,9 +211,9 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
     const int t_local = active ? static_cast<int>(w / blk_count) : 0;
     const int64_t blk = active ? blk_begin + w % blk_count : 0;
     const int64_t vec0 = blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
-    const int64_t vec1 = second_vector<kQuant>(vec0);
+    const int64_t vec1 = vec0 + 1;
     const bool has0 = active && vec0 < num_vec;
-    const bool has1 = active && vec1 < num_vec;
+    const bool has1 = kQuant != QuantMode::kNone && active && vec1 < num_vec;
     const Elem* src = x + (t0 + t_local) * p.x_row_stride;
     uint4 raw[2];
     raw[0] = has0 ? ptx::ld_global_nc_na_v4(src + vec0 * 8) : make_uint4(0, 0, 0, 0);
@@ -236,7 +231,7 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
       float inv = tensor_inv;
       if constexpr (kQuant == QuantMode::kFP8Blockwise) {
 #pragma unroll
-        for (int o = kLanesPerItem / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+        for (int o = kItemLanes / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
         block_scale = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps) / tessera::detail::kFP8E4M3Max;
         // q only has to round x / scale to e4m3: an approximate reciprocal is far inside half an e4m3 ulp.
         inv = ptx::rcp_approx_ftz(block_scale);
