@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
 // each token's kept experts gathered kV per lane (16 lanes x kV covers E/2). Every warp-wide step of the
 // ranking serves two tokens.
 template <typename T, int kV>
-__global__ void __launch_bounds__(kGateThreads, 3) fused_gate_pair_kernel(const GateKernelParams p) {
+__global__ void __launch_bounds__(kGateThreads, 4) fused_gate_pair_kernel(const GateKernelParams p) {
   extern __shared__ __align__(16) float smem[];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -462,11 +462,13 @@ __global__ void __launch_bounds__(kGateThreads, 3) fused_gate_pair_kernel(const 
   const int hl = lane & 15;
   const int E = p.num_experts;
   const int first = lane * kV;
-  // Two token slots per warp: [ids 32][scores 32 kV][keys 32 kV] each.
+  // Two token slots per warp: [ids 32][scores 32 kV][keys 32 kV] each; then the bias of the block.
   float* slots[2] = {smem + (warp * 2) * p.smem_floats_per_token, smem + (warp * 2 + 1) * p.smem_floats_per_token};
-
-  float bias[kV];
-  load_bias_slice(p, first, bias);
+  // The bias lives in shared memory rather than registers: it keeps the kernel at 4 blocks per SM.
+  float* bias_smem = smem + (kGateThreads / 32) * 2 * p.smem_floats_per_token;
+  for (int e = threadIdx.x; e < 32 * kV; e += kGateThreads)
+    bias_smem[e] = (p.bias != nullptr && e < E) ? load_bias(p.bias, p.bias_dtype, e) : 0.0f;
+  __syncthreads();
 
   constexpr int kWarps = kGateThreads / 32;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kWarps * 2;
@@ -491,6 +493,9 @@ __global__ void __launch_bounds__(kGateThreads, 3) fused_gate_pair_kernel(const 
                          base + u + stride < p.num_tokens, x_next[u]);
       float* scores_smem = slots[u] + kGateIdSlots;
       uint32_t* key_smem = reinterpret_cast<uint32_t*>(scores_smem + 32 * kV);
+      float bias[kV];
+#pragma unroll
+      for (int i = 0; i < kV; ++i) bias[i] = bias_smem[first + i];
       uint32_t keys[kV];
       token_scores_and_keys<kV, 32>(p, score, bias, first, active, scores_smem, keys);
       store_keys(key_smem, first, keys);

@@ -18,10 +18,10 @@ using detail::GateConfig;
 using detail::GateKernelParams;
 
 template <typename Kernel>
-void launch_persistent(Kernel kernel, int tokens_per_block, const GateKernelParams& kp, const GateConfig& cfg,
-                       int num_sms, cudaStream_t stream) {
+void launch_persistent(Kernel kernel, int tokens_per_block, int extra_smem, const GateKernelParams& kp,
+                       const GateConfig& cfg, int num_sms, cudaStream_t stream) {
   const int threads = detail::kGateThreads;
-  const int smem = cfg.smem_bytes_per_token * tokens_per_block;
+  const int smem = cfg.smem_bytes_per_token * tokens_per_block + extra_smem;
   const int blocks_per_sm =
       tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), threads, smem);
   // A persistent grid: at most one wave of resident blocks, each warp striding over the tokens.
@@ -34,13 +34,15 @@ void launch_persistent(Kernel kernel, int tokens_per_block, const GateKernelPara
 
 template <typename T, int kV, int kLanes>
 void launch_gate(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
-  launch_persistent(detail::fused_gate_kernel<T, kV, kLanes>, detail::kGateThreads / kLanes, kp, cfg, num_sms,
+  launch_persistent(detail::fused_gate_kernel<T, kV, kLanes>, detail::kGateThreads / kLanes, 0, kp, cfg, num_sms,
                     stream);
 }
 
 template <typename T, int kV>
 void launch_gate_pair(const GateKernelParams& kp, const GateConfig& cfg, int num_sms, cudaStream_t stream) {
-  launch_persistent(detail::fused_gate_pair_kernel<T, kV>, detail::kGateThreads / 16, kp, cfg, num_sms, stream);
+  // The pair kernel also keeps the bias (32 kV floats) in shared memory.
+  launch_persistent(detail::fused_gate_pair_kernel<T, kV>, detail::kGateThreads / 16, 32 * kV * 4, kp, cfg, num_sms,
+                    stream);
 }
 
 // The kernel shapes select_gate_config can return (16 lanes only for E <= 128; pairs only for kV 2..8).

@@ -123,6 +123,14 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
 template <QuantMode kQuant>
 inline constexpr int kLanesPerItem = kQuant == QuantMode::kNone ? 16 : 8;
 
+// One (token, 128-column block) item of a lane group: this lane's source vectors.
+struct CopyItem {
+  bool active, has0, has1;
+  int t_local;
+  int64_t blk, vec0;
+  uint4 raw[2];
+};
+
 template <typename Elem, QuantMode kQuant>
 __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int64_t row, int64_t vec0, bool has0,
                                               bool has1, bool fp8_16b_rows, const uint4 (&raw)[2],
@@ -145,7 +153,7 @@ __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int6
 }
 
 template <typename Elem, QuantMode kQuant>
-__global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const PermuteKernelParams p) {
+__global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(const PermuteKernelParams p) {
   __shared__ int base[kPermuteMaxExperts];
   __shared__ int rows[kPermuteMaxChunkEntries];
   const int lane = threadIdx.x & 31;
@@ -204,24 +212,30 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
-  // The loop bound is warp-uniform: the amax shuffles need the whole warp.
-  for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kItemsPerWarpStep * (kScatterThreads / 32)) {
-    const int64_t w = w0 + group;
-    const bool active = w < work;
-    const int t_local = active ? static_cast<int>(w / blk_count) : 0;
-    const int64_t blk = active ? blk_begin + w % blk_count : 0;
-    const int64_t vec0 = blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
-    const int64_t vec1 = vec0 + 1;
-    const bool has0 = active && vec0 < num_vec;
-    const bool has1 = kQuant != QuantMode::kNone && active && vec1 < num_vec;
-    const Elem* src = x + (t0 + t_local) * p.x_row_stride;
-    uint4 raw[2];
-    raw[0] = has0 ? ptx::ld_global_nc_na_v4(src + vec0 * 8) : make_uint4(0, 0, 0, 0);
-    raw[1] = has1 ? ptx::ld_global_nc_na_v4(src + vec1 * 8) : make_uint4(0, 0, 0, 0);
+  // Where item w's vectors come from (w past the work: nothing).
+  auto locate = [&](int64_t w, CopyItem& it) {
+    it.active = w < work;
+    it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
+    it.blk = it.active ? blk_begin + w % blk_count : 0;
+    it.vec0 = it.blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
+    it.has0 = it.active && it.vec0 < num_vec;
+    it.has1 = kQuant != QuantMode::kNone && it.active && it.vec0 + 1 < num_vec;
+    const Elem* src = x + (t0 + it.t_local) * p.x_row_stride;
+    it.raw[0] = it.has0 ? ptx::ld_global_nc_na_v4(src + it.vec0 * 8) : make_uint4(0, 0, 0, 0);
+    it.raw[1] = it.has1 ? ptx::ld_global_nc_na_v4(src + (it.vec0 + 1) * 8) : make_uint4(0, 0, 0, 0);
+  };
+  constexpr int64_t kWarpStride = kItemsPerWarpStep * (kScatterThreads / 32);
+  // The loop bound is warp-uniform: the amax shuffles need the whole warp. The next item's loads are issued
+  // before this item's stores, so each thread keeps a load in flight while it stores.
+  CopyItem next;
+  locate(kItemsPerWarpStep * warp + group, next);
+  for (int64_t w0 = kItemsPerWarpStep * warp; w0 < work; w0 += kWarpStride) {
+    const CopyItem it = next;
+    locate(w0 + kWarpStride + group, next);
     float q[16];
     float block_scale = 0.0f;
     if constexpr (kQuant != QuantMode::kNone) {
-      const Elem* vals = reinterpret_cast<const Elem*>(&raw[0]);
+      const Elem* vals = reinterpret_cast<const Elem*>(&it.raw[0]);
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
@@ -239,13 +253,13 @@ __global__ void __launch_bounds__(kScatterThreads) permute_scatter_kernel(const 
 #pragma unroll
       for (int i = 0; i < 16; ++i) q[i] *= inv;
     }
-    if (!active) continue;
+    if (!it.active) continue;
     for (int j = 0; j < p.topk; ++j) {
-      const int row = rows[t_local * p.topk + j];
+      const int row = rows[it.t_local * p.topk + j];
       if (row < 0) continue;
-      store_columns<Elem, kQuant>(p, row, vec0, has0, has1, fp8_16b_rows, raw, q);
+      store_columns<Elem, kQuant>(p, row, it.vec0, it.has0, it.has1, fp8_16b_rows, it.raw, q);
       if constexpr (kQuant == QuantMode::kFP8Blockwise)
-        if (sub == 0) p.scales[row * p.scale_stride_row + blk * p.scale_stride_block] = block_scale;
+        if (sub == 0) p.scales[row * p.scale_stride_row + it.blk * p.scale_stride_block] = block_scale;
     }
   }
 
