@@ -284,6 +284,31 @@ TEST_F(PermuteGpu, HostPointerRejectedBeforeLaunch) {
 
 // ---- unpermute_reduce ----------------------------------------------------------------------------------------
 
+TEST_F(PermuteGpu, UnpermuteHostPointerAndWrongDeviceRejectedBeforeLaunch) {
+  const int64_t T = 4, H = 64;
+  const int k = 2;
+  std::vector<uint16_t> host_y(T * k * H, 1);
+  DeviceBuffer<uint16_t> y(T * k * H), out(T * H);
+  DeviceBuffer<int32_t> rows(std::vector<int32_t>(T * k, 0));
+  DeviceBuffer<float> w(std::vector<float>(T * k, 1.0f));
+  out.poison();
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  auto expect_named = [&](const TensorView& yv, const char* arg) {
+    try {
+      unpermute_reduce(yv, rows.view(DType::kInt32, {T, k}), w.view(DType::kFP32, {T, k}), std::nullopt,
+                       out.view(DType::kBF16, {T, H}), 1.0f, nullptr);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + arg + "'"), std::string::npos) << e.what();
+    }
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    for (uint16_t v : out.download()) ASSERT_EQ(v, 0xFFFF);
+  };
+  expect_named(TensorView::contiguous(host_y.data(), DType::kBF16, {T * k, H}, device), "y_perm");
+  expect_named(TensorView::contiguous(y.get(), DType::kBF16, {T * k, H}, device + 1), "y_perm");
+}
+
 void check_unpermute(int64_t T, int k, int64_t H, DType dtype, bool with_residual, uint64_t seed,
                      cudaStream_t stream = nullptr) {
   SCOPED_TRACE("T=" + std::to_string(T) + " k=" + std::to_string(k) + " H=" + std::to_string(H) + " " +
