@@ -24,12 +24,6 @@ const DeviceInfo& current_device_info() {
     DeviceInfo& info = cache[dev];
     info.ordinal = dev;
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev));
-    TESSERA_CUDA_CHECK(
-        cudaDeviceGetAttribute(&info.max_smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    TESSERA_CUDA_CHECK(
-        cudaDeviceGetAttribute(&info.max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, dev));
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
-    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
     filled[dev] = true;
   }
   return cache[dev];

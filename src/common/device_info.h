@@ -6,10 +6,6 @@ namespace tessera::detail {
 struct DeviceInfo {
   int ordinal = 0;
   int num_sms = 0;
-  int max_smem_per_block_optin = 0;
-  int max_threads_per_sm = 0;
-  int cc_major = 0;
-  int cc_minor = 0;
 };
 
 // Properties of the current device. Thread-safe.

@@ -15,24 +15,6 @@ __device__ __forceinline__ uint4 ld_global_nc_na_v4(const void* ptr) {
   return v;
 }
 
-__device__ __forceinline__ uint2 ld_global_nc_na_v2(const void* ptr) {
-  uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t ld_global_nc_na_b32(const void* ptr) {
-  uint32_t v;
-  asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(ptr));
-  return v;
-}
-
-__device__ __forceinline__ uint16_t ld_global_nc_na_b16(const void* ptr) {
-  uint16_t v;
-  asm volatile("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(ptr));
-  return v;
-}
-
 // Plain 16-byte store.
 __device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)

@@ -23,7 +23,6 @@ struct GateConfig {
   int lanes_per_group;     // > 0: groups are lane-aligned (shuffle path); 0: groups go through shared memory
   bool compact;            // lane-aligned groups keeping at most half the experts: rank the kept ones only
   bool paired;             // compact, G <= 16, topk <= 16: rank two tokens per warp (fused_gate_pair_kernel)
-  int warps_per_block;
   bool vector_loads;       // each lane loads its experts with aligned 16-byte loads
   int smem_bytes_per_token; // dynamic shared memory per token slot (16-byte multiple)
 };
@@ -41,7 +40,6 @@ inline GateConfig select_gate_config(const GateProblem& p, int topk, int topk_gr
   // lane) and enough tokens that throughput, not the latency of one token, sets the time (docs/perf).
   c.lanes_per_token = (p.num_experts <= 128 && topk <= 16 && p.num_tokens >= 16384) ? 16 : 32;
   c.values_per_lane = next_pow2((p.num_experts + c.lanes_per_token - 1) / c.lanes_per_token);
-  c.warps_per_block = 8;
   const int group_size = p.num_experts / p.num_groups;
   c.lanes_per_group = 0;
   if (p.num_groups == 1) {

@@ -192,6 +192,25 @@ __device__ __forceinline__ void select_topk(LaneTop3<N>& top, const uint32_t (&k
 
 // ---- per-token building blocks shared by the kernels ----------------------------------------------------------
 
+__device__ __forceinline__ uint32_t word_bits(float v) { return __float_as_uint(v); }
+__device__ __forceinline__ uint32_t word_bits(uint32_t v) { return v; }
+
+// A lane's kV contiguous 4-byte values (scores or keys) into shared memory at [first, first + kV), in 16-byte
+// stores where kV allows.
+template <typename Word, int kV>
+__device__ __forceinline__ void store_slice(Word* dst, int first, const Word (&v)[kV]) {
+  static_assert(sizeof(Word) == 4, "4-byte words");
+  if constexpr (kV % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kV; i += 4)
+      *reinterpret_cast<uint4*>(dst + first + i) =
+          make_uint4(word_bits(v[i]), word_bits(v[i + 1]), word_bits(v[i + 2]), word_bits(v[i + 3]));
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) dst[first + i] = v[i];
+  }
+}
+
 // Scores (fp32 whatever the input dtype) and order keys of this lane's kV experts; the scores also go to
 // scores_smem (indexed by expert) for the final gather. Inactive segments get no candidates.
 template <int kV, int kLanes>
@@ -220,14 +239,7 @@ __device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p,
   }
 #pragma unroll
   for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
-  if constexpr (kV % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kV; i += 4)
-      *reinterpret_cast<float4*>(scores_smem + first + i) = make_float4(score[i], score[i + 1], score[i + 2], score[i + 3]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kV; ++i) scores_smem[first + i] = score[i];
-  }
+  store_slice(scores_smem, first, score);
 }
 
 // Lane-aligned groups: every lane of group g ends with g's score key (top-2 sum or max), merged by butterflies.
@@ -276,18 +288,6 @@ __device__ __forceinline__ int gather_kept(const GateKernelParams& p, const uint
 #pragma unroll
   for (int i = 0; i < N; ++i) ckeys[i] = has ? key_smem[cand_first + i] : kNoCandidate;
   return cand_first;
-}
-
-template <int kV>
-__device__ __forceinline__ void store_keys(uint32_t* key_smem, int first, const uint32_t (&keys)[kV]) {
-  if constexpr (kV % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < kV; i += 4)
-      *reinterpret_cast<uint4*>(key_smem + first + i) = make_uint4(keys[i], keys[i + 1], keys[i + 2], keys[i + 3]);
-  } else {
-#pragma unroll
-    for (int i = 0; i < kV; ++i) key_smem[first + i] = keys[i];
-  }
 }
 
 // Weights and ids of one token from the ids picked per round (id_smem) and the scores (scores_smem).
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
           // At most half the experts survive: gather the kept groups' keys (in group order, so lane order is still
           // expert order) over the segment, kV/2 per lane, and rank only those.
           constexpr int kHalf = kV / 2;
-          store_keys(key_smem, first, keys);
+          store_slice(key_smem, first, keys);
           __syncwarp();
           uint32_t ckeys[kHalf];
           const int cand_first = gather_kept(p, key_smem, kept, tl * kHalf, ckeys);
@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
         // that the lowest winning lane is also the lowest group index.
         uint32_t* group_smem = key_smem + kLanes * kV;
         uint8_t* kept_smem = reinterpret_cast<uint8_t*>(group_smem + p.num_groups);
-        store_keys(key_smem, first, keys);
+        store_slice(key_smem, first, keys);
         __syncwarp();
         const int groups_per_lane = (p.num_groups + kLanes - 1) / kLanes;
         const int g_begin = tl * groups_per_lane;
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kGateThreads, 4) fused_gate_pair_kernel(const 
       for (int i = 0; i < kV; ++i) bias[i] = bias_smem[first + i];
       uint32_t keys[kV];
       token_scores_and_keys<kV, 32>(p, score, bias, first, active, scores_smem, keys);
-      store_keys(key_smem, first, keys);
+      store_slice(key_smem, first, keys);
       group_key[u] = lane_aligned_group_key(p, keys);
     }
     // Half h, lane g takes token h's group g score (G <= 16).
