@@ -52,6 +52,9 @@ struct CaseSpec {
   double bytes = 0;  // bytes one call must move: each input read once, each output written once
   double flops = 0;  // 0 if the op has no meaningful flop count
   std::function<std::unique_ptr<CaseInstance>(const DeviceContext&)> setup;
+  // For a peer row (another implementation of the same computation, e.g. a cuBLASLt loop): the tessera ops whose
+  // rows with the same case name it is compared with. The report prints tessera µs / peer µs on those rows.
+  std::vector<std::string> peer_of;
 };
 
 // All registered cases, in registration order (families in link order).

@@ -35,7 +35,7 @@ struct Options {
 const char* kUsage =
     "usage: tessera-bench [options]\n"
     "  --op LIST       only these ops: comma-separated op names (exact) or substrings of them\n"
-    "                  (fused_gate, permute, unpermute_reduce, gate, ...)\n"
+    "                  (fused_gate, permute, unpermute_reduce, gate, grouped_gemm_fp8, cublaslt_fp8_loop, ...)\n"
     "  --case LIST     only cases whose name contains one of the comma-separated substrings (e.g. dsv3/T4096)\n"
     "  --check         verify each case against the CPU reference before timing (FAIL -> exit code 1)\n"
     "  --json PATH     write all rows as JSON\n"
@@ -147,6 +147,25 @@ double tflops(const Row& r) {
   return t && r.spec->flops > 0 ? r.spec->flops / (t->median_us * 1e-6) / 1e12 : NAN;
 }
 
+// Peer rows compared with row r: rows whose spec lists r's op in peer_of and has r's case name.
+std::vector<const Row*> peers_of(const Row& r, const std::vector<Row>& rows) {
+  std::vector<const Row*> out;
+  for (const Row& p : rows)
+    if (&p != &r && p.spec->name == r.spec->name &&
+        std::find(p.spec->peer_of.begin(), p.spec->peer_of.end(), r.spec->op) != p.spec->peer_of.end())
+      out.push_back(&p);
+  return out;
+}
+// tessera µs / peer µs in the same timing mode (graph if both have it, else stream); NaN if none is shared.
+double peer_ratio(const Row& r, const Row& p) {
+  if (r.graph.ok && p.graph.ok) return r.graph.median_us / p.graph.median_us;
+  if (r.stream.ok && p.stream.ok) return r.stream.median_us / p.stream.median_us;
+  return NAN;
+}
+bool any_peers(const std::vector<Row>& rows) {
+  return std::any_of(rows.begin(), rows.end(), [](const Row& r) { return !r.spec->peer_of.empty(); });
+}
+
 std::string fmt(const char* f, double v) {
   if (!std::isfinite(v)) return "-";
   char buf[64];
@@ -162,7 +181,10 @@ size_t width_of(const std::string& s) {
 }
 
 void print_table(const std::vector<Row>& rows, const Device& dev) {
-  const std::vector<std::string> head = {"op", "case", "graph µs", "stream µs", "GB/s", "% copy BW", "TFLOP/s", "check"};
+  // The peer column appears only when a peer row was run, so tables without peers keep their shape.
+  const bool peer_column = any_peers(rows);
+  std::vector<std::string> head = {"op", "case", "graph µs", "stream µs", "GB/s", "% copy BW", "TFLOP/s", "check"};
+  if (peer_column) head.insert(head.end() - 1, "tessera/peer");
   std::vector<std::vector<std::string>> cells;
   for (const Row& r : rows) {
     const double bw = gbps(r);
@@ -170,6 +192,11 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
                      r.stream.ok ? fmt("%.2f", r.stream.median_us) : "-", fmt("%.1f", bw),
                      fmt("%.1f", 100.0 * bw * 1e9 / dev.copy.bytes_per_s), fmt("%.3f", tflops(r)),
                      r.error.empty() ? r.check : (r.check == "FAIL" ? "FAIL" : "ERROR")});
+    if (peer_column) {
+      std::string ratios;
+      for (const Row* p : peers_of(r, rows)) ratios += (ratios.empty() ? "" : ", ") + fmt("%.2f", peer_ratio(r, *p));
+      cells.back().insert(cells.back().end() - 1, ratios.empty() ? "-" : ratios);
+    }
   }
   std::vector<size_t> w(head.size());
   for (size_t c = 0; c < head.size(); ++c) {
@@ -191,6 +218,17 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   std::fputs(rule.c_str(), stdout);
   for (const auto& row : cells) line(row);
   std::printf("(GB/s, %% copy BW and TFLOP/s from the graph time, or the stream time where graph mode failed)\n");
+  if (peer_column) {
+    std::vector<std::string> peer_ops;
+    for (const Row& r : rows)
+      if (!r.spec->peer_of.empty() && std::find(peer_ops.begin(), peer_ops.end(), r.spec->op) == peer_ops.end())
+        peer_ops.push_back(r.spec->op);
+    std::string list;
+    for (const std::string& op : peer_ops) list += (list.empty() ? "" : ", ") + op;
+    std::printf("(tessera/peer: tessera µs / µs of the peer row with the same case name (%s), graph mode where both "
+                "have it; < 1: tessera is faster)\n",
+                list.c_str());
+  }
 }
 
 void print_details(const std::vector<Row>& rows, bool checked) {
@@ -239,6 +277,24 @@ std::string jtiming(const ModeTiming& t) {
          ", \"calls_per_sample\": " + std::to_string(t.calls_per_sample) + "}";
 }
 
+std::string jlist(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jstr(v[i]);
+  return out + "]";
+}
+// [{"op": peer op, "us": peer headline µs, "tessera_over_peer": ratio}, ...] for the peer rows of r.
+std::string jpeers(const Row& r, const std::vector<Row>& rows) {
+  std::string out = "[";
+  bool first = true;
+  for (const Row* p : peers_of(r, rows)) {
+    const ModeTiming* t = p->headline();
+    out += std::string(first ? "" : ", ") + "{\"op\": " + jstr(p->spec->op) + ", \"us\": " +
+           jnum(t ? t->median_us : NAN) + ", \"tessera_over_peer\": " + jnum(peer_ratio(r, *p)) + "}";
+    first = false;
+  }
+  return out + "]";
+}
+
 void write_json(const std::string& path, const std::vector<Row>& rows, const Device& dev, const Options& o) {
   std::ofstream f(path);
   if (!f) throw Error("tessera-bench: cannot open '" + path + "' for writing");
@@ -262,6 +318,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Dev
       << ", \"stream_us\": " << jnum(r.stream.ok ? r.stream.median_us : NAN) << ", \"gbps\": " << jnum(bw)
       << ", \"pct_copy_bw\": " << jnum(100.0 * bw * 1e9 / dev.copy.bytes_per_s) << ", \"tflops\": " << jnum(tflops(r))
       << ", \"graph\": " << jtiming(r.graph) << ", \"stream\": " << jtiming(r.stream)
+      << ", \"peer_of\": " << jlist(r.spec->peer_of) << ", \"peers\": " << jpeers(r, rows)
       << ", \"check\": " << (r.check == "-" ? "null" : jstr(r.check))
       << ", \"check_message\": " << (r.check_message.empty() ? "null" : jstr(r.check_message))
       << ", \"check_error\": " << jnum(r.check_error)
@@ -354,9 +411,14 @@ int main_impl(int argc, char** argv) {
     if (op_selected(c.op) && matches(c.name, o.cases)) selected.push_back(&c);
 
   if (o.list) {
-    std::printf("%-18s %-40s %12s %12s\n", "op", "case", "MB moved", "GFLOP");
+    int op_w = 18, name_w = 40;
+    for (const CaseSpec* c : selected) {
+      op_w = std::max(op_w, static_cast<int>(c->op.size()));
+      name_w = std::max(name_w, static_cast<int>(c->name.size()));
+    }
+    std::printf("%-*s %-*s %12s %12s\n", op_w, "op", name_w, "case", "MB moved", "GFLOP");
     for (const CaseSpec* c : selected)
-      std::printf("%-18s %-40s %12.3f %12s\n", c->op.c_str(), c->name.c_str(), c->bytes / 1e6,
+      std::printf("%-*s %-*s %12.3f %12s\n", op_w, c->op.c_str(), name_w, c->name.c_str(), c->bytes / 1e6,
                   c->flops > 0 ? fmt("%.3f", c->flops / 1e9).c_str() : "-");
     std::printf("%zu cases\n", selected.size());
     return 0;

@@ -77,10 +77,7 @@ struct PermuteOutputs {
   std::optional<TensorView> row_token; // int32 [capacity_rows]: token of each row, -1 for pad rows
 };
 
-struct Workspace {
-  void* data = nullptr;
-  std::size_t bytes = 0;
-};
+using Workspace = tessera::Workspace;
 
 // Rows x_perm (and scales, row_token) must have: T*k, plus E*(pad_multiple-1) when padding.
 // Rows at or past offsets[E] are not written.

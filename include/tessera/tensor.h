@@ -52,4 +52,10 @@ struct TensorView {
   std::string shape_str() const;   // "[4096, 7168]"
 };
 
+// Device scratch memory an op needs, sized by the op's *_workspace_bytes query and owned by the caller.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tessera/error.h"
+#include "tessera/grouped_gemm.h"
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 #include "tessera/version.h"

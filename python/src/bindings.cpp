@@ -5,10 +5,14 @@
 // the capsule is collected, and the Python caller keeps the tensors alive for the duration of the call. Optional
 // tensors are None. The stream is the cudaStream_t as an int (0 = legacy default stream).
 //
-// fp8: tessera's from_dlpack knows the DLPack fp8 type codes only when built against a DLPack header >= 1.0
-// (Debian ships 0.6). The Python layer therefore passes fp8 tensors as torch.uint8 views, and permute() re-labels
-// its x_perm output as fp8 e4m3 here when quant is not "none" and the view is uint8. A capsule that already says
-// fp8 e4m3 (new header and producer) is accepted as is.
+// fp8: tessera's from_dlpack knows the DLPack fp8 type codes only when built against a DLPack header >= 1.1
+// (Debian ships 0.6), and PyTorch's to_dlpack has long refused fp8 tensors ("float8 types are not supported by
+// dlpack"). The Python layer therefore passes fp8 tensors as torch.uint8 views of the same bytes and strides, and
+// the bindings re-label a uint8 view as fp8 e4m3 wherever the argument can only be fp8 e4m3: permute's x_perm when
+// quant is not "none", and x and w of grouped_gemm_fp8{,_masked}. The Python layer checks the torch dtype
+// (float8_e4m3fn) before making the view, so an e5m2 or a genuine uint8 tensor is refused there, not
+// reinterpreted. A capsule that already says fp8 e4m3 (new header and producer) is accepted as is; any other
+// dtype is left to the op's validation.
 //
 // Every tessera::Error becomes a Python ValueError with the same message. The GIL is released around each call
 // into the library (argument conversion happens before, with the GIL held).
@@ -22,6 +26,7 @@
 
 #include "tessera/dlpack.h"
 #include "tessera/error.h"
+#include "tessera/grouped_gemm.h"
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 #include "tessera/version.h"
@@ -75,6 +80,25 @@ TensorView view_of(const py::object& obj, const char* op, const char* arg) {
 std::optional<TensorView> optional_view_of(const py::object& obj, const char* op, const char* arg) {
   if (obj.is_none()) return std::nullopt;
   return view_of(obj, op, arg);
+}
+
+// An operand that can only be fp8 e4m3: a uint8 view is taken as e4m3 bits (see the note at the top).
+TensorView fp8_view_of(const py::object& obj, const char* op, const char* arg) {
+  TensorView v = view_of(obj, op, arg);
+  if (v.dtype == DType::kUInt8) v.dtype = DType::kFP8E4M3;
+  return v;
+}
+
+// Caller-owned device scratch memory (any dtype, contiguous), or none.
+tessera::Workspace workspace_of(const py::object& obj, const char* op) {
+  tessera::Workspace ws;
+  if (obj.is_none()) return ws;
+  const TensorView w = view_of(obj, op, "workspace");
+  if (!w.is_contiguous()) fail(op, "workspace", "must be contiguous, got shape " + w.shape_str());
+  if (w.device == TensorView::kHostDevice) fail(op, "workspace", "must be device memory, got a host tensor");
+  ws.data = w.data;
+  ws.bytes = w.nbytes_min();
+  return ws;
 }
 
 cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
@@ -161,13 +185,7 @@ void permute(const py::object& x, const py::object& ids, const py::object& input
   out.row_index = view_of(row_index, op, "row_index");
   out.row_token = optional_view_of(row_token, op, "row_token");
 
-  tessera::moe::Workspace ws;
-  if (!workspace.is_none()) {
-    const TensorView w = view_of(workspace, op, "workspace");
-    if (!w.is_contiguous()) fail(op, "workspace", "must be contiguous, got shape " + w.shape_str());
-    ws.data = w.data;
-    ws.bytes = w.nbytes_min();
-  }
+  const tessera::Workspace ws = workspace_of(workspace, op);
 
   py::gil_scoped_release no_gil;
   tessera::moe::permute(x_v, ids_v, input_scale_v, out, ws, params, as_stream(stream));
@@ -199,12 +217,95 @@ std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, int num_expert
       num_tokens, topk, permute_params(num_experts, pad_multiple, quant, "tessera.permute_workspace_bytes"));
 }
 
+// ---- grouped GEMM -------------------------------------------------------------------------------------------
+
+tessera::gemm::ScaleMode parse_scale_mode(const std::string& s, const char* op) {
+  if (s == "per_tensor") return tessera::gemm::ScaleMode::kPerTensor;
+  if (s == "blockwise") return tessera::gemm::ScaleMode::kBlockwise;
+  fail(op, "scale_mode", "must be 'per_tensor' or 'blockwise', got '" + s + "'");
+}
+
+tessera::gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
+  tessera::gemm::GroupedGemmOptions options;
+  options.expected_m = expected_m;
+  return options;
+}
+
+// group_rows is offsets (contiguous layout) or masked_m (masked layout).
+void grouped_gemm_fp8_impl(const char* op, bool masked, const char* group_rows_arg, const py::object& x,
+                           const py::object& w, const py::object& group_rows, const py::object& x_scale,
+                           const py::object& w_scale, const py::object& y, const py::object& workspace,
+                           const std::string& scale_mode, int64_t expected_m, std::uintptr_t stream) {
+  tessera::gemm::FP8Scales scales;
+  scales.mode = parse_scale_mode(scale_mode, op);
+  const TensorView x_v = fp8_view_of(x, op, "x");
+  const TensorView w_v = fp8_view_of(w, op, "w");
+  const TensorView rows_v = view_of(group_rows, op, group_rows_arg);
+  scales.x_scale = view_of(x_scale, op, "x_scale");
+  scales.w_scale = view_of(w_scale, op, "w_scale");
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+  const tessera::gemm::GroupedGemmOptions options = gemm_options(expected_m);
+
+  py::gil_scoped_release no_gil;
+  if (masked)
+    tessera::gemm::grouped_gemm_fp8_masked(x_v, w_v, rows_v, scales, y_v, ws, as_stream(stream), options);
+  else
+    tessera::gemm::grouped_gemm_fp8(x_v, w_v, rows_v, scales, y_v, ws, as_stream(stream), options);
+}
+
+void grouped_gemm_bf16_impl(const char* op, bool masked, const char* group_rows_arg, const py::object& x,
+                            const py::object& w, const py::object& group_rows, const py::object& y,
+                            const py::object& workspace, int64_t expected_m, std::uintptr_t stream) {
+  const TensorView x_v = view_of(x, op, "x");
+  const TensorView w_v = view_of(w, op, "w");
+  const TensorView rows_v = view_of(group_rows, op, group_rows_arg);
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+  const tessera::gemm::GroupedGemmOptions options = gemm_options(expected_m);
+
+  py::gil_scoped_release no_gil;
+  if (masked)
+    tessera::gemm::grouped_gemm_bf16_masked(x_v, w_v, rows_v, y_v, ws, as_stream(stream), options);
+  else
+    tessera::gemm::grouped_gemm_bf16(x_v, w_v, rows_v, y_v, ws, as_stream(stream), options);
+}
+
+void grouped_gemm_fp8(const py::object& x, const py::object& w, const py::object& offsets,
+                      const py::object& x_scale, const py::object& w_scale, const py::object& y,
+                      const py::object& workspace, const std::string& scale_mode, int64_t expected_m,
+                      std::uintptr_t stream) {
+  grouped_gemm_fp8_impl("tessera.grouped_gemm_fp8", false, "offsets", x, w, offsets, x_scale, w_scale, y, workspace,
+                        scale_mode, expected_m, stream);
+}
+
+void grouped_gemm_fp8_masked(const py::object& x, const py::object& w, const py::object& masked_m,
+                             const py::object& x_scale, const py::object& w_scale, const py::object& y,
+                             const py::object& workspace, const std::string& scale_mode, int64_t expected_m,
+                             std::uintptr_t stream) {
+  grouped_gemm_fp8_impl("tessera.grouped_gemm_fp8_masked", true, "masked_m", x, w, masked_m, x_scale, w_scale, y,
+                        workspace, scale_mode, expected_m, stream);
+}
+
+void grouped_gemm_bf16(const py::object& x, const py::object& w, const py::object& offsets, const py::object& y,
+                       const py::object& workspace, int64_t expected_m, std::uintptr_t stream) {
+  grouped_gemm_bf16_impl("tessera.grouped_gemm_bf16", false, "offsets", x, w, offsets, y, workspace, expected_m,
+                         stream);
+}
+
+void grouped_gemm_bf16_masked(const py::object& x, const py::object& w, const py::object& masked_m,
+                              const py::object& y, const py::object& workspace, int64_t expected_m,
+                              std::uintptr_t stream) {
+  grouped_gemm_bf16_impl("tessera.grouped_gemm_bf16_masked", true, "masked_m", x, w, masked_m, y, workspace,
+                         expected_m, stream);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
-      "cudaStream_t as an int. Use the tessera package (tessera.moe) rather than this module.";
+      "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm) rather than this module.";
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -245,6 +346,31 @@ PYBIND11_MODULE(_C, m) {
   m.def("unpermute_reduce", &unpermute_reduce, py::arg("y_perm"), py::arg("row_index"), py::arg("weights"),
         py::arg("residual"), py::arg("out"), py::arg("routed_scale"), py::arg("stream"),
         "out[t] = routed_scale * sum_j weights[t,j] * y_perm[row_index[t,j]] (+ residual[t]).");
+
+  m.attr("grouped_gemm_block") = tessera::gemm::kGroupedGemmBlock;
+  m.attr("grouped_gemm_max_groups") = tessera::gemm::kGroupedGemmMaxGroups;
+
+  m.def("grouped_gemm_fp8", &grouped_gemm_fp8, py::arg("x"), py::arg("w"), py::arg("offsets"), py::arg("x_scale"),
+        py::arg("w_scale"), py::arg("y"), py::arg("workspace"), py::arg("scale_mode"), py::arg("expected_m"),
+        py::arg("stream"),
+        "y[offsets[g]:offsets[g+1]] = scaled x[offsets[g]:offsets[g+1]] @ w[g]^T (fp8 e4m3 -> bf16). x and w may be "
+        "uint8 views (treated as fp8 e4m3). scale_mode: 'per_tensor' | 'blockwise'; workspace may be None.");
+
+  m.def("grouped_gemm_fp8_masked", &grouped_gemm_fp8_masked, py::arg("x"), py::arg("w"), py::arg("masked_m"),
+        py::arg("x_scale"), py::arg("w_scale"), py::arg("y"), py::arg("workspace"), py::arg("scale_mode"),
+        py::arg("expected_m"), py::arg("stream"),
+        "y[g, :masked_m[g]] = scaled x[g, :masked_m[g]] @ w[g]^T (fp8 e4m3 -> bf16); x and w may be uint8 views.");
+
+  m.def("grouped_gemm_bf16", &grouped_gemm_bf16, py::arg("x"), py::arg("w"), py::arg("offsets"), py::arg("y"),
+        py::arg("workspace"), py::arg("expected_m"), py::arg("stream"),
+        "y[offsets[g]:offsets[g+1]] = x[offsets[g]:offsets[g+1]] @ w[g]^T (bf16, fp32 accumulation).");
+
+  m.def("grouped_gemm_bf16_masked", &grouped_gemm_bf16_masked, py::arg("x"), py::arg("w"), py::arg("masked_m"),
+        py::arg("y"), py::arg("workspace"), py::arg("expected_m"), py::arg("stream"),
+        "y[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g]^T (bf16, fp32 accumulation).");
+
+  m.def("grouped_gemm_workspace_bytes", &tessera::gemm::grouped_gemm_workspace_bytes, py::arg("num_groups"),
+        py::arg("n"), py::arg("k"), "Bytes of device workspace the grouped GEMM needs (0 today).");
 
   m.def("permute_capacity_rows", &permute_capacity_rows, py::arg("num_tokens"), py::arg("topk"),
         py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),

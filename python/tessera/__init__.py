@@ -1,13 +1,15 @@
-"""tessera — CUDA kernels for MoE routing, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing and grouped expert GEMMs, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
                                       renormalize=True, routed_scaling_factor=2.5)
     p = tessera.permute(x, ids, num_experts=256, quant="fp8_blockwise")
+    y_perm = tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, scale_mode="blockwise")
     y = tessera.unpermute_reduce(y_perm, p.row_index, weights)
 
-The ops live in tessera.moe and are re-exported here. They take torch tensors (or any DLPack producer), run on
-the current CUDA stream and raise ValueError for invalid arguments. Importing tessera does not import torch.
+The ops live in tessera.moe and tessera.gemm and are re-exported here. They take torch tensors (or any DLPack
+producer), run on the current CUDA stream and raise ValueError for invalid arguments. Importing tessera does not
+import torch.
 """
 
 try:
@@ -18,7 +20,14 @@ except ImportError as _e:  # pragma: no cover - depends on the build
         f"({_e}). Build it with `cmake -S . -B build && cmake --build build` and set "
         "PYTHONPATH=build/python, or `pip install --no-build-isolation .`") from _e
 
-from . import moe
+from . import gemm, moe
+from .gemm import (
+    grouped_gemm_bf16,
+    grouped_gemm_bf16_masked,
+    grouped_gemm_fp8,
+    grouped_gemm_fp8_masked,
+    grouped_gemm_workspace_bytes,
+)
 from .moe import (
     PermuteResult,
     fused_gate,
@@ -34,6 +43,12 @@ __version__ = _C.version
 __all__ = [
     "PermuteResult",
     "fused_gate",
+    "gemm",
+    "grouped_gemm_bf16",
+    "grouped_gemm_bf16_masked",
+    "grouped_gemm_fp8",
+    "grouped_gemm_fp8_masked",
+    "grouped_gemm_workspace_bytes",
     "moe",
     "permute",
     "permute_capacity_rows",

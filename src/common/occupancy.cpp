@@ -24,8 +24,13 @@ int resident_blocks_per_sm(const void* kernel, int threads, int smem) {
   std::lock_guard<std::mutex> lock(mutex);
   for (const Entry& e : cache)
     if (e.kernel == kernel && e.threads == threads && e.smem == smem && e.device == device) return e.blocks;
-  if (smem > 48 * 1024)
-    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // The limit is raised to the device's opt-in maximum, not to `smem`: a later call with a smaller size must
+  // not lower it under a size already cached as launchable.
+  if (smem > 48 * 1024) {
+    int optin = 0;
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    TESSERA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+  }
   int blocks = 0;
   TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem));
   if (blocks < 1) blocks = 1;

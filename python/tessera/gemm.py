@@ -1,0 +1,162 @@
+"""tessera.gemm — grouped GEMM for MoE experts: fp8 e4m3 (per-tensor or block-wise scales) or bf16 in, bf16 out.
+
+G independent products ``Y_g = X_g @ W_g^T`` in one launch (C++: include/tessera/grouped_gemm.h). Two layouts:
+
+* contiguous: x [M, K], offsets int32 [G+1]; group g owns rows offsets[g]:offsets[g+1] of x and of the output
+  y [M, N]. This is what tessera.moe.permute produces (x_perm, expert_offsets).
+* masked: x [G, max_m, K], masked_m int32 [G]; group g owns rows 0:masked_m[g] of x[g] and y[g] ([G, max_m, N]).
+
+w is [G, N, K] (one nn.Linear weight per expert). Output rows that belong to no group are not written (with
+``out=None`` they hold whatever torch.empty left there). Group sizes are read on the device only: offsets are
+clamped to [0, M] (a decreasing pair is an empty group), masked_m to [0, max_m].
+
+Like tessera.moe, every op accepts torch tensors (or ``__dlpack__`` producers), runs asynchronously on the
+current CUDA stream of x's device, never synchronizes, can be captured in a CUDA graph, and raises ValueError
+naming the op and the argument for invalid arguments (the output tensor is called 'y' in messages from the C++
+validation). fp8 tensors must be torch.float8_e4m3fn; they cross into C++ as uint8 views of the same memory.
+"""
+
+from . import _C
+from ._dlpack import as_tensor, cuda_device_of, to_capsule, torch_module
+from .moe import _choice, _int, _launch, _rank
+
+__all__ = [
+    "grouped_gemm_bf16",
+    "grouped_gemm_bf16_masked",
+    "grouped_gemm_fp8",
+    "grouped_gemm_fp8_masked",
+    "grouped_gemm_workspace_bytes",
+]
+
+SCALE_MODES = ("per_tensor", "blockwise")
+BLOCK = _C.grouped_gemm_block  # 128: the K (and N) block of one block-wise scale; N and K granularity for fp8
+MAX_GROUPS = _C.grouped_gemm_max_groups
+
+
+def grouped_gemm_workspace_bytes(num_groups, n, k):
+    """Bytes of device workspace a grouped GEMM with these G, N, K needs (the ops allocate it themselves)."""
+    op = "tessera.grouped_gemm_workspace_bytes"
+    return _C.grouped_gemm_workspace_bytes(_int(op, "num_groups", num_groups), _int(op, "n", n), _int(op, "k", k))
+
+
+def _fp8(torch, op, arg, t):
+    # The dtype must be checked here: to_capsule sends every fp8 dtype as uint8 bytes, and the binding reads
+    # uint8 as e4m3, so an e5m2 (or a plain uint8) tensor would otherwise be reinterpreted silently.
+    e4m3 = getattr(torch, "float8_e4m3fn", None)
+    if e4m3 is None or t.dtype != e4m3:
+        raise ValueError(f"{op}: '{arg}' must be torch.float8_e4m3fn, got {t.dtype}")
+
+
+def _not_fp8(torch, op, arg, t):
+    # Without this, an fp8 tensor would reach C++ as a uint8 view and the message would say uint8.
+    if t.element_size() == 1 and t.is_floating_point():
+        raise ValueError(f"{op}: '{arg}' must be torch.bfloat16, got {t.dtype}")
+
+
+def _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, fp8, call):
+    """Shared argument handling; launches call(x, w, group_rows, y, workspace, expected_m, stream), returns y."""
+    torch = torch_module()
+    x = as_tensor(x, op, "x")
+    w = as_tensor(w, op, "w")
+    group_rows = as_tensor(group_rows, op, rows_arg)
+    device = cuda_device_of(x, op, "x")
+    check = _fp8 if fp8 else _not_fp8
+    check(torch, op, "x", x)
+    check(torch, op, "w", w)
+    if masked:
+        _rank(op, "x", x, 3, "[G, max_m, K]")
+    else:
+        _rank(op, "x", x, 2, "[M, K]")
+    _rank(op, "w", w, 3, "[G, N, K]")
+    num_groups, n, k = w.shape
+    if out is None:
+        y = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16, device=device)
+    else:
+        y = as_tensor(out, op, "out")
+        _not_fp8(torch, op, "out", y)
+    try:
+        ws_bytes = _C.grouped_gemm_workspace_bytes(num_groups, n, k)
+    except ValueError:
+        # Shapes the op does not support: its own validation below names the argument (and the op).
+        ws_bytes = 0
+    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=device) if ws_bytes > 0 else None
+
+    _launch(torch, device, lambda stream: call(x, w, group_rows, y, workspace, expected_m, stream))
+    return y
+
+
+def _fp8_op(op, masked, rows_arg, binding, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m):
+    _choice(op, "scale_mode", scale_mode, SCALE_MODES)
+    expected_m = _int(op, "expected_m", expected_m, 0)
+    x_scale = as_tensor(x_scale, op, "x_scale")
+    w_scale = as_tensor(w_scale, op, "w_scale")
+
+    def call(x, w, group_rows, y, workspace, expected_m, stream):
+        binding(to_capsule(x), to_capsule(w), to_capsule(group_rows), to_capsule(x_scale), to_capsule(w_scale),
+                to_capsule(y), to_capsule(workspace), scale_mode, expected_m, stream)
+
+    return _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, True, call)
+
+
+def _bf16_op(op, masked, rows_arg, binding, x, w, group_rows, out, expected_m):
+    expected_m = _int(op, "expected_m", expected_m, 0)
+
+    def call(x, w, group_rows, y, workspace, expected_m, stream):
+        binding(to_capsule(x), to_capsule(w), to_capsule(group_rows), to_capsule(y), to_capsule(workspace),
+                expected_m, stream)
+
+    return _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, False, call)
+
+
+def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0):
+    """FP8 e4m3 grouped GEMM, contiguous layout: y[r] = x[r] @ w[g]^T (scaled) for r in offsets[g]:offsets[g+1].
+
+    x        [M, K] float8_e4m3fn; unit stride along K, rows 16-byte aligned (e.g. tessera.permute's x_perm).
+    w        [G, N, K] float8_e4m3fn; unit stride along K. N and K multiples of 128; 1 <= G <= 1024.
+    offsets  int32 [G+1] on the device (e.g. permute's expert_offsets); read on the device only.
+    scale_mode='per_tensor': x_scale fp32 [1], w_scale fp32 [G]; y = x_scale * w_scale[g] * (x @ w[g]^T).
+    scale_mode='blockwise' (DeepSeek-V3): x_scale fp32 [M, K/128], one per row and 128 columns (permute's
+        scales with quant='fp8_blockwise'); w_scale fp32 [G, N/128, K/128], one per 128x128 weight block
+        (a checkpoint's weight_scale_inv). Scales may have any strides.
+    out      bf16 [M, N] (unit stride along N) to write into; default torch.empty. Rows outside every group
+             are not written.
+    expected_m  rows per group to tune the tile shape for (0: M / G); never affects which rows are computed.
+    Returns y (bf16 [M, N], fp32 accumulation).
+    """
+    return _fp8_op("tessera.grouped_gemm_fp8", False, "offsets", _C.grouped_gemm_fp8, x, w, offsets, x_scale,
+                   w_scale, scale_mode, out, expected_m)
+
+
+def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per_tensor", out=None,
+                            expected_m=0):
+    """FP8 e4m3 grouped GEMM, masked layout: y[g, r] = x[g, r] @ w[g]^T (scaled) for r < masked_m[g].
+
+    x        [G, max_m, K] float8_e4m3fn; w [G, N, K] float8_e4m3fn; masked_m int32 [G] on the device.
+    Scales as in grouped_gemm_fp8, except block-wise x_scale is [G, max_m, K/128].
+    out      bf16 [G, max_m, N]; rows r >= masked_m[g] are not written.
+    expected_m  typical masked_m (0: max_m); pass the real average when max_m is a capacity (decode buffers).
+    Returns y (bf16 [G, max_m, N]).
+    """
+    return _fp8_op("tessera.grouped_gemm_fp8_masked", True, "masked_m", _C.grouped_gemm_fp8_masked, x, w,
+                   masked_m, x_scale, w_scale, scale_mode, out, expected_m)
+
+
+def grouped_gemm_bf16(x, w, offsets, *, out=None, expected_m=0):
+    """bf16 grouped GEMM, contiguous layout: y[r] = x[r] @ w[g]^T for r in offsets[g]:offsets[g+1].
+
+    x [M, K] bf16, w [G, N, K] bf16 (unit stride along K, rows 16-byte aligned), offsets int32 [G+1] on the
+    device. N a multiple of 128, K a multiple of 64. fp32 accumulation. out bf16 [M, N]; rows outside every
+    group are not written. Returns y.
+    """
+    return _bf16_op("tessera.grouped_gemm_bf16", False, "offsets", _C.grouped_gemm_bf16, x, w, offsets, out,
+                    expected_m)
+
+
+def grouped_gemm_bf16_masked(x, w, masked_m, *, out=None, expected_m=0):
+    """bf16 grouped GEMM, masked layout: y[g, r] = x[g, r] @ w[g]^T for r < masked_m[g].
+
+    x [G, max_m, K] bf16, w [G, N, K] bf16, masked_m int32 [G] on the device; out bf16 [G, max_m, N], rows
+    r >= masked_m[g] are not written. Returns y.
+    """
+    return _bf16_op("tessera.grouped_gemm_bf16_masked", True, "masked_m", _C.grouped_gemm_bf16_masked, x, w,
+                    masked_m, out, expected_m)

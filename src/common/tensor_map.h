@@ -1,0 +1,19 @@
+// Internal: TMA tensor maps (CUtensorMap) built on the host through the driver entry point, without linking
+// libcuda. Pass the map to a kernel by value as a __grid_constant__ parameter.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace tessera::detail {
+
+enum class TmaElement : int { kU8 = 0, kBF16 = 1, kF32 = 2 };
+
+// A 3-D tiled map over a [dim2][dim1][dim0] tensor (dim0 contiguous; strides in elements) whose box is
+// [1][box1][box0_bytes / element size], loaded with the 128-byte swizzle when `swizzle_128b` (box0_bytes must
+// then be 128). Elements outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
+CUtensorMap make_tensor_map_3d(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                               int64_t stride1, int64_t stride2, int box0_bytes, int box1, bool swizzle_128b);
+
+}  // namespace tessera::detail

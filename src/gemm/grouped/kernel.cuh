@@ -1,0 +1,356 @@
+// Grouped GEMM kernel: persistent, warp-specialized, TMA → shared-memory ring → wgmma, Yᵀ tiles.
+//
+// Threads 0..255 are two consumer warpgroups, threads 256..383 the producer warpgroup:
+//   producer warp 0 (one lane): TMA loads of the weight tile [128 n × 128 B of K] and the token tile
+//     [block_m rows × 128 B of K] of every k-block into the stage ring;
+//   producer warp 1 (block-wise scales only): cp.async of the k-block's token scales and weight-block scale
+//     into the same stage, arriving on the stage's full barrier when they land;
+//   consumer warpgroup c: D[64 n × block_m tokens] = W[64c.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M,
+//     tokens in its N). fp8: every k-block goes to a fresh accumulator that is then scaled and added into an
+//     fp32 total (promotion); bf16: one accumulator over all of K.
+//   epilogue: scale, round to bf16, transpose through shared memory, 16-byte row stores masked to the group.
+//
+// Tiles: for group g, ceil(rows_g / block_m) m-tiles × N/128 n-tiles, numbered group by group, n-tile major and
+// m-tile fastest (CTAs running at the same time share weight tiles through L2). CTA b takes tiles b, b + grid,
+// ... Token tiles are read through one tensor map over all of X: a tile that runs past its group's end reads
+// the next group's rows (or zeros past the tensor), and those rows are never stored.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "gemm/grouped/config.h"
+#include "pipeline/pipeline.cuh"
+#include "ptx/ldst.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/smem.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace tessera::gemm::detail {
+
+struct KernelParams {
+  int num_groups;
+  int masked;       // Layout::kMasked
+  int scaling;      // Scaling
+  int stages;
+  int64_t rows;     // contiguous: M; masked: max_m
+  int n_tiles;      // N / 128
+  int k_blocks;     // K / (128 bytes)
+  const int32_t* group_rows;
+  __nv_bfloat16* y;
+  int64_t y_row_stride, y_group_stride;
+  const float* x_scale;
+  int64_t xs_row_stride, xs_k_stride, xs_group_stride;
+  const float* w_scale;
+  int64_t ws_group_stride, ws_n_stride, ws_k_stride;
+};
+
+// Where tile t lives.
+struct TileCoord {
+  int group;
+  int m0;        // first row of the tile within the group
+  int n0;        // first weight row (output column)
+  int rows;      // rows of the tile that belong to the group (1..block_m)
+  int64_t row0;  // contiguous: global row of the group's first row; masked: 0
+};
+
+template <int kBlockM, int kTileWidth>
+struct TileTable {
+  const int* prefix;  // [G + 1] tiles before group g
+  const int* start;   // [G]
+  const int* rows;    // [G]
+  int num_groups;
+  int n_tiles;
+
+  __device__ __forceinline__ int total() const { return prefix[num_groups]; }
+
+  __device__ __forceinline__ TileCoord at(int t) const {
+    int lo = 0, hi = num_groups - 1;  // last g with prefix[g] <= t
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (prefix[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    const int g = lo;
+    const int local = t - prefix[g];
+    const int m_tiles = (rows[g] + kBlockM - 1) / kBlockM;
+    const int n_tile = local / m_tiles;
+    const int m_tile = local - n_tile * m_tiles;
+    TileCoord c;
+    c.group = g;
+    c.m0 = m_tile * kBlockM;
+    c.n0 = n_tile * kTileWidth;
+    c.rows = min(kBlockM, rows[g] - c.m0);
+    c.row0 = start[g];
+    return c;
+  }
+};
+
+// Exclusive prefix sum of the per-group tile counts into table.prefix, by all kThreads threads.
+template <int kBlockM>
+__device__ void build_tile_table(const KernelParams& p, int* prefix, int* start, int* rows, int* scratch) {
+  constexpr int kPer = (kGroupedGemmMaxGroups + kThreads - 1) / kThreads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int counts[kPer];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int g = tid * kPer + i;
+    int c = 0;
+    if (g < p.num_groups) {
+      int64_t s, r;
+      if (p.masked) {
+        s = 0;
+        r = min(max(int64_t{p.group_rows[g]}, int64_t{0}), p.rows);
+      } else {
+        s = min(max(int64_t{p.group_rows[g]}, int64_t{0}), p.rows);
+        const int64_t e = min(max(int64_t{p.group_rows[g + 1]}, s), p.rows);
+        r = e - s;
+      }
+      start[g] = static_cast<int>(s);
+      rows[g] = static_cast<int>(r);
+      c = static_cast<int>((r + kBlockM - 1) / kBlockM) * p.n_tiles;
+    }
+    counts[i] = c;
+    sum += c;
+  }
+  int incl = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  if (tid == 0) {
+    int acc = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      const int v = scratch[w];
+      scratch[w] = acc;
+      acc += v;
+    }
+    prefix[p.num_groups] = acc;
+  }
+  __syncthreads();
+  int run = scratch[warp] + incl - sum;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int g = tid * kPer + i;
+    if (g < p.num_groups) prefix[g] = run;
+    run += counts[i];
+  }
+}
+
+template <bool kFP8, int kBlockM, int kWgRows>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
+                        const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mma = ptx::Wgmma<kBlockM>;
+  constexpr int kRegs = Mma::kRegs;
+  constexpr int kTileWidth = 2 * kWgRows;            // weight rows per tile
+  constexpr int kHalves = kWgRows / 64;              // m64 wgmma blocks per consumer warpgroup
+  constexpr int kElemBytes = kFP8 ? 1 : 2;
+  constexpr int kKElems = kTileKBytes / kElemBytes;  // K elements per k-block
+  constexpr int kKSteps = 4;                         // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  const SmemLayout L = SmemLayout::make(kBlockM, kTileWidth, p.stages, p.num_groups);
+  uint8_t* smem_w = base;                                        // [stages][tile width][128 B]
+  uint8_t* smem_x = base + p.stages * L.stage_w_bytes;           // [stages][block_m][128 B]
+  uint8_t* smem_scales = base + L.operands_bytes;                // [stages][block_m x scales, 2 w scales, pad]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_scales + L.scales_bytes);
+  int* scratch = reinterpret_cast<int*>(bars + 2 * p.stages);   // [kThreads / 32]
+  int* t_prefix = scratch + kThreads / 32;
+  int* t_start = t_prefix + p.num_groups + 1;
+  int* t_rows = t_start + p.num_groups;
+
+  const pipeline::StageRing ring{bars, bars + p.stages, p.stages};
+  const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
+
+  build_tile_table<kBlockM>(p, t_prefix, t_start, t_rows, scratch);
+  if (threadIdx.x == 0) ring.init(blockwise ? 1 + 32 : 1, 8);
+  __syncthreads();
+
+  const TileTable<kBlockM, kTileWidth> tiles{t_prefix, t_start, t_rows, p.num_groups, p.n_tiles};
+  const int total_tiles = tiles.total();
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 2) {
+    // ------------------------------------------------------------------ producer warpgroup
+    ptx::setmaxnreg_dec<56>();
+    const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
+    if (warp == 0 && lane == 0) {
+      ptx::prefetch_tensormap(&tmap_x);
+      ptx::prefetch_tensormap(&tmap_w);
+      const uint32_t stage_bytes = static_cast<uint32_t>(L.stage_w_bytes + L.stage_x_bytes);
+      pipeline::PipelineState st;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const TileCoord c = tiles.at(t);
+        const int x_row = static_cast<int>(c.row0) + c.m0;
+        const int x_grp = p.masked ? c.group : 0;
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          ring.producer_acquire(st);
+          uint64_t* full = &ring.full[st.stage];
+          ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
+          ptx::tma_load_3d(smem_w + st.stage * L.stage_w_bytes, &tmap_w, full, kb * kKElems, c.n0, c.group);
+          ptx::tma_load_3d(smem_x + st.stage * L.stage_x_bytes, &tmap_x, full, kb * kKElems, x_row, x_grp);
+          st.advance(p.stages);
+        }
+      }
+    } else if (kFP8 && warp == 1 && blockwise) {
+      // Scales of each k-block into its stage: block_m token scales, then one weight-block scale per consumer
+      // warpgroup (a 256-wide tile spans two 128-row weight blocks).
+      pipeline::PipelineState st;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const TileCoord c = tiles.at(t);
+        // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
+        const int64_t row_limit = p.masked ? p.rows : p.rows - c.row0;
+        const float* xs = p.x_scale + (p.masked ? c.group * p.xs_group_stride : c.row0 * p.xs_row_stride);
+        const float* ws = p.w_scale + c.group * p.ws_group_stride + (c.n0 / kGroupedGemmBlock) * p.ws_n_stride;
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          ring.producer_acquire(st);
+          float* dst = reinterpret_cast<float*>(smem_scales + st.stage * L.stage_scale_bytes);
+#pragma unroll
+          for (int i = lane; i < kBlockM; i += 32) {
+            const int64_t r = c.m0 + i;
+            const bool ok = r < row_limit;
+            ptx::cp_async_4(dst + i, ok ? xs + r * p.xs_row_stride + kb * p.xs_k_stride : p.x_scale, ok);
+          }
+          if (lane < kTileWidth / kGroupedGemmBlock) {
+            ptx::cp_async_4(dst + kBlockM + lane, ws + lane * p.ws_n_stride + kb * p.ws_k_stride, true);
+          }
+          ptx::cp_async_mbarrier_arrive_noinc(&ring.full[st.stage]);
+          st.advance(p.stages);
+        }
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ consumer warpgroups
+    ptx::setmaxnreg_inc<224>();
+    const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
+    const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
+    const int ws_slot = kWgRows == 128 ? wg : 0;
+    pipeline::PipelineState st;
+
+    // One k-block of m64 block h of this warpgroup: 4 wgmma of 32 bytes of K each, one commit group.
+    auto issue = [&](float(&acc)[kRegs], int stage, int h, bool accumulate) {
+      const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(smem_w + stage * L.stage_w_bytes +
+                                                            (wg * kWgRows + h * 64) * kTileKBytes);
+      const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(smem_x + stage * L.stage_x_bytes);
+#pragma unroll
+      for (int s = 0; s < kKSteps; ++s) {
+        const int scale_d = (accumulate || s > 0) ? 1 : 0;
+        if constexpr (kFP8) Mma::mma_e4m3(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
+        else Mma::mma_bf16(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
+      }
+    };
+    auto release = [&](const pipeline::PipelineState& done) {
+      __syncwarp();
+      if (lane == 0) ring.consumer_release(done);
+    };
+
+    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      const TileCoord c = tiles.at(t);
+      float total[kHalves][kRegs];
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+        for (int i = 0; i < kRegs; ++i) total[h][i] = 0.0f;
+
+      if constexpr (kFP8) {
+        // Every k-block of every m64 block goes to a fresh fp8 accumulator that is promoted into the fp32
+        // total: total += part (per-tensor) or total += ws · xs[col] · part (block-wise). The promotion reads
+        // the accumulator, and ptxas serializes wgmma left in flight across such reads, so each batch
+        // completes first; the two consumer warpgroups interleave over the promotions instead.
+        float part[kRegs];
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          ring.consumer_wait(st);
+          const float* sc = reinterpret_cast<const float*>(smem_scales + st.stage * L.stage_scale_bytes);
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) {
+            ptx::wgmma_fence();
+            issue(part, st.stage, h, false);
+            ptx::wgmma_commit_group();
+            ptx::wgmma_wait_group<0>();
+            ptx::wgmma_fence_registers(part);
+            if (blockwise) {
+              const float wsc = sc[kBlockM + ws_slot];
+              float2 xsc[kBlockM / 8];
+#pragma unroll
+              for (int j = 0; j < kBlockM / 8; ++j) xsc[j] = *reinterpret_cast<const float2*>(sc + 8 * j + col_pair);
+              if (h + 1 == kHalves) release(st);
+#pragma unroll
+              for (int j = 0; j < kBlockM / 8; ++j) {
+                const float s0 = wsc * xsc[j].x, s1 = wsc * xsc[j].y;
+                total[h][4 * j + 0] = fmaf(part[4 * j + 0], s0, total[h][4 * j + 0]);
+                total[h][4 * j + 1] = fmaf(part[4 * j + 1], s1, total[h][4 * j + 1]);
+                total[h][4 * j + 2] = fmaf(part[4 * j + 2], s0, total[h][4 * j + 2]);
+                total[h][4 * j + 3] = fmaf(part[4 * j + 3], s1, total[h][4 * j + 3]);
+              }
+            } else {
+              if (h + 1 == kHalves) release(st);
+#pragma unroll
+              for (int i = 0; i < kRegs; ++i) total[h][i] += part[i];
+            }
+          }
+          st.advance(p.stages);
+        }
+      } else {
+        // bf16: one fp32 accumulator over all of K; the k-block's batch stays in flight while the next stage is
+        // awaited, and a stage is released once the batch after it is issued and it has completed.
+        pipeline::PipelineState prev = st;
+        for (int kb = 0; kb < p.k_blocks; ++kb) {
+          ring.consumer_wait(st);
+          ptx::wgmma_fence();
+#pragma unroll
+          for (int h = 0; h < kHalves; ++h) issue(total[h], st.stage, h, kb > 0);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<1>();
+          if (kb > 0) release(prev);
+          prev = st;
+          st.advance(p.stages);
+        }
+        ptx::wgmma_wait_group<0>();
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) ptx::wgmma_fence_registers(total[h]);
+        release(prev);
+      }
+
+      // ---- epilogue: scale, bf16, 4-byte stores straight from the accumulators. Lanes l and l^4 hold weight
+      // rows r and r^1 of the same token columns; one shuffle gives each a pair of adjacent weights of one
+      // token (even row: token c, odd row: token c+1).
+      float factor = 1.0f;
+      if (p.scaling == static_cast<int>(Scaling::kPerTensor)) {
+        factor = p.x_scale[0] * p.w_scale[c.group * p.ws_group_stride];
+      }
+      const bool odd = (lane >> 2) & 1;
+      __nv_bfloat16* y_tile = p.y + (p.masked ? c.group * p.y_group_stride : int64_t{0}) +
+                              (c.row0 + c.m0) * p.y_row_stride + c.n0 + wg * kWgRows;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+        for (int j = 0; j < kBlockM / 8; ++j) {
+#pragma unroll
+          for (int half8 = 0; half8 < 2; ++half8) {
+            const float v0 = total[h][4 * j + 2 * half8] * factor;      // (row r, token c)
+            const float v1 = total[h][4 * j + 2 * half8 + 1] * factor;  // (row r, token c + 1)
+            const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+            const int row = h * 64 + warp * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
+            const int token = 8 * j + col_pair + (odd ? 1 : 0);
+            if (token < c.rows) {
+              const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
+              *reinterpret_cast<__nv_bfloat162*>(y_tile + token * p.y_row_stride + row) = pair;
+            }
+          }
+        }
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace tessera::gemm::detail
