@@ -26,7 +26,7 @@ run_step() {  # name, command...
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # Sanitizer subset: every kernel and code path, small shapes.
-subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*'
+subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*:GroupedGemmGpu.RaggedGroups:GroupedGemmGpu.EdgeShapes:GroupedGemmGpu.ExpectedMHintsChooseTilesNotResults:GroupedGemmGpu.StridedOperands:GroupedGemmGpu.OutOfRangeAndNonMonotoneGroupRows:GroupedGemmGpu.CudaGraphCapture'
 
 if has build; then
   run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
@@ -42,6 +42,9 @@ if has sanitize; then
   run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/tessera_gpu_tests" --gtest_filter="$subset"
   run_step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$build/tests/tessera_gpu_tests" --gtest_filter="$subset"
   run_step synccheck compute-sanitizer --tool synccheck --error-exitcode 1 "$build/tests/tessera_gpu_tests" --gtest_filter="$subset"
+  for tool in memcheck racecheck synccheck; do
+    run_step "ptx_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/tessera_ptx_tests"
+  done
 fi
 has bench && run_step bench "$build/bench/tessera-bench" --check --json "$out/bench.json"
 has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py --json "$out/compare.json"
@@ -49,7 +52,7 @@ has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=
 for f in bench compare; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 45 "$out/$f.log"; }
 done
-for f in ctest pytest memcheck racecheck; do
+for f in ctest pytest memcheck racecheck synccheck; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 6 "$out/$f.log"; }
 done
 echo
