@@ -1,5 +1,5 @@
-// PTX wrappers: asynchronous copies into shared memory that complete on an mbarrier
-// (PTX ISA: "cp.async.bulk.tensor", "cp.async", "cp.async.mbarrier.arrive").
+// PTX wrappers: tensor-map (TMA) copies into shared memory that complete on an mbarrier
+// (PTX ISA: "cp.async.bulk.tensor", "prefetch.tensormap").
 #pragma once
 
 #include <cstdint>
@@ -22,19 +22,6 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
       "[%2];\n" ::"r"(smem_u32(smem_dst)),
       "l"(tensor_map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
-}
-
-// 4-byte asynchronous copy global → shared; when `valid` is false nothing is read and zeros are written.
-__device__ __forceinline__ void cp_async_4(void* smem_dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem_dst)), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
-}
-
-// Arrive on `bar` once every cp.async this thread issued before has landed. The arrival is not added to the
-// barrier's expected count: the barrier must be initialized with it included.
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
 }  // namespace tessera::ptx

@@ -121,6 +121,7 @@ GroupedGemmRef compute(const char* fn, const std::vector<Elem>& x, const std::ve
       blocks.push_back({g, r, static_cast<int>(std::min<int64_t>(kRowBlock, e - r))});
   }
   ref.y.assign(values, 0.0);
+  ref.mag.assign(values, 0.0);
   if (blocks.empty() || N == 0) return ref;
 
   const int64_t num_blocks = static_cast<int64_t>(blocks.size());
@@ -157,24 +158,39 @@ GroupedGemmRef compute(const char* fn, const std::vector<Elem>& x, const std::ve
       double* out = &ref.y[ref.value_offset[g] + (blk.row - ref.groups.begin[g]) * N];
       for (int64_t n = 0; n < N; ++n) {
         const float* wn = &wg[n * K];
-        double acc[kRowBlock] = {};
+        double acc[kRowBlock] = {}, acc_abs[kRowBlock] = {};
         for (int64_t k0 = 0; k0 < K; k0 += k_step) {
           const int64_t k1 = std::min(K, k0 + k_step);
-          double part[kRowBlock] = {};
+          double part[kRowBlock] = {}, part_abs[kRowBlock] = {};
           for (int64_t k = k0; k < k1; ++k) {
             const double wv = wn[k];
-            for (int i = 0; i < kRowBlock; ++i) part[i] += xr[i * K + k] * wv;
+            for (int i = 0; i < kRowBlock; ++i) {
+              const double p = xr[i * K + k] * wv;
+              part[i] += p;
+              part_abs[i] += std::fabs(p);
+            }
           }
           if (blockwise) {
             const int64_t kb = k0 / kScaleBlock;
             const double ws = scales->w_scale[g * scales->ws_group_stride + (n / kScaleBlock) * scales->ws_n_stride +
                                               kb * scales->ws_k_stride];
-            for (int i = 0; i < kRowBlock; ++i) acc[i] += part[i] * (xs[i * num_kb + kb] * ws);
+            for (int i = 0; i < kRowBlock; ++i) {
+              const double sc = xs[i * num_kb + kb] * ws;
+              acc[i] += part[i] * sc;
+              acc_abs[i] += part_abs[i] * std::fabs(sc);
+            }
           } else {
-            for (int i = 0; i < kRowBlock; ++i) acc[i] += part[i];
+            for (int i = 0; i < kRowBlock; ++i) {
+              acc[i] += part[i];
+              acc_abs[i] += part_abs[i];
+            }
           }
         }
-        for (int i = 0; i < blk.count; ++i) out[i * N + n] = acc[i] * factor;
+        double* out_abs = &ref.mag[ref.value_offset[g] + (blk.row - ref.groups.begin[g]) * N];
+        for (int i = 0; i < blk.count; ++i) {
+          out[i * N + n] = acc[i] * factor;
+          out_abs[i * N + n] = acc_abs[i] * std::fabs(factor);
+        }
       }
     }
   });
@@ -350,7 +366,8 @@ GroupedGemmCheck check_grouped_gemm(const GroupedGemmRef& ref, const std::vector
         tl.err2 += diff * diff;
         tl.ref2 += best * best;
         tl.max_abs = std::max(tl.max_abs, std::fabs(diff));
-        const double bound = tol.abs_of_rms * local_rms + tol.rel * std::fabs(best);
+        const double mag = ref.mag[(cand[best_o] - ref.y.data()) + c];
+        const double bound = tol.acc * mag + tol.abs_of_rms * local_rms + tol.rel * std::fabs(best);
         if (!(std::fabs(diff) <= bound)) {
           ++tl.out_of_bound;
           tl.fail(pos(r) + c, [&] { return where() + ": |diff| " + fmt(std::fabs(diff)) + " > bound " + fmt(bound); });
@@ -389,7 +406,8 @@ GroupedGemmCheck check_grouped_gemm(const GroupedGemmRef& ref, const std::vector
                         " Frobenius error " + fmt(out.error) + (frob_ok ? " <= " : " > ") + fmt(tol.frobenius) +
                         ", max |diff| " + fmt(out.max_abs_error) + ", ref rms " + fmt(rms) + "; " +
                         std::to_string(out.nan_count) + " non-finite, " + std::to_string(out.out_of_bound) +
-                        " past |diff| <= " + fmt(tol.abs_of_rms) + "*rms(row block) + " + fmt(tol.rel) + "*|ref|, " +
+                        " past |diff| <= " + fmt(tol.acc) + "*sum|products| + " + fmt(tol.abs_of_rms) + "*rms(row block) + " +
+                        fmt(tol.rel) + "*|ref|, " +
                         std::to_string(out.poison_touched) + " unowned elements lost the poison";
   out.ok = frob_ok && !first;
   out.message = first ? first->first_failure + " [" + summary + "]" : summary;

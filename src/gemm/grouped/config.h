@@ -36,7 +36,7 @@ struct SmemLayout {
     SmemLayout l{};
     l.stage_w_bytes = tile_width * kTileKBytes;
     l.stage_x_bytes = block_m * kTileKBytes;
-    l.stage_scale_bytes = block_m * 4 + 16;
+    l.stage_scale_bytes = 2 * block_m * 4;  // [2 weight blocks][block_m] products
     l.operands_bytes = stages * (l.stage_w_bytes + l.stage_x_bytes);
     l.scales_bytes = stages * l.stage_scale_bytes;
     l.barrier_bytes = 2 * stages * 8;

@@ -3,8 +3,8 @@
 // Threads 0..255 are two consumer warpgroups, threads 256..383 the producer warpgroup:
 //   producer warp 0 (one lane): TMA loads of the weight tile [128 n × 128 B of K] and the token tile
 //     [block_m rows × 128 B of K] of every k-block into the stage ring;
-//   producer warp 1 (block-wise scales only): cp.async of the k-block's token scales and weight-block scale
-//     into the same stage, arriving on the stage's full barrier when they land;
+//   producer warp 1 (block-wise scales only): the k-block's products weight-block scale × token scale into the
+//     same stage, arriving on the stage's full barrier;
 //   consumer warpgroup c: D[64 n × block_m tokens] = W[64c.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M,
 //     tokens in its N). fp8: every k-block goes to a fresh accumulator that is then scaled and added into an
 //     fp32 total (promotion); bf16: one accumulator over all of K.
@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
 
   build_tile_table<kBlockM>(p, t_prefix, t_start, t_rows, scratch);
-  if (threadIdx.x == 0) ring.init(blockwise ? 1 + 32 : 1, 8);
+  // full: the TMA thread (+ the 32 scale lanes). empty: one arrival per consumer warp, or per consumer thread
+  // when the consumers read the stage's scales with ordinary loads (an arrival releases only its own thread's
+  // accesses; wgmma reads of the operand tiles need none).
+  if (threadIdx.x == 0) ring.init(blockwise ? 1 + 32 : 1, blockwise ? 256 : 8);
   __syncthreads();
 
   const TileTable<kBlockM, kTileWidth> tiles{t_prefix, t_start, t_rows, p.num_groups, p.n_tiles};
@@ -202,30 +205,56 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (kFP8 && warp == 1 && blockwise) {
-      // Scales of each k-block into its stage: block_m token scales, then one weight-block scale per consumer
-      // warpgroup (a 256-wide tile spans two 128-row weight blocks).
-      pipeline::PipelineState st;
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-        const TileCoord c = tiles.at(t);
+      // Block-wise scales of each k-block into its stage, as the products ws[nb] · xs[row] for each consumer
+      // warpgroup's 128-row weight block ([slot][block_m] fp32), so that the promotion is one FMA per element.
+      // Plain loads, stores and a release arrival per lane; the loads of the next k-block are issued before
+      // waiting for its stage, so their latency hides behind the ring.
+      constexpr int kSlots = kTileWidth / kGroupedGemmBlock;
+      constexpr int kPerLane = kBlockM / 32 > 0 ? kBlockM / 32 : 1;
+      float x_next[kPerLane], w_next[kSlots];
+      auto load = [&](const TileCoord& c, int kb) {
         // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
         const int64_t row_limit = p.masked ? p.rows : p.rows - c.row0;
-        const float* xs = p.x_scale + (p.masked ? c.group * p.xs_group_stride : c.row0 * p.xs_row_stride);
-        const float* ws = p.w_scale + c.group * p.ws_group_stride + (c.n0 / kGroupedGemmBlock) * p.ws_n_stride;
-        for (int kb = 0; kb < p.k_blocks; ++kb) {
-          ring.producer_acquire(st);
-          float* dst = reinterpret_cast<float*>(smem_scales + st.stage * L.stage_scale_bytes);
+        const float* xs = p.x_scale + (p.masked ? c.group * p.xs_group_stride : c.row0 * p.xs_row_stride) +
+                          kb * p.xs_k_stride;
+        const float* ws = p.w_scale + c.group * p.ws_group_stride + (c.n0 / kGroupedGemmBlock) * p.ws_n_stride +
+                          kb * p.ws_k_stride;
 #pragma unroll
-          for (int i = lane; i < kBlockM; i += 32) {
-            const int64_t r = c.m0 + i;
-            const bool ok = r < row_limit;
-            ptx::cp_async_4(dst + i, ok ? xs + r * p.xs_row_stride + kb * p.xs_k_stride : p.x_scale, ok);
-          }
-          if (lane < kTileWidth / kGroupedGemmBlock) {
-            ptx::cp_async_4(dst + kBlockM + lane, ws + lane * p.ws_n_stride + kb * p.ws_k_stride, true);
-          }
-          ptx::cp_async_mbarrier_arrive_noinc(&ring.full[st.stage]);
-          st.advance(p.stages);
+        for (int i = 0; i < kPerLane; ++i) {
+          const int64_t r = c.m0 + lane + 32 * i;
+          x_next[i] = (lane + 32 * i < kBlockM && r < row_limit) ? __ldg(xs + r * p.xs_row_stride) : 0.0f;
         }
+#pragma unroll
+        for (int sl = 0; sl < kSlots; ++sl) w_next[sl] = __ldg(ws + sl * p.ws_n_stride);
+      };
+      int t = blockIdx.x, kb = 0;
+      TileCoord c{};
+      if (t < total_tiles) {
+        c = tiles.at(t);
+        load(c, 0);
+      }
+      pipeline::PipelineState st;
+      while (t < total_tiles) {
+        float x_cur[kPerLane], w_cur[kSlots];
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) x_cur[i] = x_next[i];
+#pragma unroll
+        for (int sl = 0; sl < kSlots; ++sl) w_cur[sl] = w_next[sl];
+        if (++kb == p.k_blocks) {
+          kb = 0;
+          t += gridDim.x;
+          if (t < total_tiles) c = tiles.at(t);
+        }
+        if (t < total_tiles) load(c, kb);
+        ring.producer_acquire(st);
+        float* dst = reinterpret_cast<float*>(smem_scales + st.stage * L.stage_scale_bytes);
+#pragma unroll
+        for (int sl = 0; sl < kSlots; ++sl)
+#pragma unroll
+          for (int i = 0; i < kPerLane; ++i)
+            if (lane + 32 * i < kBlockM) dst[sl * kBlockM + lane + 32 * i] = w_cur[sl] * x_cur[i];
+        ptx::mbarrier_arrive(&ring.full[st.stage]);
+        st.advance(p.stages);
       }
     }
   } else {
@@ -249,8 +278,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     auto release = [&](const pipeline::PipelineState& done) {
-      __syncwarp();
-      if (lane == 0) ring.consumer_release(done);
+      if (blockwise) {
+        ring.consumer_release(done);
+      } else {
+        __syncwarp();
+        if (lane == 0) ring.consumer_release(done);
+      }
     };
 
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
@@ -278,18 +311,17 @@ __global__ void __launch_bounds__(kThreads, 1)
             ptx::wgmma_wait_group<0>();
             ptx::wgmma_fence_registers(part);
             if (blockwise) {
-              const float wsc = sc[kBlockM + ws_slot];
-              float2 xsc[kBlockM / 8];
+              const float* prod = sc + ws_slot * kBlockM;
+              float2 s01[kBlockM / 8];
 #pragma unroll
-              for (int j = 0; j < kBlockM / 8; ++j) xsc[j] = *reinterpret_cast<const float2*>(sc + 8 * j + col_pair);
+              for (int j = 0; j < kBlockM / 8; ++j) s01[j] = *reinterpret_cast<const float2*>(prod + 8 * j + col_pair);
               if (h + 1 == kHalves) release(st);
 #pragma unroll
               for (int j = 0; j < kBlockM / 8; ++j) {
-                const float s0 = wsc * xsc[j].x, s1 = wsc * xsc[j].y;
-                total[h][4 * j + 0] = fmaf(part[4 * j + 0], s0, total[h][4 * j + 0]);
-                total[h][4 * j + 1] = fmaf(part[4 * j + 1], s1, total[h][4 * j + 1]);
-                total[h][4 * j + 2] = fmaf(part[4 * j + 2], s0, total[h][4 * j + 2]);
-                total[h][4 * j + 3] = fmaf(part[4 * j + 3], s1, total[h][4 * j + 3]);
+                total[h][4 * j + 0] = fmaf(part[4 * j + 0], s01[j].x, total[h][4 * j + 0]);
+                total[h][4 * j + 1] = fmaf(part[4 * j + 1], s01[j].y, total[h][4 * j + 1]);
+                total[h][4 * j + 2] = fmaf(part[4 * j + 2], s01[j].x, total[h][4 * j + 2]);
+                total[h][4 * j + 3] = fmaf(part[4 * j + 3], s01[j].y, total[h][4 * j + 3]);
               }
             } else {
               if (h + 1 == kHalves) release(st);
