@@ -9,7 +9,7 @@ Rules, kept deliberately simple:
   (which follows the DLPack stream protocol for the producer). Everything downstream then works on torch tensors.
 * fp8 tensors (torch.float8_e4m3fn / float8_e5m2) travel as ``torch.uint8`` views. tessera's C++ ``from_dlpack``
   only knows the DLPack fp8 codes when built against a DLPack >= 1.0 header, so the binding re-labels the uint8
-  view (see python/src/bindings.cpp). Only outputs of ``permute`` use this today.
+  view (see python/src/bindings.cpp): permute's fp8 outputs and the fp8 inputs of the grouped GEMM.
 
 The capsule is never consumed by tessera: the caller keeps the tensor alive across the (synchronous launch) call,
 and the capsule's own deleter releases its reference when the capsule is collected.
