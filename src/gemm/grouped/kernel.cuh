@@ -31,6 +31,14 @@
 
 namespace tessera::gemm::detail {
 
+// Registers per thread after setmaxnreg. A CTA keeps the registers it was launched with (the __launch_bounds__
+// cap, 65536 / 384 rounded down to 8 = 168 per thread): what the producer gives back is all the consumers can
+// take, or their setmaxnreg.inc waits forever.
+inline constexpr int kProducerRegs = 56;
+inline constexpr int kConsumerRegs = 224;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= (65536 / kThreads / 8 * 8) * kThreads,
+              "setmaxnreg budget exceeds the registers of the CTA");
+
 struct KernelParams {
   int num_groups;
   int masked;       // Layout::kMasked
@@ -184,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 2) {
     // ------------------------------------------------------------------ producer warpgroup
-    ptx::setmaxnreg_dec<56>();
+    ptx::setmaxnreg_dec<kProducerRegs>();
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
     if (warp == 0 && lane == 0) {
       ptx::prefetch_tensormap(&tmap_x);
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
-    ptx::setmaxnreg_inc<224>();
+    ptx::setmaxnreg_inc<kConsumerRegs>();
     const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
     const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
     const int ws_slot = kWgRows == 128 ? wg : 0;
