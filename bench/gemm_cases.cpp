@@ -562,11 +562,13 @@ class CublasLtLoopCase final : public CaseInstance {
       set_scale_pointers(0, g);  // block scaling modes want the pointers set before the heuristic
       cublasLtMatmulHeuristicResult_t result{};
       int found = 0;
-      BENCH_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), a_layout_.get(), plan.b.get(),
-                                                        plan.d.get(), plan.d.get(), pref_h, 1, &result, &found));
-      if (found == 0)
-        throw Error("tessera-bench: cuBLASLt has no algorithm for N=" + std::to_string(N) + " m=" + std::to_string(m) +
-                    " K=" + std::to_string(K));
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), a_layout_.get(),
+                                                               plan.b.get(), plan.d.get(), plan.d.get(), pref_h, 1,
+                                                               &result, &found);
+      if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+        throw Unsupported("cuBLASLt has no algorithm for this scale mode with N=" + std::to_string(N) +
+                          " m=" + std::to_string(m) + " K=" + std::to_string(K));
+      BENCH_CUBLAS_CHECK(st);
       plan.algo = result.algo;
       plans_.emplace(m, std::move(plan));
     }

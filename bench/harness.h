@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,12 @@ struct CaseSpec {
   // For a peer row (another implementation of the same computation, e.g. a cuBLASLt loop): the tessera ops whose
   // rows with the same case name it is compared with. The report prints tessera µs / peer µs on those rows.
   std::vector<std::string> peer_of;
+};
+
+// Thrown by a peer's setup when the peer library does not support the case (for example cuBLASLt's block-scaled
+// fp8 with some group size): the row reads "n/a" and does not fail the run.
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // All registered cases, in registration order (families in link order).

@@ -124,7 +124,8 @@ struct Row {
   std::string check = "-";  // PASS | FAIL | - (not run)
   std::string check_message;
   double check_error = NAN;
-  std::string error;  // setup threw, or a timing mode threw
+  std::string error;        // setup threw, or a timing mode threw
+  std::string unsupported;  // a peer that does not support the case (not a failure)
 
   bool failed() const { return check == "FAIL" || !error.empty(); }
   // The headline time: graph mode when it worked (no launch gaps), else stream mode.
@@ -191,7 +192,7 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
     cells.push_back({r.spec->op, r.spec->name, r.graph.ok ? fmt("%.2f", r.graph.median_us) : "-",
                      r.stream.ok ? fmt("%.2f", r.stream.median_us) : "-", fmt("%.1f", bw),
                      fmt("%.1f", 100.0 * bw * 1e9 / dev.copy.bytes_per_s), fmt("%.3f", tflops(r)),
-                     r.error.empty() ? r.check : (r.check == "FAIL" ? "FAIL" : "ERROR")});
+                     !r.unsupported.empty() ? "n/a" : r.error.empty() ? r.check : (r.check == "FAIL" ? "FAIL" : "ERROR")});
     if (peer_column) {
       std::string ratios;
       for (const Row* p : peers_of(r, rows)) ratios += (ratios.empty() ? "" : ", ") + fmt("%.2f", peer_ratio(r, *p));
@@ -234,12 +235,14 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
 void print_details(const std::vector<Row>& rows, bool checked) {
   bool header = false;
   for (const Row& r : rows) {
-    if (r.error.empty() && !(checked && !r.check_message.empty())) continue;
+    if (r.error.empty() && r.unsupported.empty() && !(checked && !r.check_message.empty())) continue;
     if (!header) std::printf("\nnotes:\n");
     header = true;
     if (!r.check_message.empty())
       std::printf("  %s %s %s: %s\n", r.check.c_str(), r.spec->op.c_str(), r.spec->name.c_str(), r.check_message.c_str());
     if (!r.error.empty()) std::printf("  ERROR %s %s: %s\n", r.spec->op.c_str(), r.spec->name.c_str(), r.error.c_str());
+    if (!r.unsupported.empty())
+      std::printf("  n/a %s %s: %s\n", r.spec->op.c_str(), r.spec->name.c_str(), r.unsupported.c_str());
   }
 }
 
@@ -322,7 +325,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Dev
       << ", \"check\": " << (r.check == "-" ? "null" : jstr(r.check))
       << ", \"check_message\": " << (r.check_message.empty() ? "null" : jstr(r.check_message))
       << ", \"check_error\": " << jnum(r.check_error)
-      << ", \"error\": " << (r.error.empty() ? "null" : jstr(r.error)) << "}";
+      << ", \"error\": " << (r.error.empty() ? "null" : jstr(r.error))
+      << ", \"unsupported\": " << (r.unsupported.empty() ? "null" : jstr(r.unsupported)) << "}";
   }
   f << "\n  ]\n}\n";
   if (!f) throw Error("tessera-bench: error writing '" + path + "'");
@@ -384,6 +388,9 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
       note_error(row.error, std::string("graph mode: ") + e.what());
       settle(stream);
     }
+  } catch (const Unsupported& e) {
+    row.unsupported = e.what();
+    settle(stream);
   } catch (const std::exception& e) {
     note_error(row.error, e.what());
     settle(stream);
