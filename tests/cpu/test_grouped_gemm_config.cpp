@@ -8,8 +8,10 @@ namespace {
 using namespace tessera::gemm::detail;
 
 TEST(GroupedGemmConfig, BlockMFollowsExpectedRows) {
-  EXPECT_EQ(select_block_m(0), 16);
-  EXPECT_EQ(select_block_m(1), 16);
+  EXPECT_EQ(select_block_m(0), 8);
+  EXPECT_EQ(select_block_m(1), 8);
+  EXPECT_EQ(select_block_m(8), 8);
+  EXPECT_EQ(select_block_m(9), 16);
   EXPECT_EQ(select_block_m(16), 16);
   EXPECT_EQ(select_block_m(17), 32);
   EXPECT_EQ(select_block_m(32), 32);
@@ -20,6 +22,7 @@ TEST(GroupedGemmConfig, BlockMFollowsExpectedRows) {
 }
 
 TEST(GroupedGemmConfig, WideTilesOnlyForLargeTilesAndWhenNAllows) {
+  EXPECT_EQ(select_tile_width(8, 4096), 128);
   EXPECT_EQ(select_tile_width(16, 4096), 128);
   EXPECT_EQ(select_tile_width(32, 4096), 128);
   EXPECT_EQ(select_tile_width(64, 4096), 256);
@@ -49,14 +52,14 @@ TEST(GroupedGemmConfig, EveryConfigFitsSharedMemoryWithAtLeastTwoStages) {
 TEST(GroupedGemmConfig, DecodeShapesGetDeepRings) {
   // DeepSeek-V3 gate_up decode: 8 rows per group, 32 groups.
   const GroupedGemmConfig c = select_config(8, 4096, 32);
-  EXPECT_EQ(c.block_m, 16);
+  EXPECT_EQ(c.block_m, 8);
   EXPECT_EQ(c.tile_width, 128);
   EXPECT_GE(c.stages, 10);  // >= 160 KiB of weights in flight per SM
 }
 
 TEST(GroupedGemmConfig, LayoutTilesAre1024ByteAligned) {
   // The 128-byte swizzle needs every operand tile at a multiple of 1024 bytes from the aligned base.
-  for (int bm : {16, 32, 64, 128}) {
+  for (int bm : {8, 16, 32, 64, 128}) {
     for (int w : {128, 256}) {
       const SmemLayout l = SmemLayout::make(bm, w, 3, 8);
       EXPECT_EQ(l.stage_w_bytes % 1024, 0);

@@ -197,6 +197,7 @@ void check_wgmma_tile() {
               worst, worst > 0 ? std::log2(worst) : -999.0);
 }
 
+TEST(Ptx, WgmmaE4M3N8) { REQUIRE_SM90(); check_wgmma_tile<8, true>(); }
 TEST(Ptx, WgmmaE4M3N16) { REQUIRE_SM90(); check_wgmma_tile<16, true>(); }
 TEST(Ptx, WgmmaE4M3N128) { REQUIRE_SM90(); check_wgmma_tile<128, true>(); }
 TEST(Ptx, WgmmaBF16N32) { REQUIRE_SM90(); check_wgmma_tile<32, false>(); }

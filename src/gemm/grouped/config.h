@@ -1,7 +1,7 @@
 // Internal: tile shape and pipeline depth of the grouped GEMM, a pure function of the problem (testable on CPU).
 //
 // The kernel computes Yᵀ tiles: weights (N) fill wgmma's M side, 64 or 128 rows per consumer warpgroup (128 or
-// 256 per CTA), and tokens (M) fill wgmma's N side, block_m = 16..128 rows per tile, so a decode-sized group
+// 256 per CTA), and tokens (M) fill wgmma's N side, block_m = 8..128 rows per tile, so a decode-sized group
 // wastes no tensor core work on rows it does not have.
 #pragma once
 
@@ -17,7 +17,7 @@ inline constexpr int kMaxStages = 12;
 inline constexpr int kSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
 
 struct GroupedGemmConfig {
-  int block_m = 0;     // token rows per tile: 16, 32, 64 or 128
+  int block_m = 0;     // token rows per tile: 8, 16, 32, 64 or 128
   int tile_width = 0;  // weight rows per tile: 128 or 256
   int stages = 0;   // pipeline depth
   int smem_bytes = 0;
@@ -46,9 +46,9 @@ struct SmemLayout {
   }
 };
 
-// Tile rows from the expected rows per group: the smallest of 16/32/64 that holds them, else 128.
+// Tile rows from the expected rows per group: the smallest of 8/16/32/64 that holds them, else 128.
 constexpr int select_block_m(int64_t expected_m) {
-  return expected_m <= 16 ? 16 : expected_m <= 32 ? 32 : expected_m <= 64 ? 64 : 128;
+  return expected_m <= 8 ? 8 : expected_m <= 16 ? 16 : expected_m <= 32 ? 32 : expected_m <= 64 ? 64 : 128;
 }
 
 // Weight rows per tile: 256 (each consumer warpgroup two m64 blocks) where tiles carry 64 or more token rows and

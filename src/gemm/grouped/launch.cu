@@ -73,6 +73,7 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
     return launch_config<kFP8, 128, 128>(pb, cfg, stream);
   }
   switch (cfg.block_m) {
+    case 8: return launch_config<kFP8, 8, 64>(pb, cfg, stream);
     case 16: return launch_config<kFP8, 16, 64>(pb, cfg, stream);
     case 32: return launch_config<kFP8, 32, 64>(pb, cfg, stream);
     case 64: return launch_config<kFP8, 64, 64>(pb, cfg, stream);
