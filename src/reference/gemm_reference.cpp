@@ -7,11 +7,15 @@
 #include <thread>
 
 #include "common/host_numeric.h"
+#include "reference/format.h"
 #include "tessera/error.h"
 
 namespace tessera::reference {
 
 namespace {
+
+using detail::fmt;
+using detail::hex16;
 
 constexpr int64_t kScaleBlock = gemm::kGroupedGemmBlock;
 constexpr int kRowBlock = 4;  // rows computed together: each weight element loaded once feeds 4 accumulators
@@ -19,18 +23,6 @@ constexpr int64_t kRmsCols = 128;  // columns of the row block whose rms scales 
 
 void require(bool cond, const char* fn, const std::string& what) {
   if (!cond) throw Error(std::string("tessera::reference::") + fn + ": " + what);
-}
-
-std::string fmt(double v) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
-}
-
-std::string hex16(uint16_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%04x", v);
-  return buf;
 }
 
 // One past the largest element offset of a strided tensor (0 if it is empty). Strides must be >= 0.

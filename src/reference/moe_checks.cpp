@@ -7,11 +7,16 @@
 #include <sstream>
 
 #include "common/host_numeric.h"
+#include "reference/format.h"
 #include "tessera/error.h"
 
 namespace tessera::reference {
 
 namespace {
+
+using detail::fmt;
+using detail::hex16;
+using detail::hex8;
 
 // Collects failures while a check scans everything: keeps the first message and counts the rest.
 class Failures {
@@ -45,24 +50,6 @@ class Failures {
   int64_t count_ = 0;
   std::string first_;
 };
-
-std::string fmt(double v) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
-}
-
-std::string hex16(uint16_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0x%04x", v);
-  return buf;
-}
-
-std::string hex8(uint8_t v) {
-  char buf[8];
-  std::snprintf(buf, sizeof(buf), "0x%02x", v);
-  return buf;
-}
 
 void require(bool cond, const char* fn, const std::string& what) {
   if (!cond) throw Error(std::string("tessera::reference::") + fn + ": " + what);

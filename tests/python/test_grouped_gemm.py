@@ -11,12 +11,12 @@ tensor-core accumulation (reduced precision inside a 128-deep K block) a little 
 group is an O(1) error.
 """
 
-import ctypes
 import math
 
 import pytest
 
 import tessera
+from _host_capsule import DL_BFLOAT, DL_FLOAT, DL_INT, DL_UINT, HostCapsule
 
 try:
     import torch
@@ -79,56 +79,11 @@ def test_binding_bad_scale_mode():
         tessera._C.grouped_gemm_fp8_masked(None, None, None, None, None, None, None, "per_row", 0, 0)
 
 
-# A DLPack capsule over host memory built with ctypes, so the C++ argument path runs without torch.
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
-
-
-class _HostCapsule:
-    """Owns 64-byte aligned host memory and a DLManagedTensor; .capsule is a 'dltensor' capsule."""
-
-    def __init__(self, shape, code, bits):
-        nbytes = max(1, math.prod(shape) * bits // 8)
-        self.buf = (ctypes.c_uint8 * (nbytes + 64))()
-        base = ctypes.addressof(self.buf)
-        self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.managed = _DLManagedTensor()
-        t = self.managed.dl_tensor
-        t.data = ctypes.c_void_p(base + (-base) % 64)
-        t.device = _DLDevice(1, 0)  # kDLCPU
-        t.ndim = len(shape)
-        t.dtype = _DLDataType(code, bits, 1)
-        t.shape = self.shape
-        t.strides = None
-        t.byte_offset = 0
-        self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), b"dltensor", None)
-
-
 def test_binding_host_memory_is_value_error():
     M, N, K, G = 4, 128, 128, 1
-    y = _HostCapsule((M, N), _DL_BFLOAT, 16)
-    offsets = _HostCapsule((G + 1,), _DL_INT, 32)
-    x16, w16 = _HostCapsule((M, K), _DL_BFLOAT, 16), _HostCapsule((G, N, K), _DL_BFLOAT, 16)
+    y = HostCapsule((M, N), DL_BFLOAT, 16)
+    offsets = HostCapsule((G + 1,), DL_INT, 32)
+    x16, w16 = HostCapsule((M, K), DL_BFLOAT, 16), HostCapsule((G, N, K), DL_BFLOAT, 16)
     with pytest.raises(ValueError):
         tessera._C.grouped_gemm_bf16(x16.capsule, w16.capsule, offsets.capsule, y.capsule, None, 0, 0)
 
@@ -138,11 +93,11 @@ def test_binding_reads_uint8_as_fp8_only_in_fp8_ops():
     # wrong block-wise x_scale the complaint is about x_scale, checked after the dtypes of w and x (and before
     # any device query, so this runs without a GPU). The bf16 ops do not re-label.
     M, N, K, G = 4, 128, 256, 1
-    y = _HostCapsule((M, N), _DL_BFLOAT, 16)
-    offsets = _HostCapsule((G + 1,), _DL_INT, 32)
-    x8, w8 = _HostCapsule((M, K), _DL_UINT, 8), _HostCapsule((G, N, K), _DL_UINT, 8)
-    bad_xs = _HostCapsule((M, 1), _DL_FLOAT, 32)  # K/128 = 2 columns expected
-    ws = _HostCapsule((G, 1, 2), _DL_FLOAT, 32)
+    y = HostCapsule((M, N), DL_BFLOAT, 16)
+    offsets = HostCapsule((G + 1,), DL_INT, 32)
+    x8, w8 = HostCapsule((M, K), DL_UINT, 8), HostCapsule((G, N, K), DL_UINT, 8)
+    bad_xs = HostCapsule((M, 1), DL_FLOAT, 32)  # K/128 = 2 columns expected
+    ws = HostCapsule((G, 1, 2), DL_FLOAT, 32)
     with pytest.raises(ValueError, match="'x_scale'"):
         tessera._C.grouped_gemm_fp8(x8.capsule, w8.capsule, offsets.capsule, bad_xs.capsule, ws.capsule,
                                     y.capsule, None, "blockwise", 0, 0)

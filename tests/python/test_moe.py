@@ -4,7 +4,6 @@ GPU tests compare against torch references computed in float64 on fresh random i
 or a CUDA device is missing. The tests at the top run everywhere (no torch, no GPU needed).
 """
 
-import ctypes
 import math
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tessera
+from _host_capsule import DL_FLOAT, DL_INT, HostCapsule
 
 try:
     import torch
@@ -76,73 +76,27 @@ def test_binding_rejects_non_capsules():
         tessera._C.fused_gate(object(), None, None, None, 8, 1, 1, "sigmoid", "top2_sum", False, 1.0, 0, 1.0, 0)
 
 
-# A DLPack capsule over host memory built with ctypes, so the C++ argument path can be tested without torch.
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-_CAPSULE_NAME = ctypes.c_char_p(b"dltensor")
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-_DL_FLOAT, _DL_INT = 2, 0
-
-
-class _HostCapsule:
-    """Owns host memory and a DLManagedTensor; .capsule is a 'dltensor' capsule without a destructor."""
-
-    def __init__(self, shape, code, bits):
-        numel = math.prod(shape)
-        self.buf = (ctypes.c_uint8 * max(1, numel * bits // 8))()
-        self.shape = (ctypes.c_int64 * len(shape))(*shape)
-        self.managed = _DLManagedTensor()
-        t = self.managed.dl_tensor
-        t.data = ctypes.cast(self.buf, ctypes.c_void_p)
-        t.device = _DLDevice(1, 0)  # kDLCPU
-        t.ndim = len(shape)
-        t.dtype = _DLDataType(code, bits, 1)
-        t.shape = self.shape
-        t.strides = None
-        t.byte_offset = 0
-        self.capsule = _PyCapsule_New(ctypes.addressof(self.managed), _CAPSULE_NAME, None)
-
-
 def _gate_c(logits, weights, ids):
     tessera._C.fused_gate(logits.capsule, None, weights.capsule, ids.capsule, 8, 1, 1, "sigmoid", "top2_sum",
                           False, 1.0, 0, 1.0, 0)
 
 
 def test_binding_unsupported_dtype_names_argument():
-    logits = _HostCapsule((4, 64), _DL_FLOAT, 64)  # float64: not a tessera dtype
-    weights = _HostCapsule((4, 8), _DL_FLOAT, 32)
-    ids = _HostCapsule((4, 8), _DL_INT, 32)
+    logits = HostCapsule((4, 64), DL_FLOAT, 64)  # float64: not a tessera dtype
+    weights = HostCapsule((4, 8), DL_FLOAT, 32)
+    ids = HostCapsule((4, 8), DL_INT, 32)
     with pytest.raises(ValueError, match="'logits'"):
         _gate_c(logits, weights, ids)
-    logits = _HostCapsule((4, 64), _DL_INT, 32)  # int32: a tessera dtype the gate does not take
+    logits = HostCapsule((4, 64), DL_INT, 32)  # int32: a tessera dtype the gate does not take
     with pytest.raises(ValueError, match="'logits'"):
         _gate_c(logits, weights, ids)
 
 
 def test_binding_host_memory_is_value_error():
     # Host tensors are rejected by the C++ validation (or by the CUDA runtime when there is no GPU): ValueError.
-    logits = _HostCapsule((4, 64), _DL_FLOAT, 32)
-    weights = _HostCapsule((4, 8), _DL_FLOAT, 32)
-    ids = _HostCapsule((4, 8), _DL_INT, 32)
+    logits = HostCapsule((4, 64), DL_FLOAT, 32)
+    weights = HostCapsule((4, 8), DL_FLOAT, 32)
+    ids = HostCapsule((4, 8), DL_INT, 32)
     with pytest.raises(ValueError):
         _gate_c(logits, weights, ids)
 
