@@ -1,19 +1,21 @@
 // Grouped GEMM kernel: persistent, warp-specialized, TMA → shared-memory ring → wgmma, Yᵀ tiles.
 //
 // Threads 0..255 are two consumer warpgroups, threads 256..383 the producer warpgroup:
-//   producer warp 0 (one lane): TMA loads of the weight tile [128 n × 128 B of K] and the token tile
-//     [block_m rows × 128 B of K] of every k-block into the stage ring;
+//   producer warp 0 (one lane): TMA loads of the weight tile [tile width (128 or 256) n × 128 B of K] and the
+//     token tile [block_m rows × 128 B of K] of every k-block into the stage ring;
 //   producer warp 1 (block-wise scales only): the k-block's products weight-block scale × token scale into the
 //     same stage, arriving on the stage's full barrier;
-//   consumer warpgroup c: D[64 n × block_m tokens] = W[64c.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M,
-//     tokens in its N). fp8: every k-block goes to a fresh accumulator that is then scaled and added into an
-//     fp32 total (promotion); bf16: one accumulator over all of K.
-//   epilogue: scale, round to bf16, transpose through shared memory, 16-byte row stores masked to the group.
+//   consumer warpgroup c: its kWgRows (64 or 128) weight rows of the tile, as one or two m64 blocks:
+//     D[64 n × block_m tokens] = W[.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M, tokens in its N).
+//     fp8: every k-block of every m64 block goes to a fresh accumulator that is then added (with the block-wise
+//     scale products) into an fp32 total (promotion); bf16: one accumulator over all of K.
+//   epilogue: scale, round to bf16, store pairs of adjacent weights of one token (4 bytes) straight from the
+//     accumulators after one shuffle, masked to the group's rows.
 //
-// Tiles: for group g, ceil(rows_g / block_m) m-tiles × N/128 n-tiles, numbered group by group, n-tile major and
-// m-tile fastest (CTAs running at the same time share weight tiles through L2). CTA b takes tiles b, b + grid,
-// ... Token tiles are read through one tensor map over all of X: a tile that runs past its group's end reads
-// the next group's rows (or zeros past the tensor), and those rows are never stored.
+// Tiles: for group g, ceil(rows_g / block_m) m-tiles × N / tile width n-tiles, numbered group by group, n-tile
+// major and m-tile fastest (CTAs running at the same time share weight tiles through L2). CTA b takes tiles b,
+// b + grid, ... Token tiles are read through one tensor map over all of X: a tile that runs past its group's
+// end reads the next group's rows (or zeros past the tensor), and those rows are never stored.
 #pragma once
 
 #include <cuda.h>
