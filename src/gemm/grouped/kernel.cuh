@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const SmemLayout L = SmemLayout::make(kBlockM, kTileWidth, p.stages, p.num_groups);
   uint8_t* smem_w = base;                                        // [stages][tile width][128 B]
   uint8_t* smem_x = base + p.stages * L.stage_w_bytes;           // [stages][block_m][128 B]
-  uint8_t* smem_scales = base + L.operands_bytes;                // [stages][block_m x scales, 2 w scales, pad]
+  uint8_t* smem_scales = base + L.operands_bytes;                // [stages][2 weight blocks][block_m] fp32
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem_scales + L.scales_bytes);
   int* scratch = reinterpret_cast<int*>(bars + 2 * p.stages);   // [kThreads / 32]
   int* t_prefix = scratch + kThreads / 32;
