@@ -27,21 +27,20 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 }  // namespace
 
-CUtensorMap make_tensor_map_3d(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                               int64_t stride1, int64_t stride2, int box0_bytes, int box1, bool swizzle_128b) {
-  const int64_t elem = element == TmaElement::kU8 ? 1 : element == TmaElement::kBF16 ? 2 : 4;
-  const CUtensorMapDataType type = element == TmaElement::kU8     ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : element == TmaElement::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                                  int64_t stride1, int64_t stride2, int box_rows) {
+  constexpr int64_t kBoxBytes = 128;  // one swizzle row
+  const int64_t elem = element == TmaElement::kU8 ? 1 : 2;
+  const CUtensorMapDataType type =
+      element == TmaElement::kU8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   CUtensorMap map;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(dim0), static_cast<cuuint64_t>(dim1),
                               static_cast<cuuint64_t>(dim2)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box0_bytes / elem), static_cast<cuuint32_t>(box1), 1};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   const CUresult r = tensor_map_encoder()(&map, type, 3, const_cast<void*>(data), dims, strides, box, elem_strides,
-                                          CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     throw Error("tessera: cuTensorMapEncodeTiled rejected the tensor map (CUresult " +

@@ -8,12 +8,12 @@
 
 namespace tessera::detail {
 
-enum class TmaElement : int { kU8 = 0, kBF16 = 1, kF32 = 2 };
+enum class TmaElement : int { kU8 = 0, kBF16 = 1 };
 
 // A 3-D tiled map over a [dim2][dim1][dim0] tensor (dim0 contiguous; strides in elements) whose box is
-// [1][box1][box0_bytes / element size], loaded with the 128-byte swizzle when `swizzle_128b` (box0_bytes must
-// then be 128). Elements outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
-CUtensorMap make_tensor_map_3d(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                               int64_t stride1, int64_t stride2, int box0_bytes, int box1, bool swizzle_128b);
+// [1][box_rows][128 bytes], loaded with the 128-byte swizzle (the layout wgmma's K-major descriptors read).
+// Elements outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
+CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                                  int64_t stride1, int64_t stride2, int box_rows);
 
 }  // namespace tessera::detail

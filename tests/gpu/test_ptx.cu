@@ -45,6 +45,17 @@ bool is_sm90() {
 
 constexpr int kRowBytes = 128;
 
+// One mbarrier with one arrival (the thread that issues the TMA loads), published to the block.
+__device__ void init_load_barrier(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x == 0) {
+    tessera::ptx::mbarrier_init(bar, 1);
+    tessera::ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // TMA: one [rows × 128 B] box at (c0, c1, c2) into 1024-byte aligned shared memory, copied out unchanged.
 __global__ void tma_box_kernel(const __grid_constant__ CUtensorMap map, int rows, int c0, int c1, int c2,
@@ -53,11 +64,7 @@ __global__ void tma_box_kernel(const __grid_constant__ CUtensorMap map, int rows
   extern __shared__ uint8_t raw[];
   uint8_t* tile = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    tessera::ptx::mbarrier_init(&bar, 1);
-    tessera::ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
+  init_load_barrier(&bar);
   if (threadIdx.x == 0) {
     tessera::ptx::mbarrier_arrive_expect_tx(&bar, rows * kRowBytes);
     tessera::ptx::tma_load_3d(tile, &map, &bar, c0, c1, c2);
@@ -75,8 +82,8 @@ TEST(Ptx, TmaSwizzledBoxWithOutOfBoundsRows) {
   std::vector<uint8_t> host(static_cast<size_t>(stride2 * dim2));
   for (auto& b : host) b = static_cast<uint8_t>(rng());
   DeviceBuffer<uint8_t> src(host);
-  const CUtensorMap map = tessera::detail::make_tensor_map_3d(src.get(), tessera::detail::TmaElement::kU8, dim0,
-                                                              dim1, dim2, stride1, stride2, kRowBytes, rows, true);
+  const CUtensorMap map = tessera::detail::make_tensor_map_sw128(src.get(), tessera::detail::TmaElement::kU8, dim0,
+                                                                 dim1, dim2, stride1, stride2, rows);
   DeviceBuffer<uint8_t> out(rows * kRowBytes);
   // Rows 60..123 of group 2 at K offset 256: rows from 100 on are past the tensor.
   const int c0 = 256, c1 = 60, c2 = 2;
@@ -109,11 +116,7 @@ __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, con
   uint8_t* a = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t{1023});
   uint8_t* b = a + 64 * kRowBytes;
   __shared__ uint64_t bar;
-  if (threadIdx.x == 0) {
-    tessera::ptx::mbarrier_init(&bar, 1);
-    tessera::ptx::fence_mbarrier_init();
-  }
-  __syncthreads();
+  init_load_barrier(&bar);
   if (threadIdx.x == 0) {
     tessera::ptx::mbarrier_arrive_expect_tx(&bar, (64 + N) * kRowBytes);
     tessera::ptx::tma_load_3d(a, &map_a, &bar, 0, 0, 0);
@@ -171,8 +174,8 @@ void check_wgmma_tile() {
   DeviceBuffer<float> dd(64 * N);
   dd.poison();
   const auto el = kFP8 ? tessera::detail::TmaElement::kU8 : tessera::detail::TmaElement::kBF16;
-  const CUtensorMap ma = tessera::detail::make_tensor_map_3d(da.get(), el, k, 64, 1, k, 64 * k, kRowBytes, 64, true);
-  const CUtensorMap mb = tessera::detail::make_tensor_map_3d(db.get(), el, k, N, 1, k, N * k, kRowBytes, N, true);
+  const CUtensorMap ma = tessera::detail::make_tensor_map_sw128(da.get(), el, k, 64, 1, k, 64 * k, 64);
+  const CUtensorMap mb = tessera::detail::make_tensor_map_sw128(db.get(), el, k, N, 1, k, N * k, N);
   wgmma_tile_kernel<N, kFP8><<<1, 128, (64 + N) * kRowBytes + 1024>>>(ma, mb, dd.get());
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> d = dd.download();

@@ -29,7 +29,7 @@ struct SmemLayout {
   int operands_bytes;  // stages × (w + x): 1024-byte aligned tiles first
   int scales_bytes;    // stages × stage_scale_bytes
   int barrier_bytes;   // 2 × stages × 8
-  int table_bytes;     // scan scratch (one int per warp) + (G + 1) tile prefix + G starts + G rows, int32
+  int table_bytes;     // scan scratch (one per warp) and (G + 1) tile prefix, int64; G starts and G rows, int32
   int total_bytes;     // + 1024 for aligning the dynamic base
 
   static constexpr SmemLayout make(int block_m, int tile_width, int stages, int num_groups) {
@@ -40,7 +40,7 @@ struct SmemLayout {
     l.operands_bytes = stages * (l.stage_w_bytes + l.stage_x_bytes);
     l.scales_bytes = stages * l.stage_scale_bytes;
     l.barrier_bytes = 2 * stages * 8;
-    l.table_bytes = (kThreads / 32 + 3 * num_groups + 1) * 4;
+    l.table_bytes = (kThreads / 32 + num_groups + 1) * 8 + 2 * num_groups * 4;
     l.total_bytes = 1024 + l.operands_bytes + l.scales_bytes + l.barrier_bytes + l.table_bytes;
     return l;
   }

@@ -25,7 +25,6 @@
 
 #include "gemm/grouped/config.h"
 #include "pipeline/pipeline.cuh"
-#include "ptx/ldst.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/smem.cuh"
 #include "ptx/tma.cuh"
@@ -67,15 +66,23 @@ struct TileCoord {
   int64_t row0;  // contiguous: global row of the group's first row; masked: 0
 };
 
+// The per-group counts and their prefix are 64-bit: with non-monotone offsets the groups may overlap and their
+// tiles add up to more than M / block_m + G (up to G × M / block_m × N / tile width), which must never wrap.
+// Tile numbers themselves are int: total() saturates at 2^30 (so that t + gridDim cannot overflow either). Real
+// problems stay far below it (M / 8 × N / 128 < 2^30 up to millions of rows of K bytes each); only overlapping
+// groups can reach it, and tiles past it are then not computed (those rows' values are unspecified anyway).
+// Nothing wraps, so nothing is addressed outside the tensors.
 template <int kBlockM, int kTileWidth>
 struct TileTable {
-  const int* prefix;  // [G + 1] tiles before group g
-  const int* start;   // [G]
-  const int* rows;    // [G]
+  const int64_t* prefix;  // [G + 1] tiles before group g
+  const int* start;       // [G]
+  const int* rows;        // [G]
   int num_groups;
   int n_tiles;
 
-  __device__ __forceinline__ int total() const { return prefix[num_groups]; }
+  __device__ __forceinline__ int total() const {
+    return static_cast<int>(min(prefix[num_groups], int64_t{1} << 30));
+  }
 
   __device__ __forceinline__ TileCoord at(int t) const {
     int lo = 0, hi = num_groups - 1;  // last g with prefix[g] <= t
@@ -84,7 +91,7 @@ struct TileTable {
       if (prefix[mid] <= t) lo = mid; else hi = mid - 1;
     }
     const int g = lo;
-    const int local = t - prefix[g];
+    const int local = static_cast<int>(t - prefix[g]);  // 0 <= local <= t
     const int m_tiles = (rows[g] + kBlockM - 1) / kBlockM;
     const int n_tile = local / m_tiles;
     const int m_tile = local - n_tile * m_tiles;
@@ -100,15 +107,15 @@ struct TileTable {
 
 // Exclusive prefix sum of the per-group tile counts into table.prefix, by all kThreads threads.
 template <int kBlockM>
-__device__ void build_tile_table(const KernelParams& p, int* prefix, int* start, int* rows, int* scratch) {
+__device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* start, int* rows, int64_t* scratch) {
   constexpr int kPer = (kGroupedGemmMaxGroups + kThreads - 1) / kThreads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int counts[kPer];
-  int sum = 0;
+  int64_t counts[kPer];
+  int64_t sum = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int g = tid * kPer + i;
-    int c = 0;
+    int64_t c = 0;
     if (g < p.num_groups) {
       int64_t s, r;
       if (p.masked) {
@@ -121,30 +128,30 @@ __device__ void build_tile_table(const KernelParams& p, int* prefix, int* start,
       }
       start[g] = static_cast<int>(s);
       rows[g] = static_cast<int>(r);
-      c = static_cast<int>((r + kBlockM - 1) / kBlockM) * p.n_tiles;
+      c = (r + kBlockM - 1) / kBlockM * p.n_tiles;
     }
     counts[i] = c;
     sum += c;
   }
-  int incl = sum;
+  int64_t incl = sum;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
     if (lane >= d) incl += v;
   }
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   if (tid == 0) {
-    int acc = 0;
+    int64_t acc = 0;
     for (int w = 0; w < kThreads / 32; ++w) {
-      const int v = scratch[w];
+      const int64_t v = scratch[w];
       scratch[w] = acc;
       acc += v;
     }
     prefix[p.num_groups] = acc;
   }
   __syncthreads();
-  int run = scratch[warp] + incl - sum;
+  int64_t run = scratch[warp] + incl - sum;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int g = tid * kPer + i;
@@ -173,9 +180,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem_x = base + p.stages * L.stage_w_bytes;           // [stages][block_m][128 B]
   uint8_t* smem_scales = base + L.operands_bytes;                // [stages][2 weight blocks][block_m] fp32
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem_scales + L.scales_bytes);
-  int* scratch = reinterpret_cast<int*>(bars + 2 * p.stages);   // [kThreads / 32]
-  int* t_prefix = scratch + kThreads / 32;
-  int* t_start = t_prefix + p.num_groups + 1;
+  int64_t* scratch = reinterpret_cast<int64_t*>(bars + 2 * p.stages);  // [kThreads / 32]
+  int64_t* t_prefix = scratch + kThreads / 32;                          // [G + 1]
+  int* t_start = reinterpret_cast<int*>(t_prefix + p.num_groups + 1);
   int* t_rows = t_start + p.num_groups;
 
   const pipeline::StageRing ring{bars, bars + p.stages, p.stages};

@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <string>
 
 #include "common/check.h"
 #include "common/device_info.h"
@@ -12,7 +11,6 @@
 #include "gemm/grouped/config.h"
 #include "gemm/grouped/kernel.cuh"
 #include "gemm/grouped/problem.h"
-#include "tessera/error.h"
 
 namespace tessera::gemm::detail {
 namespace {
@@ -27,13 +25,14 @@ void launch_config(const GroupedProblem& pb, const GroupedGemmConfig& cfg, cudaS
 
   const bool masked = pb.layout == Layout::kMasked;
   // Token rows: contiguous [1][M][K]; masked [G][max_m][K] (TMA clips each group at max_m).
-  using ::tessera::detail::make_tensor_map_3d;
+  using ::tessera::detail::make_tensor_map_sw128;
+  static_assert(kTileKBytes == 128, "stages are one 128-byte swizzle row of K");
   const auto elem = kFP8 ? ::tessera::detail::TmaElement::kU8 : ::tessera::detail::TmaElement::kBF16;
   const CUtensorMap tmap_x =
-      make_tensor_map_3d(pb.x, elem, pb.k, pb.rows, masked ? pb.num_groups : 1, pb.x_row_stride,
-                         masked ? pb.x_group_stride : pb.rows * pb.x_row_stride, kTileKBytes, kBlockM, true);
-  const CUtensorMap tmap_w = make_tensor_map_3d(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
-                                                pb.w_group_stride, kTileKBytes, kTileWidth, true);
+      make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, masked ? pb.num_groups : 1, pb.x_row_stride,
+                            masked ? pb.x_group_stride : pb.rows * pb.x_row_stride, kBlockM);
+  const CUtensorMap tmap_w = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
+                                                   pb.w_group_stride, kTileWidth);
 
   KernelParams kp{};
   kp.num_groups = pb.num_groups;
@@ -56,7 +55,8 @@ void launch_config(const GroupedProblem& pb, const GroupedGemmConfig& cfg, cudaS
   kp.ws_n_stride = pb.ws_n_stride;
   kp.ws_k_stride = pb.ws_k_stride;
 
-  // Tiles can number at most (rows / block_m + G) × n_tiles (contiguous) or G × ceil(max_m / block_m) × n_tiles.
+  // Grid size only: with monotone offsets tiles number at most (rows / block_m + G) × n_tiles (contiguous) or
+  // G × ceil(max_m / block_m) × n_tiles (masked); overlapping groups just give each CTA more tiles.
   const int64_t m_tiles_bound = masked ? pb.num_groups * ((pb.rows + kBlockM - 1) / kBlockM)
                                        : (pb.rows + kBlockM - 1) / kBlockM + pb.num_groups;
   const int64_t tiles_bound = m_tiles_bound * kp.n_tiles;
@@ -84,15 +84,6 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
 }  // namespace
 
 void launch_grouped_gemm(const GroupedProblem& problem, cudaStream_t stream) {
-  // Tile indices are int32 on the device.
-  const int64_t tiles_bound =
-      ((problem.rows + 15) / 16 + 1) * (problem.layout == Layout::kMasked ? problem.num_groups : 1) *
-          (problem.n / 128) +
-      int64_t{problem.num_groups} * (problem.n / 128);
-  if (tiles_bound >= (int64_t{1} << 31) || problem.rows >= (int64_t{1} << 31)) {
-    throw Error("grouped_gemm: problem too large (rows " + std::to_string(problem.rows) + ", n " +
-                std::to_string(problem.n) + "): more than 2^31 tiles or rows");
-  }
   if (problem.operand == Operand::kFP8) {
     launch_operand<true>(problem, stream);
   } else {
