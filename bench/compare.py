@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""tessera vs PyTorch peers on the MoE routing ops and the grouped expert GEMM, in one process on one GPU.
+"""tessera vs PyTorch peers on the MoE routing ops, the grouped expert GEMM and attention decode, on one GPU.
 
-    PYTHONPATH=build/python python bench/compare.py [--json results.json] [--ops gate,permute,unpermute,gemm]
+    PYTHONPATH=build/python python bench/compare.py [--json results.json] [--ops gate,permute,unpermute,gemm,decode]
     PYTHONPATH=build/python python bench/compare.py --ops gemm [--gemm-cases dsv3,qwen3] [--gemm-kinds fp8_tensor]
+    PYTHONPATH=build/python python bench/compare.py --ops decode [--decode-cases llama3_8b] [--decode-formats int4]
 
 Cases
   gate       DeepSeek-V3 (E=256, 8 groups, 4 kept, top-8, sigmoid + fp32 bias, top-2-sum, renormalize, x2.5),
@@ -14,6 +15,12 @@ Cases
              128 x 4, 2048, 768; skewed_zipf 128 Zipf-like groups (16 empty), 32768 rows, 1536, 2048 (the same
              sizes as tessera-bench). Kinds fp8_tensor, fp8_block (DeepSeek-V3 1x128 / 128x128 scales), bf16;
              decode shapes also in tessera's masked layout (max_m = 4 x rows, expected_m = rows).
+  decode     the cases of tessera-bench (bench/decode_cases.cpp, same names, lengths and byte counts), D=128, q/o
+             bf16: hq8kv1 (HQ 8, HKV 1) B {32..512} T 8192 and llama3_8b (HQ 32, HKV 8) B {1, 16, 64} T 4096 in
+             every KV format (native, fp8 per-head, int8, int4, int4_group32); llama3_8b B 1 T 131072 (native,
+             int4); paged16 / paged64 (random page permutation) for hq8kv1 B 128 and llama3_8b B 16 / 64 (native,
+             int8, int4); hq8kv1 B 64 with zipf / uniform lengths up to 8192 (native, int4). Values N(0, 1) bf16,
+             quantized in torch by attention.h's rule; rotating input sets where a cache is under 2x the L2.
 
 Peers (same output contract as tessera: sorted top-k ids int32 + fp32 weights; expert-grouped rows + offsets +
 row index; fp8 e4m3 + per-128-column scales; bf16 weighted sum with fp32 accumulation)
@@ -28,6 +35,15 @@ row index; fp8 e4m3 + per-128-column scales; bf16 weighted sum with fp32 accumul
              Frobenius error of each output against a float64 GPU reference from the dequantized inputs (the
              reference of torch's own scales for the block-wise rows), on the timed data. The gemm table reports
              tessera/peer = tessera µs / peer µs (< 1: tessera is faster), unlike the speedups above.
+  decode     on the dense bf16 cache of the same values, whatever tessera's format (torch has no quantized-KV
+             decode): F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION) and (FLASH_ATTENTION),
+             K/V [B, HKV, L, D] contiguous, q either [B, HQ, 1, D] with enable_gqa=True or packed [B, HKV, G, D]
+             (the faster that runs is kept, the notes say which); variable lengths: K/V cut to the longest
+             sequence with a boolean key mask, or unmasked if the backend refuses masks (noted); and
+             flash_attn.flash_attn_with_kvcache (if importable) on tessera's own bf16 cache layout with
+             cache_seqlens (and the block table). Ratios are peer µs / tessera µs (> 1: tessera is faster); GB/s
+             and % of the copy bandwidth (a 1 GiB device-to-device copy, read + write) count tessera's bytes.
+             rel err: tessera's output against a float32 torch reference from the dequantized cache.
 
 Timing: CUDA events around `calls` back-to-back calls, after warmup; median over reps; per-call microseconds.
 "graph" modes capture `calls` calls into one CUDA graph and time its replays. Small cases use calls=20, so launch
@@ -44,8 +60,14 @@ import math
 import statistics
 import sys
 import traceback
+import warnings
 
-import torch
+try:
+    import torch
+    TORCH_IMPORT_ERROR = None
+except Exception as e:  # noqa: BLE001 - --help and --list-style use work without torch; main() reports it
+    torch = None
+    TORCH_IMPORT_ERROR = f"import torch failed: {type(e).__name__}: {e}"
 
 try:
     import tessera
@@ -105,6 +127,25 @@ def time_graph(fn, calls, reps, warmup):
     finally:
         del graph
         torch.cuda.empty_cache()
+
+
+def copy_bandwidth(reps=20):
+    """The copy ceiling as tessera-bench measures it: a device-to-device copy of 1 GiB (512 MiB if that does not
+    fit), (bytes read + bytes written) / median time. Returns (bytes per second, bytes of one copy)."""
+    def copy_us(nbytes):
+        src = torch.ones((nbytes,), dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        return time_eager(lambda: dst.copy_(src), 1, reps, 3)
+
+    for nbytes in (1 << 30, 1 << 29):
+        try:
+            us = copy_us(nbytes)
+        except RuntimeError:  # out of memory
+            continue
+        finally:
+            torch.cuda.empty_cache()
+        return 2 * nbytes / (us * 1e-6), nbytes
+    return None, 0
 
 
 def measure(fn, mode, calls, reps, warmup):
@@ -771,16 +812,7 @@ def print_gemm_table(rows):
         body.append([r.case, r.layout, fmt_us(te), fmt_us(tg), fmt_tflops(r.flops, tg), r.peer, fmt_us(pe),
                      fmt_us(pg), fmt_tflops(r.flops, pg), fmt_ratio(r.ratio("graph")), fmt_err(r.err_tessera),
                      fmt_err(r.err_peer)])
-    text = (0, 1, 5)
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-
-    def line(cells):
-        return " | ".join(c.ljust(w) if i in text else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    print(line(head))
-    print("-+-".join("-" * w for w in widths))
-    for cells in body:
-        print(line(cells))
+    print_aligned(head, body, text_cols=(0, 1, 5))
     print("\nTFLOP/s from the graph times; tessera/peer = tessera graph µs / peer graph µs (< 1: tessera is faster);"
           "\nrel err = ||y - ref||_F / ||ref||_F against a float64 GPU reference computed from the dequantized inputs")
     for r in rows:
@@ -790,6 +822,497 @@ def print_gemm_table(rows):
             print(f"  error [{r.case} | {r.layout}] {err}")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# attention decode: tessera.attention_decode over a low-precision KV cache vs torch SDPA (cuDNN and flash
+# backends) and flash_attn.flash_attn_with_kvcache, both on the dense bf16 cache
+# ----------------------------------------------------------------------------------------------------------------
+
+DECODE_FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
+DECODE_LENGTH_SEED = 0xDEC0DE  # skewed lengths: the same seed and generator as bench/decode_cases.cpp
+DECODE_PEERS = (("cudnn", "cuDNN"), ("flash", "flash"), ("fa_kvcache", "fa_kvcache"))
+
+
+def decode_shapes():
+    """The decode cases of tessera-bench (bench/decode_cases.cpp): name, B, HQ, HKV, D, T (capacity per
+    sequence), page_size (0: contiguous), lengths ("full": every sequence holds T tokens; "zipf"; "uniform") and
+    the formats it runs."""
+    every = DECODE_FORMATS
+    shapes = []
+
+    def add(name, B, hq, hkv, T, formats, page_size=0, lengths="full"):
+        shapes.append(dict(name=name, B=B, HQ=hq, HKV=hkv, D=128, T=T, page_size=page_size, lengths=lengths,
+                           formats=formats))
+
+    for B in (32, 64, 128, 256, 512):
+        add(f"hq8kv1/B{B}/T8192", B, 8, 1, 8192, every)
+    for B in (1, 16, 64):
+        add(f"llama3_8b/B{B}/T4096", B, 32, 8, 4096, every)
+    add("llama3_8b/B1/T131072", 1, 32, 8, 131072, ("native", "int4"))
+    for ps in (16, 64):
+        add(f"hq8kv1/B128/T8192/paged{ps}", 128, 8, 1, 8192, ("native", "int8", "int4"), page_size=ps)
+        for B in (16, 64):
+            add(f"llama3_8b/B{B}/T4096/paged{ps}", B, 32, 8, 4096, ("native", "int8", "int4"), page_size=ps)
+    for dist in ("zipf", "uniform"):
+        add(f"hq8kv1/B64/T8192/{dist}", 64, 8, 1, 8192, ("native", "int4"), lengths=dist)
+    return shapes
+
+
+def decode_lengths(kind, batch, capacity, seed=DECODE_LENGTH_SEED):
+    """Tokens per sequence, as bench/decode_cases.cpp draws them: full = capacity; zipf = capacity // rank for
+    ranks 1..B in a random order (one full sequence, then 1/2, 1/3, ...); uniform = 1 + below(capacity)."""
+    if kind == "full":
+        return [capacity] * batch
+    rng = SplitMix64(seed)
+    if kind == "uniform":
+        return [1 + rng.below(capacity) for _ in range(batch)]
+    order = list(range(batch))
+    for i in range(batch - 1, 0, -1):
+        j = rng.below(i + 1)
+        order[i], order[j] = order[j], order[i]
+    lengths = [0] * batch
+    for rank in range(batch):
+        lengths[order[rank]] = max(1, capacity // (rank + 1))
+    return lengths
+
+
+def kv_row_bytes(fmt, d):
+    return {"native": 2 * d, "fp8": d, "int8": d}.get(fmt, d // 2)
+
+
+def kv_scale_groups(fmt, d):
+    """NG: (scale, offset) pairs per (token, head) row; 0 for native and fp8."""
+    return {"int8": 1, "int4": 1, "int4_group32": d // 32}.get(fmt, 0)
+
+
+def decode_bytes(shape, fmt, lengths):
+    """Bytes one decode call moves, as tessera-bench counts them: for every attended token the K and V rows of
+    each KV head and their fp16 scale pairs, plus q, o, the lengths, the block-table entries used and the fp8
+    scales."""
+    B, HQ, HKV, D, ps = (shape[n] for n in ("B", "HQ", "HKV", "D", "page_size"))
+    per_token = HKV * 2 * (kv_row_bytes(fmt, D) + 4 * kv_scale_groups(fmt, D))
+    nbytes = sum(lengths) * per_token + 2 * (B * HQ * D * 2) + 4 * B
+    if ps:
+        nbytes += 4 * sum(-(-n // ps) for n in lengths)
+    if fmt == "fp8":
+        nbytes += 2 * 4 * HKV
+    return nbytes
+
+
+def _chunks(n, per_item, limit=1 << 26):
+    """[b0, b1) ranges over a leading dim of n items of per_item elements: at most `limit` elements per range
+    (at least one item), to bound the float32 temporaries."""
+    step = max(1, limit // max(per_item, 1))
+    return [(b, min(n, b + step)) for b in range(0, n, step)]
+
+
+def quantize_kv(x, fmt, fp8_scale=None):
+    """bf16 values [B, T, HKV, D] -> (codes, scales) in tessera's cache layout (include/tessera/attention.h).
+    native: x itself, no scales. fp8: e4m3(x / scale[h]) (saturated), scales = fp8_scale fp32 [HKV]. int8, int4,
+    int4_group32: per group lo = min, hi = max, scale = fp16((hi - lo) / levels), offset = fp16(lo),
+    code = clamp(rint((x - offset) / scale), 0, levels) or 0 where scale == 0; int4 packs element 2j in the low
+    nibble; scales are fp16 (scale, offset) pairs [B, T, HKV, 2 NG]."""
+    if fmt == "native":
+        return x, None
+    B, D = x.shape[0], x.shape[-1]
+    ranges = _chunks(B, x[0].numel())
+    if fmt == "fp8":
+        codes = torch.empty(x.shape, dtype=_fp8_dtype(), device=x.device)
+        for b0, b1 in ranges:
+            codes[b0:b1] = (x[b0:b1].float() / fp8_scale[:, None]).clamp_(-448.0, 448.0).to(_fp8_dtype())
+        return codes, fp8_scale
+    levels = 255 if fmt == "int8" else 15
+    ng = kv_scale_groups(fmt, D)
+    codes = torch.empty((*x.shape[:-1], kv_row_bytes(fmt, D)), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], 2 * ng), dtype=torch.float16, device=x.device)
+    for b0, b1 in ranges:
+        xf = x[b0:b1].float().unflatten(-1, (ng, D // ng))
+        lo, hi = xf.amin(-1), xf.amax(-1)
+        scale = ((hi - lo) / levels).clamp_(max=65504.0).half()
+        offset = lo.clamp(-65504.0, 65504.0).half()
+        s, o = scale.float().unsqueeze(-1), offset.float().unsqueeze(-1)
+        c = torch.where(s > 0, ((xf - o) / s).round_().clamp_(0, levels), 0.0).to(torch.uint8).flatten(-2)
+        if levels == 15:
+            c = c[..., 0::2] | (c[..., 1::2] << 4)
+        codes[b0:b1] = c
+        scales[b0:b1] = torch.stack((scale, offset), -1).flatten(-2)
+    return codes, scales
+
+
+def dequantize_kv(codes, scales, fmt):
+    """float32 values of a logical cache [b, T, HKV, D]: e4m3 * scale[h], or code * scale + offset per group."""
+    if fmt == "native":
+        return codes.float()
+    if fmt == "fp8":
+        return codes.float() * scales[:, None]
+    c = codes if fmt == "int8" else torch.stack((codes & 15, codes >> 4), -1).flatten(-2)
+    pairs = scales.float().unflatten(-1, (-1, 2))  # [..., NG, 2]
+    return (c.float().unflatten(-1, (pairs.shape[-2], -1)) * pairs[..., 0:1] + pairs[..., 1:2]).flatten(-2)
+
+
+def decode_reference(q, lengths, T, HKV, k_of, v_of):
+    """float32 decode: o[b, h] = softmax_t(q[b, h] . K[b, t, h / G] / sqrt(D)) V[b, t, h / G] over t < L[b].
+    k_of(b0, b1), v_of(b0, b1): float32 [b1 - b0, T, HKV, D] (the dequantized cache)."""
+    B, HQ, D = q.shape
+    out = torch.empty((B, HQ, D), dtype=torch.float32, device=q.device)
+    for b0, b1 in _chunks(B, T * HKV * D):
+        k, v = k_of(b0, b1), v_of(b0, b1)
+        n = b1 - b0
+        qg = q[b0:b1].float().view(n, HKV, HQ // HKV, D)
+        s = torch.einsum("bhgd,bthd->bhgt", qg, k) / math.sqrt(D)
+        past = torch.arange(T, device=q.device)[None, :] >= lengths[b0:b1, None].long()
+        s.masked_fill_(past[:, None, None, :], float("-inf"))
+        out[b0:b1] = torch.einsum("bhgt,bthd->bhgd", s.softmax(-1), v).reshape(n, HQ, D)
+    return out
+
+
+def rel_error(got, ref):
+    """||got - ref||_F / ||ref||_F (NaN in got shows up as NaN)."""
+    return ((got.float() - ref).norm() / ref.norm()).item()
+
+
+class DecodeInputs:
+    """A case's inputs in `sets` rotating copies: bf16 K and V values [B, T, HKV, D] (standard normal) and q
+    [B, HQ, D]; the lengths int32 [B]; for paged cases a block table int32 [B, T / page_size] over a random
+    permutation of all B * T / page_size pages (shared by the sets); fp8 scales per set: amax per KV head / 448."""
+
+    def __init__(self, shape, sets, seed):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        B, HQ, HKV, D, T = (shape[n] for n in ("B", "HQ", "HKV", "D", "T"))
+        self.shape, self.sets = shape, sets
+        self.lengths_list = decode_lengths(shape["lengths"], B, T)
+        self.lengths = torch.tensor(self.lengths_list, dtype=torch.int32, device="cuda")
+        self.max_len = max(self.lengths_list)
+        self.q = [torch.randn((B, HQ, D), generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+        self.kv = [tuple(torch.randn((B, T, HKV, D), generator=g, device="cuda", dtype=torch.bfloat16)
+                         for _ in range(2)) for _ in range(sets)]
+        self.fp8_scales = [tuple(x.abs().amax(dim=(0, 1, 3)).float() / 448.0 for x in kv) for kv in self.kv]
+        self.block_table = None
+        if shape["page_size"]:
+            pages = T // shape["page_size"]
+            perm = torch.randperm(B * pages, generator=g, device="cuda")
+            self.block_table = perm.view(B, pages).to(torch.int32)
+
+    def paged(self, x):
+        """A logical [B, T, HKV, ...] tensor in the paged layout [num_pages, page_size, HKV, ...]."""
+        if self.block_table is None:
+            return x
+        ps = self.shape["page_size"]
+        raw = x.view(torch.uint8) if x.element_size() == 1 else x  # index_put has no fp8 kernels
+        out = torch.empty((self.block_table.numel(), ps, *x.shape[2:]), dtype=raw.dtype, device=x.device)
+        out[self.block_table.flatten().long()] = raw.reshape(-1, ps, *x.shape[2:])
+        return out.view(x.dtype)
+
+    def cache(self, fmt, s):
+        """Set s in format fmt: dict(k, v, k_scale, v_scale) in tessera's layout (paged where the case is) and
+        logical = ((k codes, k scales), (v codes, v scales)) in the contiguous layout, for the reference."""
+        logical = tuple(quantize_kv(x, fmt, sc) for x, sc in zip(self.kv[s], self.fp8_scales[s]))
+        (kq, ks), (vq, vs) = logical
+        if fmt != "fp8" and ks is not None:
+            ks, vs = self.paged(ks), self.paged(vs)
+        return dict(k=self.paged(kq), v=self.paged(vq), k_scale=ks, v_scale=vs, logical=logical)
+
+    def reference(self, logical, fmt):
+        """The float32 reference output of set 0 for a logical cache in format fmt."""
+        (kq, ks), (vq, vs) = logical
+
+        def deq(codes, scales):
+            return lambda b0, b1: dequantize_kv(codes[b0:b1], scales if fmt == "fp8" or scales is None
+                                                else scales[b0:b1], fmt)
+        return decode_reference(self.q[0], self.lengths, self.shape["T"], self.shape["HKV"], deq(kq, ks),
+                                deq(vq, vs))
+
+
+class DecodeRow:
+    """One (case, format) row: tessera's times and error, and the peers' times, which are measured once per case on
+    the dense bf16 cache and shared by its formats (as are case_notes / case_errors)."""
+
+    def __init__(self, case, fmt, nbytes):
+        self.case, self.fmt, self.bytes = case, fmt, nbytes
+        self.tessera = {}  # mode -> µs | None
+        self.peers = {}  # peer -> {mode -> µs | None}
+        self.err = None  # relative Frobenius error vs the float32 reference of the dequantized cache
+        self.errors, self.notes = [], []  # this row's
+        self.case_errors, self.case_notes = [], []  # the case's (peers), the same list object in all its rows
+
+    def gbps(self, mode):
+        t = self.tessera.get(mode)
+        return self.bytes / (t * 1e-6) / 1e9 if t else None
+
+    def speedup(self, peer, mode):
+        """peer µs / tessera µs of the same mode (> 1: tessera is faster)."""
+        t, p = self.tessera.get(mode), self.peers.get(peer, {}).get(mode)
+        return p / t if (t and p) else None
+
+    def as_dict(self):
+        peers = {p: dict(us=self.peers.get(p, {}), peer_over_tessera={m: self.speedup(p, m) for m in
+                                                                      ("eager", "graph")}) for p, _ in DECODE_PEERS}
+        return dict(case=self.case, format=self.fmt, bytes=self.bytes, tessera_us=self.tessera,
+                    gbps={m: self.gbps(m) for m in ("eager", "graph")}, peers=peers, rel_fro_error=self.err,
+                    errors=self.case_errors + self.errors, notes=self.case_notes + self.notes)
+
+
+def rotating(fns):
+    """One callable that runs fns[0], fns[1], ... in turn (input sets rotate across calls and graph captures)."""
+    if len(fns) == 1:
+        return fns[0]
+    state = [0]
+
+    def fn():
+        f = fns[state[0] % len(fns)]
+        state[0] += 1
+        return f()
+    return fn
+
+
+def _l2_bytes(dev):
+    return getattr(dev, "L2_cache_size", 0) or 50 << 20  # older torch: assume H100's 50 MiB
+
+
+def decode_sets(nbytes, l2_bytes, cap=32):
+    """Rotating sets whose inputs together exceed twice the L2 (tessera-bench's rule), at most cap."""
+    return max(1, min(cap, int(2 * l2_bytes // max(nbytes, 1)) + 1))
+
+
+def decode_calls(nbytes, sets):
+    """Calls per timed sample: ~1.5 ms of work at a rough 3 TB/s, 1..50, then a multiple of the rotating sets."""
+    calls = max(1, min(50, int(math.ceil(1500.0 / (nbytes / 3e12 * 1e6 + 5.0)))))
+    return -(-calls // sets) * sets
+
+
+def _timed(fn, calls, args):
+    """{mode: µs | None} and the error texts of fn in eager and graph modes."""
+    times, errors = {}, []
+    for mode in ("eager", "graph"):
+        t, err = measure(fn, mode, calls, args.reps, args.warmup)
+        times[mode] = t
+        if err:
+            errors.append(f"{mode}: {err}")
+    return times, errors
+
+
+def _best(candidates):
+    """The candidate with the lowest graph time (eager where it has none), or None."""
+    ok = [c for c in candidates if c["times"].get("graph") or c["times"].get("eager")]
+    return min(ok, key=lambda c: c["times"].get("graph") or c["times"]["eager"]) if ok else None
+
+
+def _sdpa_peer(backend, label, data, dense, calls, args, ref):
+    """Times torch SDPA on one backend. Two ways to run GQA are tried and the faster is kept: q [B, HQ, 1, D] with
+    enable_gqa=True, and q packed as [B, HKV, G, D] (the G query heads of a KV head as its G query rows: the same
+    result, each K/V head read once). Variable lengths: K/V padded to the longest sequence, with a boolean key
+    mask; where the backend refuses the mask, unmasked on the padded length (timing only).
+    Returns (times, notes, errors)."""
+    F = torch.nn.functional
+    from torch.nn.attention import sdpa_kernel
+
+    B, HQ, D = data.q[0].shape
+    HKV = data.shape["HKV"]
+    variable = any(n != data.max_len for n in data.lengths_list)
+    mask = None
+    if variable:
+        mask = (torch.arange(data.max_len, device="cuda")[None, :] < data.lengths[:, None].long())[:, None, None, :]
+
+    def variant(form, s, m):
+        q, (k4, v4) = data.q[s], dense[s]
+        if form == "enable_gqa":
+            return lambda: F.scaled_dot_product_attention(q.view(B, HQ, 1, D), k4, v4, attn_mask=m, enable_gqa=True)
+        return lambda: F.scaled_dot_product_attention(q.view(B, HKV, HQ // HKV, D), k4, v4, attn_mask=m)
+
+    candidates, notes = [], []
+    for m in ([mask, None] if variable else [None]):
+        for form in ("enable_gqa", "packed"):
+            fns = [variant(form, s, m) for s in range(len(dense))]
+            with sdpa_kernel(backend), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # SDPA warns once per refusing kernel; the note says it
+                try:
+                    y = fns[0]()
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001
+                    notes.append(f"{label}: {form}{' with mask' if m is not None else ''} refused: {_short(e)}")
+                    _sync_quietly()
+                    continue
+                err = rel_error(y.reshape(B, HQ, D), ref) if (m is not None or not variable) else None
+                times, errors = _timed(rotating(fns), calls, args)
+            candidates.append(dict(form=form, masked=m is not None, times=times, errors=errors, err=err))
+        if candidates:
+            break  # a masked run is preferred; unmasked only when no form takes the mask
+    best = _best(candidates)
+    if best is None:
+        return {}, notes, [f"{label}: unavailable" + ("" if notes else " (no timing)")] + \
+            [f"{label} {form['form']} {e}" for form in candidates for e in form["errors"]]
+    how = "q [B, HQ, 1, D], enable_gqa=True" if best["form"] == "enable_gqa" else "q packed as [B, HKV, G, D]"
+    tried = ", ".join(f"{c['form']} {fmt_us(c['times'].get('graph'))}" for c in candidates)
+    notes.append(f"{label}: {how} (graph µs: {tried})")
+    if variable:
+        notes.append(f"{label}: K/V padded to the longest sequence ({data.max_len} tokens) " +
+                     ("with a boolean key mask" if best["masked"] else
+                      "WITHOUT a mask (refused): timing only, the output is not the decode result"))
+    if best["err"] is not None:
+        notes.append(f"{label}: rel err {best['err']:.2e} vs the float32 reference of the bf16 cache")
+    return best["times"], notes, [f"{label} {e}" for e in best["errors"]]
+
+
+def _fa_kvcache_peer(data, native, calls, args, ref):
+    """flash_attn.flash_attn_with_kvcache on tessera's own bf16 cache (same layout, paged where the case is, the
+    lengths as cache_seqlens). Returns (times, notes, errors)."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except Exception as e:  # noqa: BLE001 - usually not installed: a note, not an error
+        return {}, [f"fa_kvcache: flash_attn not importable ({_short(e)})"], []
+    B, HQ, D = data.q[0].shape
+
+    def call(s):
+        q, c = data.q[s], native[s]
+        return lambda: flash_attn_with_kvcache(q.view(B, 1, HQ, D), c["k"], c["v"], cache_seqlens=data.lengths,
+                                               block_table=data.block_table)
+    fns = [call(s) for s in range(len(native))]
+    try:
+        y = fns[0]()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        _sync_quietly()
+        return {}, [], [f"fa_kvcache: unavailable ({_short(e)})"]
+    times, errs = _timed(rotating(fns), calls, args)
+    notes = [f"fa_kvcache: rel err {rel_error(y.reshape(B, HQ, D), ref):.2e} vs the float32 reference of the "
+             "bf16 cache"]
+    return times, notes, [f"fa_kvcache {e}" for e in errs]
+
+
+def decode_rows(args, l2_bytes):
+    formats = [f for f in args.decode_formats.split(",") if f]
+    for f in formats:
+        if f not in DECODE_FORMATS:
+            raise ValueError(f"unknown --decode-formats item {f!r} (expected {', '.join(DECODE_FORMATS)})")
+    case_filter = [c for c in args.decode_cases.split(",") if c]
+    rows = []
+    for si, shape in enumerate(decode_shapes()):
+        if case_filter and not any(c in shape["name"] for c in case_filter):
+            continue
+        fmts = [f for f in shape["formats"] if f in formats]
+        if fmts:
+            rows.extend(decode_case_rows(args, shape, fmts, 2000 + si, l2_bytes))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def decode_case_rows(args, shape, fmts, seed, l2_bytes):
+    """The rows of one case: tessera in each format, against the peers timed once on the dense bf16 cache."""
+    lengths = decode_lengths(shape["lengths"], shape["B"], shape["T"])
+    rows = [DecodeRow(shape["name"], f, decode_bytes(shape, f, lengths)) for f in fmts]
+    sets = {f: decode_sets(decode_bytes(shape, f, lengths), l2_bytes) for f in ("native", *fmts)}
+    try:
+        data = DecodeInputs(shape, max(sets.values()), seed)
+    except Exception as e:  # noqa: BLE001
+        for r in rows:
+            r.errors.append(f"input setup: {_short(e)}")
+        _sync_quietly()
+        return rows
+
+    # Peers, on dense bf16 K/V; their reference is the native format's.
+    n_peer = sets["native"]
+    peer_calls = decode_calls(decode_bytes(shape, "native", lengths), n_peer)
+    peer_times, peer_notes, peer_errors = {}, [], []
+    try:
+        native = [data.cache("native", s) for s in range(n_peer)]
+        ref_native = data.reference(native[0]["logical"], "native")
+        # SDPA layout [B, HKV, L, D], contiguous, cut to the longest sequence.
+        dense = [tuple(x.transpose(1, 2)[:, :, :data.max_len].contiguous() for x in data.kv[s]) for s in range(n_peer)]
+        for peer, label in DECODE_PEERS:
+            if peer == "fa_kvcache":
+                t, n, e = _fa_kvcache_peer(data, native, peer_calls, args, ref_native)
+            else:
+                from torch.nn.attention import SDPBackend
+                backend = SDPBackend.CUDNN_ATTENTION if peer == "cudnn" else SDPBackend.FLASH_ATTENTION
+                t, n, e = _sdpa_peer(backend, label, data, dense, peer_calls, args, ref_native)
+            peer_times[peer] = t
+            peer_notes += n
+            peer_errors += e
+        del dense, native
+    except Exception as e:  # noqa: BLE001
+        peer_errors.append(f"peers: {_short(e)}")
+        _sync_quietly()
+    if shape["page_size"]:
+        peer_notes.append("SDPA peers read a dense contiguous cache (no paging); fa_kvcache gets the same block "
+                          "table as tessera")
+
+    for r in rows:
+        r.peers = {p: dict(t) for p, t in peer_times.items()}
+        r.case_notes, r.case_errors = peer_notes, peer_errors
+        try:
+            decode_tessera(args, data, r, sets[r.fmt])
+        except Exception as e:  # noqa: BLE001
+            r.errors.append(f"tessera: {_short(e)}")
+            _sync_quietly()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def decode_tessera(args, data, row, n_sets):
+    """Times tessera.attention_decode in row.fmt on n_sets rotating caches and measures its error on set 0."""
+    if tessera is None:
+        raise RuntimeError(TESSERA_IMPORT_ERROR)
+    fmt = row.fmt
+    caches = [data.cache(fmt, s) for s in range(n_sets)]
+    q0 = data.q[0]
+    out = torch.empty_like(q0)
+
+    def kwargs(c):
+        return dict(format=fmt, k_scale=c["k_scale"], v_scale=c["v_scale"], block_table=data.block_table)
+
+    ws_bytes = tessera.decode_workspace_size(q0, caches[0]["k"], caches[0]["v"], **kwargs(caches[0]))
+    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device="cuda") if ws_bytes else None
+
+    def call(s):
+        q, c = data.q[s], caches[s]
+        return lambda: tessera.attention_decode(q, c["k"], c["v"], data.lengths, out=out, workspace=workspace,
+                                                **kwargs(c))
+    fns = [call(s) for s in range(n_sets)]
+    out.fill_(float("nan"))
+    fns[0]()
+    torch.cuda.synchronize()
+    row.err = rel_error(out, data.reference(caches[0]["logical"], fmt))
+    if fmt == "fp8":
+        row.notes.append("fp8: per-KV-head fp32 scales (amax / 448)")
+    for c in caches:
+        del c["logical"]  # the timed loop does not need them
+    row.tessera, errs = _timed(rotating(fns), decode_calls(row.bytes, n_sets), args)
+    row.errors += [f"tessera {e}" for e in errs]
+    if n_sets > 1:
+        row.notes.append(f"tessera: {n_sets} rotating input sets (L2)")
+
+
+def print_decode_tables(rows, copy_bps):
+    for mode in ("graph", "eager"):
+        head = ["case", "format", "tessera µs", "GB/s", "% copy BW"]
+        for _, label in DECODE_PEERS:
+            head += [f"{label} µs", f"{label}/tessera"]
+        head.append("rel err")
+        body = []
+        for r in rows:
+            bw = r.gbps(mode)
+            cells = [r.case, r.fmt, fmt_us(r.tessera.get(mode)), "-" if bw is None else f"{bw:.0f}",
+                     "-" if bw is None or not copy_bps else f"{100 * bw * 1e9 / copy_bps:.1f}"]
+            for peer, _ in DECODE_PEERS:
+                cells += [fmt_us(r.peers.get(peer, {}).get(mode)), fmt_ratio(r.speedup(peer, mode))]
+            body.append(cells + [fmt_err(r.err)])
+        print(f"attention decode, {mode} mode")
+        print_aligned(head, body, text_cols=(0, 1))
+        print()
+    print("GB/s = bytes read and written (K/V rows and scales of the attended tokens, q, o, lengths, block table) "
+          "/ time;\n% copy BW against the device-to-device copy above; <peer>/tessera = peer µs / tessera µs of the "
+          "same mode\n(> 1: tessera is faster); peers run the dense bf16 cache of the same values whatever tessera's "
+          "format;\nrel err = ||o - ref||_F / ||ref||_F against a float32 torch reference from tessera's dequantized "
+          "cache")
+    for i, r in enumerate(rows):
+        if i == 0 or rows[i - 1].case != r.case:
+            for note in r.case_notes:
+                print(f"  note  [{r.case}] {note}")
+            for err in r.case_errors:
+                print(f"  error [{r.case}] {err}")
+        for note in r.notes:
+            print(f"  note  [{r.case} | {r.fmt}] {note}")
+        for err in r.errors:
+            print(f"  error [{r.case} | {r.fmt}] {err}")
 # ----------------------------------------------------------------------------------------------------------------
 # output
 # ----------------------------------------------------------------------------------------------------------------
@@ -807,6 +1330,19 @@ def fmt_x(t, base):
     return f" ({t / base:.2f}x)"
 
 
+def print_aligned(head, body, text_cols):
+    """A " | "-separated table: columns in text_cols left-aligned, the others (numbers) right-aligned."""
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+
+    def line(cells):
+        return " | ".join(c.ljust(w) if i in text_cols else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(line(head))
+    print("-+-".join("-" * w for w in widths))
+    for cells in body:
+        print(line(cells))
+
+
 def print_table(rows):
     head = ["case", "peer", "tessera eager µs", "tessera graph µs", "peer eager µs (x)", "peer graph µs (x)",
             "peer compile µs (x)"]
@@ -821,15 +1357,7 @@ def print_table(rows):
                 t = r.peer_times[mode]
                 cells.append(fmt_us(t) + fmt_x(t, base))
         body.append(cells)
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-
-    def line(cells):
-        return " | ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    print(line(head))
-    print("-+-".join("-" * w for w in widths))
-    for cells in body:
-        print(line(cells))
+    print_aligned(head, body, text_cols=(0, 1))
     print("\n(x) = peer µs / tessera µs of the same mode (compile vs tessera eager); > 1: tessera is faster")
     for r in rows:
         for note in r.notes:
@@ -841,7 +1369,8 @@ def print_table(rows):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    ap.add_argument("--ops", default="gate,permute,unpermute,gemm", help="comma list of gate,permute,unpermute,gemm")
+    ap.add_argument("--ops", default="gate,permute,unpermute,gemm,decode",
+                    help="comma list of gate,permute,unpermute,gemm,decode")
     ap.add_argument("--gate-tokens", default="1,16,128,1024,4096,65536",
                     help="comma list of T for the gate cases")
     ap.add_argument("--tokens", type=int, default=4096, help="T of the permute / unpermute cases")
@@ -853,10 +1382,21 @@ def main(argv=None):
     ap.add_argument("--gemm-kinds", default=",".join(GEMM_KINDS), help="gemm: comma list of " + ",".join(GEMM_KINDS))
     ap.add_argument("--fast-accum", action="store_true",
                     help="gemm: torch._scaled_grouped_mm with use_fast_accum=True (default False)")
+    ap.add_argument("--decode-cases", default="", help="decode: only cases whose name contains one of these "
+                    "comma-separated substrings (hq8kv1/B128, llama3_8b, paged16, zipf, T131072, ...); default all")
+    ap.add_argument("--decode-formats", default=",".join(DECODE_FORMATS),
+                    help="decode: comma list of " + ",".join(DECODE_FORMATS) + " (a case runs those of its own)")
     args = ap.parse_args(argv)
     args.gate_tokens = [int(t) for t in args.gate_tokens.split(",") if t]
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
 
+    builders = dict(gate=gate_rows, permute=permute_rows, unpermute=unpermute_rows)
+    for op in ops:
+        if op not in builders and op not in ("gemm", "decode"):
+            ap.error(f"unknown op {op!r}")
+    if torch is None:
+        print(f"bench/compare.py: {TORCH_IMPORT_ERROR}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("bench/compare.py: no CUDA device", file=sys.stderr)
         return 2
@@ -868,14 +1408,25 @@ def main(argv=None):
           f"{header['tessera'] or 'unavailable'}")
     if TESSERA_IMPORT_ERROR:
         print(f"  {TESSERA_IMPORT_ERROR}")
+    copy_bps = None
+    if "decode" in ops:
+        copy_bps, copy_bytes = copy_bandwidth()
+        header.update(copy_bw_gbps=copy_bps and copy_bps / 1e9, l2_bytes=_l2_bytes(dev))
+        if copy_bps:
+            print(f"copy bandwidth: {copy_bps / 1e9:.1f} GB/s (device-to-device copy of {copy_bytes >> 20} MiB, "
+                  "read + write)")
     print()
 
-    builders = dict(gate=gate_rows, permute=permute_rows, unpermute=unpermute_rows)
+    rows, g_rows, d_rows = [], [], []
     for op in ops:
-        if op not in builders and op != "gemm":
-            ap.error(f"unknown op {op!r}")
-    rows, g_rows = [], []
-    for op in ops:
+        if op == "decode":
+            try:
+                d_rows = decode_rows(args, _l2_bytes(dev))
+            except Exception as e:  # noqa: BLE001
+                r = DecodeRow("decode", "-", 0)
+                r.errors += [f"{type(e).__name__}: {e}", traceback.format_exc().strip().splitlines()[-1]]
+                d_rows = [r]
+            continue
         if op == "gemm":
             try:
                 g_rows = gemm_rows(args)
@@ -898,10 +1449,14 @@ def main(argv=None):
         if rows:
             print()
         print_gemm_table(g_rows)
+    if d_rows:
+        if rows or g_rows:
+            print()
+        print_decode_tables(d_rows, copy_bps)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(header, rows=[r.as_dict() for r in rows], gemm_rows=[r.as_dict() for r in g_rows]), f,
-                      indent=2)
+            json.dump(dict(header, rows=[r.as_dict() for r in rows], gemm_rows=[r.as_dict() for r in g_rows],
+                           decode_rows=[r.as_dict() for r in d_rows]), f, indent=2)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -26,7 +26,7 @@ run_step() {  # name, command...
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # Sanitizer subset: every kernel and code path, small shapes.
-subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*:GroupedGemmGpu.RaggedGroups:GroupedGemmGpu.EdgeShapes:GroupedGemmGpu.ExpectedMHintsChooseTilesNotResults:GroupedGemmGpu.StridedOperands:GroupedGemmGpu.OutOfRangeAndNonMonotoneGroupRows:GroupedGemmGpu.CudaGraphCapture'
+subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*:GroupedGemmGpu.RaggedGroups:GroupedGemmGpu.EdgeShapes:GroupedGemmGpu.ExpectedMHintsChooseTilesNotResults:GroupedGemmGpu.StridedOperands:GroupedGemmGpu.OutOfRangeAndNonMonotoneGroupRows:GroupedGemmGpu.CudaGraphCapture:DecodeGpu.Grid:DecodeGpu.SplitCounts:DecodeGpu.SoftcapWindowAndScale:DecodeGpu.CudaGraphReplaysWithNewLengths:AppendKvGpu.*'
 
 if has build; then
   run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
@@ -46,8 +46,8 @@ if has sanitize; then
     run_step "ptx_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/tessera_ptx_tests"
   done
 fi
-has bench && run_step bench "$build/bench/tessera-bench" --check --json "$out/bench.json"
-has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py --json "$out/compare.json"
+has bench && run_step bench "$build/bench/tessera-bench" --check --json "$out/bench.json" ${BENCH_ARGS:-}
+has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py --json "$out/compare.json" ${COMPARE_ARGS:-}
 
 for f in bench compare; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 45 "$out/$f.log"; }

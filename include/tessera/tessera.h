@@ -1,6 +1,7 @@
 // tessera — umbrella header.
 #pragma once
 
+#include "tessera/attention.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
 #include "tessera/moe.h"

@@ -9,7 +9,7 @@
 // (Debian ships 0.6), and PyTorch's to_dlpack has long refused fp8 tensors ("float8 types are not supported by
 // dlpack"). The Python layer therefore passes fp8 tensors as torch.uint8 views of the same bytes and strides, and
 // the bindings re-label a uint8 view as fp8 e4m3 wherever the argument can only be fp8 e4m3: permute's x_perm when
-// quant is not "none", and x and w of grouped_gemm_fp8{,_masked}. The Python layer checks the torch dtype
+// quant is not "none", x and w of grouped_gemm_fp8{,_masked}, and the k/v cache data when the KV format is "fp8". The Python layer checks the torch dtype
 // (float8_e4m3fn) before making the view, so an e5m2 or a genuine uint8 tensor is refused there, not
 // reinterpreted. A capsule that already says fp8 e4m3 (new header and producer) is accepted as is; any other
 // dtype is left to the op's validation.
@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "tessera/attention.h"
 #include "tessera/dlpack.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
@@ -300,12 +301,100 @@ void grouped_gemm_bf16_masked(const py::object& x, const py::object& w, const py
                          expected_m, stream);
 }
 
+// ---- attention decode -----------------------------------------------------------------------------------------
+// The cache travels as its parts (k, v, k_scale, v_scale, block_table: capsules or None) plus the format name.
+
+namespace ta = tessera::attention;
+
+ta::KVFormat parse_kv_format(const std::string& s, const char* op) {
+  if (s == "native") return ta::KVFormat::kNative;
+  if (s == "fp8") return ta::KVFormat::kFP8;
+  if (s == "int8") return ta::KVFormat::kInt8;
+  if (s == "int4") return ta::KVFormat::kInt4;
+  if (s == "int4_group32") return ta::KVFormat::kInt4Group32;
+  fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + s + "'");
+}
+
+// The callers parse the format first, so a bad name is reported before any tensor is looked at.
+ta::KVCache kv_cache_of(const char* op, ta::KVFormat format, const py::object& k, const py::object& v,
+                        const py::object& k_scale, const py::object& v_scale, const py::object& block_table) {
+  ta::KVCache cache;
+  cache.format = format;
+  if (cache.format == ta::KVFormat::kFP8) {
+    // fp8 data arrives as uint8 views (see the note at the top of this file).
+    cache.k = fp8_view_of(k, op, "k_cache");
+    cache.v = fp8_view_of(v, op, "v_cache");
+  } else {
+    cache.k = view_of(k, op, "k_cache");
+    cache.v = view_of(v, op, "v_cache");
+  }
+  cache.k_scale = optional_view_of(k_scale, op, "k_scale");
+  cache.v_scale = optional_view_of(v_scale, op, "v_scale");
+  cache.block_table = optional_view_of(block_table, op, "block_table");
+  return cache;
+}
+
+ta::DecodeParams decode_params(float softmax_scale, float softcap, int window, int num_splits) {
+  ta::DecodeParams params;
+  params.softmax_scale = softmax_scale;
+  params.softcap = softcap;
+  params.window = window;
+  params.num_splits = num_splits;
+  return params;
+}
+
+void attention_decode(const py::object& q, const py::object& k, const py::object& v, const py::object& k_scale,
+                      const py::object& v_scale, const py::object& block_table, const py::object& cache_seqlens,
+                      const py::object& out, const py::object& lse, const py::object& workspace,
+                      const std::string& format, float softmax_scale, float softcap, int window, int num_splits,
+                      std::uintptr_t stream) {
+  constexpr const char* op = "tessera.attention_decode";
+  const ta::KVFormat kv_format = parse_kv_format(format, op);
+  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
+  const TensorView q_v = view_of(q, op, "q");
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+  const TensorView seqlens_v = view_of(cache_seqlens, op, "cache_seqlens");
+  const TensorView out_v = view_of(out, op, "out");
+  const std::optional<TensorView> lse_v = optional_view_of(lse, op, "lse");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+
+  py::gil_scoped_release no_gil;
+  ta::decode(q_v, cache, seqlens_v, out_v, lse_v, ws, params, as_stream(stream));
+}
+
+std::size_t decode_workspace_bytes(const py::object& q, const py::object& k, const py::object& v,
+                                   const py::object& k_scale, const py::object& v_scale,
+                                   const py::object& block_table, const std::string& format, float softmax_scale,
+                                   float softcap, int window, int num_splits) {
+  constexpr const char* op = "tessera.decode_workspace_size";
+  const ta::KVFormat kv_format = parse_kv_format(format, op);
+  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
+  const TensorView q_v = view_of(q, op, "q");
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+  return ta::decode_workspace_bytes(q_v, cache, params);
+}
+
+void append_kv(const py::object& k_new, const py::object& v_new, const py::object& positions, const py::object& k,
+               const py::object& v, const py::object& k_scale, const py::object& v_scale,
+               const py::object& block_table, const std::string& format, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.append_kv";
+  const ta::KVFormat kv_format = parse_kv_format(format, op);
+  const TensorView k_new_v = view_of(k_new, op, "k_new");
+  const TensorView v_new_v = view_of(v_new, op, "v_new");
+  const TensorView positions_v = view_of(positions, op, "positions");
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+
+  py::gil_scoped_release no_gil;
+  ta::append_kv(k_new_v, v_new_v, positions_v, cache, as_stream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
-      "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm) rather than this module.";
+      "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention) rather than "
+      "this module.";
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -379,4 +468,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("permute_workspace_bytes", &permute_workspace_bytes, py::arg("num_tokens"), py::arg("topk"),
         py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),
         "Bytes of device workspace permute needs.");
+
+  m.attr("decode_max_splits") = ta::kDecodeMaxSplits;
+  m.attr("int4_group_size") = ta::kInt4GroupSize;
+
+  m.def("attention_decode", &attention_decode, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("cache_seqlens"), py::arg("out"),
+        py::arg("lse"), py::arg("workspace"), py::arg("format"), py::arg("softmax_scale"), py::arg("softcap"),
+        py::arg("window"), py::arg("num_splits"), py::arg("stream"),
+        "One-token attention decode over a KV cache into preallocated out (and lse, or None). format: 'native' | "
+        "'fp8' | 'int8' | 'int4' | 'int4_group32'; with 'fp8' the cache may be uint8 views (read as e4m3). "
+        "softmax_scale 0 = 1/sqrt(D); workspace may be None when decode_workspace_bytes is 0.");
+
+  m.def("decode_workspace_bytes", &decode_workspace_bytes, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
+        py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("num_splits"),
+        "Bytes of device workspace attention_decode needs for these shapes and params (on the current device).");
+
+  m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("positions"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
+        py::arg("stream"),
+        "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots).");
 }

@@ -1,4 +1,4 @@
-"""tessera — CUDA kernels for MoE routing and grouped expert GEMMs, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs and attention decode, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -7,9 +7,12 @@
     y_perm = tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, scale_mode="blockwise")
     y = tessera.unpermute_reduce(y_perm, p.row_index, weights)
 
-The ops live in tessera.moe and tessera.gemm and are re-exported here. They take torch tensors (or any DLPack
-producer), run on the current CUDA stream and raise ValueError for invalid arguments. Importing tessera does not
-import torch.
+    tessera.append_kv(k_new, v_new, positions, k_cache, v_cache, format="int8", k_scale=ks, v_scale=vs)
+    o = tessera.attention_decode(q, k_cache, v_cache, seqlens, format="int8", k_scale=ks, v_scale=vs)
+
+The ops live in tessera.moe, tessera.gemm and tessera.attention and are re-exported here. They take torch
+tensors (or any DLPack producer), run on the current CUDA stream and raise ValueError for invalid arguments.
+Importing tessera does not import torch.
 """
 
 try:
@@ -20,7 +23,13 @@ except ImportError as _e:  # pragma: no cover - depends on the build
         f"({_e}). Build it with `cmake -S . -B build && cmake --build build` and set "
         "PYTHONPATH=build/python, or `pip install --no-build-isolation .`") from _e
 
-from . import gemm, moe
+from . import attention, gemm, moe
+from .attention import (
+    append_kv,
+    attention_decode,
+    decode_workspace_size,
+    dequantize_kv,
+)
 from .gemm import (
     grouped_gemm_bf16,
     grouped_gemm_bf16_masked,
@@ -42,6 +51,11 @@ __version__ = _C.version
 
 __all__ = [
     "PermuteResult",
+    "append_kv",
+    "attention",
+    "attention_decode",
+    "decode_workspace_size",
+    "dequantize_kv",
     "fused_gate",
     "gemm",
     "grouped_gemm_bf16",

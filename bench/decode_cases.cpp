@@ -1,0 +1,594 @@
+// tessera-bench cases for attention decode over a low-precision KV cache and for append_kv (tessera/attention.h).
+//
+//   decode     one query token per sequence against its cached K and V: q / o bf16 [B, HQ, D], D = 128, default
+//              params (softmax_scale 1/sqrt(D), no softcap, no window, the library's split count)
+//   append_kv  B = 128 sequences, S = 1 new token, HKV = 8, D = 128, capacity 4096, contiguous: quantize the new
+//              bf16 K/V rows and write them at a random position per sequence
+//
+// Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform]/<format>
+//   hq8kv1      HQ 8, HKV 1 (the seed grid): B in {32, 64, 128, 256, 512}, T 8192, every format
+//   llama3_8b   HQ 32, HKV 8 (Llama-3-8B): B in {1, 16, 64}, T 4096, every format;
+//               long context B 1, T 131072 (native, int4)
+//   paged<P>    page size P in {16, 64}, every page of the batch in one pool in a random permutation (the block
+//               table): hq8kv1 B 128 and llama3_8b B 16 / 64 (native, int8, int4)
+//   zipf        hq8kv1 B 64, capacity 8192, lengths 8192 / r for the ranks r = 1..64 in a random order
+//   uniform     hq8kv1 B 64, capacity 8192, lengths uniform in [1, 8192]                       (native, int4)
+// Unless named, every sequence holds T tokens. Formats (kv_format_name): native (bf16), fp8 (e4m3, fp32 scale per
+// KV head), int8, int4, int4_group32. bench/compare.py --ops decode runs the same cases (and lengths) against
+// torch SDPA (cuDNN, flash) on the dense bf16 cache.
+//
+// Bytes of a decode call = what it reads and writes: for every attended token, the K and V rows of each KV head
+// (row_bytes each) and their fp16 (scale, offset) pairs (4 bytes per group), plus q, o, the lengths, the
+// block-table entries used and the fp8 scales. append_kv: the new bf16 rows read, the codes and pairs written,
+// the positions (and fp8 scales) read. FLOPs (decode) = 4·HQ·D·ΣL (q·K and p·V), for scale only: decode is bound
+// by the cache read, and the table's % copy BW is its headline.
+//
+// Inputs: bf16 values m·N(0, 1) (Irwin-Hall, bounded by 3.47·m) with m = 2^U(-1, 1) per KV head of K and of V,
+// quantized on the host by the reference's quantizer (bit-exact with append_kv); fp8 scale per head 3.47·m / 448.
+// Sets rotate where one cache is smaller than twice the L2 (llama3_8b B 1 above all).
+//
+// --check: decode against the float64 reference (reference/attention_reference.h) on the leading sequences (all
+// of them unless that exceeds kCheckMacs multiply-adds or kCheckBytes of float64 K/V; the message says so), with
+// its default tolerance; append_kv bit-exact against the reference quantizer, and the rows either side of each
+// written one must keep their poison.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/host_numeric.h"
+#include "harness.h"
+#include "reference/attention_reference.h"
+#include "tessera/attention.h"
+
+namespace tessera::bench {
+namespace {
+
+using attention::KVFormat;
+
+constexpr KVFormat kEveryFormat[] = {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4,
+                                     KVFormat::kInt4Group32};
+constexpr uint64_t kLengthSeed = 0xDEC0DE;  // the skewed lengths; bench/compare.py draws the same ones
+constexpr float kNormalBound = 3.4641017f;  // |Rng::normal()| < 2·sqrt(3)
+constexpr double kCheckMacs = 2.0e9;        // --check: reference multiply-adds (q·K and p·V) per case
+constexpr double kCheckBytes = 4.0 * (1 << 30);  // --check: float64 K and V the reference may hold
+
+int row_bytes(KVFormat f, int d) { return reference::kv_row_bytes(f, d); }
+int scale_groups(KVFormat f, int d) { return reference::kv_num_scale_groups(f, d); }  // NG; 0: no pairs
+DType data_dtype(KVFormat f) {
+  return f == KVFormat::kNative ? DType::kBF16 : f == KVFormat::kFP8 ? DType::kFP8E4M3 : DType::kUInt8;
+}
+// Elements of the last dim of the data tensors: D, or D/2 bytes for the int4 formats.
+int64_t data_last_dim(KVFormat f, int d) { return row_bytes(f, d) / static_cast<int64_t>(dtype_size(data_dtype(f))); }
+
+// ============================================================================================================
+// host data
+// fn(first, last, rng) over [0, items) in chunks of `chunk`, chunk c with its own generator (seed, c), on all
+// hardware threads: the result does not depend on the thread count.
+template <typename Fn>
+void parallel_chunks(int64_t items, int64_t chunk, uint64_t seed, Fn&& fn) {
+  const int64_t chunks = (items + chunk - 1) / chunk;
+  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(chunks, 1));
+  const auto work = [&](int64_t t) {
+    for (int64_t c = t; c < chunks; c += threads) {
+      Rng rng(seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(c + 1)));
+      fn(c * chunk, std::min(items, (c + 1) * chunk), rng);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& th : pool) th.join();
+}
+
+// Rows of D values in a cache format, on the host: data [rows][row_bytes], pairs [rows][2·NG] (fp16 bits), and for
+// kFP8 the per-head scales. Row r belongs to KV head r % HKV (the layouts' [..., HKV, row] order).
+struct HostRows {
+  std::vector<uint8_t> data;
+  std::vector<uint16_t> pairs;
+  std::vector<float> fp8_scales;  // [HKV], kFP8 only
+  std::vector<uint16_t> values;   // the bf16 values quantized (make_rows with keep_values)
+};
+
+// `rows` rows of bf16 values m_h·N(0, 1) (m_h = 2^U(-1, 1) per head), quantized to format f.
+HostRows make_rows(KVFormat f, int64_t rows, int hkv, int d, uint64_t seed, bool keep_values = false) {
+  Rng rng(seed);
+  std::vector<float> mag(hkv);
+  for (float& m : mag) m = static_cast<float>(std::exp2(rng.uniform(-1.0, 1.0)));
+  HostRows h;
+  if (f == KVFormat::kFP8)
+    for (float m : mag) h.fp8_scales.push_back(m * kNormalBound / 448.0f);
+  const int rb = row_bytes(f, d), np = 2 * scale_groups(f, d);
+  h.data.resize(static_cast<size_t>(rows) * rb);
+  h.pairs.resize(static_cast<size_t>(rows) * np);
+  if (keep_values) h.values.resize(static_cast<size_t>(rows) * d);
+  parallel_chunks(rows, 4096, rng.next(), [&](int64_t first, int64_t last, Rng& r) {
+    std::vector<float> x(d);
+    for (int64_t row = first; row < last; ++row) {
+      const int head = static_cast<int>(row % hkv);
+      for (int i = 0; i < d; ++i) {
+        const uint16_t b = host::f32_to_bf16(static_cast<float>(mag[head] * r.normal()));
+        x[i] = host::bf16_to_f32(b);
+        if (keep_values) h.values[row * d + i] = b;
+      }
+      reference::quantize_kv_row(f, x.data(), d, DType::kBF16, f == KVFormat::kFP8 ? h.fp8_scales[head] : 1.0f,
+                                 h.data.data() + row * rb, np ? h.pairs.data() + row * np : nullptr);
+    }
+  });
+  return h;
+}
+
+std::vector<uint16_t> random_bf16(int64_t count, uint64_t seed) {
+  std::vector<uint16_t> out(count);
+  parallel_chunks(count, 1 << 16, seed, [&](int64_t first, int64_t last, Rng& r) {
+    for (int64_t i = first; i < last; ++i) out[i] = host::f32_to_bf16(static_cast<float>(r.normal()));
+  });
+  return out;
+}
+
+template <typename T>
+DeviceBuffer upload_new(const std::vector<T>& host) {
+  DeviceBuffer b(host.size() * sizeof(T));
+  b.upload(host);
+  return b;
+}
+
+// `bytes` bytes at byte offset `offset` of a device buffer, copied to the host.
+std::vector<uint8_t> download_bytes(const DeviceBuffer& b, std::size_t offset, std::size_t bytes,
+                                    cudaStream_t stream) {
+  if (offset + bytes > b.bytes()) throw Error("tessera-bench: download past the end of a buffer");
+  std::vector<uint8_t> host(bytes);
+  if (!bytes) return host;
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.as<const uint8_t>() + offset, bytes, cudaMemcpyDeviceToHost,
+                                     stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+// ============================================================================================================
+// decode
+enum class Lengths { kFull, kZipf, kUniform };
+
+struct DecodeShape {
+  std::string name;  // without the format: "llama3_8b/B16/T4096/paged16"
+  int batch = 0, hq = 0, hkv = 0, d = 128;
+  int64_t capacity = 0;  // T: tokens per sequence in the cache
+  int page_size = 0;     // 0: contiguous
+  Lengths lengths = Lengths::kFull;
+
+  bool paged() const { return page_size > 0; }
+  int64_t pages_per_seq() const { return paged() ? capacity / page_size : 0; }
+  int64_t rows() const { return batch * capacity * hkv; }  // (token, head) rows of K (or V)
+};
+
+// Tokens per sequence; bench/compare.py's decode_lengths draws the same. full: T; zipf: T / r for the ranks
+// r = 1..B in a random order (one full sequence, one half, a third, ...); uniform: 1 + below(T).
+std::vector<int32_t> decode_lengths(const DecodeShape& sh) {
+  const int B = sh.batch;
+  const int32_t T = static_cast<int32_t>(sh.capacity);
+  std::vector<int32_t> out(B, T);
+  Rng rng(kLengthSeed);
+  if (sh.lengths == Lengths::kUniform) {
+    for (int32_t& n : out) n = 1 + rng.below(T);
+  } else if (sh.lengths == Lengths::kZipf) {
+    std::vector<int> order(B);
+    std::iota(order.begin(), order.end(), 0);
+    for (int i = B - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+    for (int r = 0; r < B; ++r) out[order[r]] = std::max(1, T / (r + 1));
+  }
+  return out;
+}
+
+double decode_bytes(const DecodeShape& sh, KVFormat f, const std::vector<int32_t>& lengths) {
+  const double per_token = sh.hkv * 2.0 * (row_bytes(f, sh.d) + 4.0 * scale_groups(f, sh.d));
+  double tokens = 0, pages = 0;
+  for (int32_t n : lengths) {
+    tokens += n;
+    if (sh.paged()) pages += (n + sh.page_size - 1) / sh.page_size;
+  }
+  return tokens * per_token + 2.0 * (2.0 * sh.batch * sh.hq * sh.d) + 4.0 * sh.batch + 4.0 * pages +
+         (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
+}
+
+// Leading sequences --check covers: at least one, then while within kCheckMacs and kCheckBytes.
+int check_sequences(const DecodeShape& sh, const std::vector<int32_t>& lengths) {
+  double macs = 0, bytes = 0;
+  int n = 0;
+  for (int32_t len : lengths) {
+    macs += 2.0 * len * sh.hq * sh.d;
+    bytes += 2.0 * len * sh.hkv * sh.d * 8.0;
+    if (n > 0 && (macs > kCheckMacs || bytes > kCheckBytes)) break;
+    ++n;
+  }
+  return n;
+}
+
+class DecodeCase final : public CaseInstance {
+ public:
+  DecodeCase(const DeviceContext& ctx, const std::string& op, const std::string& name, const DecodeShape& sh,
+             KVFormat f)
+      : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)) {
+    const int64_t B = sh.batch, HQ = sh.hq, D = sh.d;
+    sets_ = rotating_sets(ctx, decode_bytes(sh, f, lengths_));
+    check_seqs_ = check_sequences(sh, lengths_);
+    seqlens_ = upload_new(lengths_);
+    if (sh.paged()) {  // one pool of B·T/P pages, a random permutation of them as the block table
+      Rng rng(case_seed(op, sh.name + "/block_table", 0));
+      block_table_host_.resize(B * sh.pages_per_seq());
+      std::iota(block_table_host_.begin(), block_table_host_.end(), 0);
+      for (int64_t i = static_cast<int64_t>(block_table_host_.size()) - 1; i > 0; --i)
+        std::swap(block_table_host_[i], block_table_host_[rng.next() % static_cast<uint64_t>(i + 1)]);
+      block_table_ = upload_new(block_table_host_);
+    }
+    o_.allocate(B * HQ * D * 2);
+
+    for (int s = 0; s < sets_; ++s) {
+      Rng rng(case_seed(op, name, s));
+      const uint64_t k_seed = rng.next(), v_seed = rng.next(), q_seed = rng.next();
+      HostRows k = make_rows(f, sh.rows(), sh.hkv, sh.d, k_seed);
+      HostRows v = make_rows(f, sh.rows(), sh.hkv, sh.d, v_seed);
+      std::vector<uint16_t> q = random_bf16(B * HQ * D, q_seed);
+      Set set;
+      set.k = upload_layout(k.data);
+      set.v = upload_layout(v.data);
+      if (!k.pairs.empty()) {
+        set.k_scale = upload_layout(k.pairs);
+        set.v_scale = upload_layout(v.pairs);
+      } else if (f == KVFormat::kFP8) {
+        set.k_scale = upload_new(k.fp8_scales);
+        set.v_scale = upload_new(v.fp8_scales);
+      }
+      set.q = upload_new(q);
+      sets_data_.push_back(std::move(set));
+      if (s == 0) {  // the reference needs the leading check_seqs_ sequences only
+        const size_t rows = static_cast<size_t>(check_seqs_) * sh.capacity * sh.hkv;
+        const int rb = row_bytes(f, sh.d), np = 2 * scale_groups(f, sh.d);
+        k.data.resize(rows * rb);
+        v.data.resize(rows * rb);
+        k.pairs.resize(rows * np);
+        v.pairs.resize(rows * np);
+        k.data.shrink_to_fit(), v.data.shrink_to_fit(), k.pairs.shrink_to_fit(), v.pairs.shrink_to_fit();
+        host_k_ = std::move(k);
+        host_v_ = std::move(v);
+        q.resize(check_seqs_ * HQ * D);
+        host_q_ = std::move(q);
+      }
+    }
+    for (Set& set : sets_data_) set.cache = cache_views(set);
+    workspace_bytes_ = attention::decode_workspace_bytes(q_view(sets_data_[0]), sets_data_[0].cache, params_);
+    workspace_.allocate(workspace_bytes_);  // cudaMalloc: 256-byte aligned
+  }
+
+  int num_sets() const override { return sets_; }
+
+  void run(cudaStream_t stream, int set) override {
+    const Set& s = sets_data_[set];
+    attention::decode(q_view(s), s.cache, TensorView::contiguous(seqlens_.get(), DType::kInt32, {sh_.batch}, device_),
+                      TensorView::contiguous(o_.get(), DType::kBF16, {sh_.batch, sh_.hq, sh_.d}, device_),
+                      std::nullopt, Workspace{workspace_.get(), workspace_bytes_}, params_, stream);
+  }
+
+  CheckResult check(cudaStream_t stream) override {
+    const int64_t n = check_seqs_, HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d;
+    o_.fill_async(0xFF, stream);  // NaN
+    run(stream, 0);
+    const auto o = o_.download<uint16_t>(n * HQ * D, stream);
+
+    // float64 K/V of sequences [0, n), capacity cut to their longest length (rows past a length are not read).
+    const int64_t cap = *std::max_element(lengths_.begin(), lengths_.begin() + n);
+    std::vector<double> q(n * HQ * D), k(n * cap * HKV * D, 0.0), v(k.size(), 0.0);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = host::bf16_to_f32(host_q_[i]);
+    const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
+    parallel_chunks(n * cap * HKV, 1 << 14, 0, [&](int64_t first, int64_t last, Rng&) {
+      for (int64_t r = first; r < last; ++r) {  // r = (b·cap + t)·HKV + h
+        const int64_t h = r % HKV, t = (r / HKV) % cap, b = r / (HKV * cap);
+        if (t >= lengths_[b]) continue;
+        const int64_t src = (b * sh_.capacity + t) * HKV + h;
+        for (auto [rows, out] : {std::pair{&host_k_, &k}, std::pair{&host_v_, &v}})
+          reference::dequantize_kv_row(format_, rows->data.data() + src * rb,
+                                       np ? rows->pairs.data() + src * np : nullptr, sh_.d, DType::kBF16,
+                                       format_ == KVFormat::kFP8 ? rows->fp8_scales[h] : 1.0f, out->data() + r * D);
+      }
+    });
+    reference::DecodeShape rs;
+    rs.batch = static_cast<int>(n);
+    rs.num_q_heads = sh_.hq;
+    rs.num_kv_heads = sh_.hkv;
+    rs.head_dim = sh_.d;
+    rs.capacity = cap;
+    const std::vector<int32_t> lengths(lengths_.begin(), lengths_.begin() + n);
+    const reference::DecodeRef ref = reference::decode_reference(q, k, v, lengths, rs, params_);
+    CheckResult r = reference::check_decode_output(ref, o, DType::kBF16, {});
+    if (n < sh_.batch)
+      r.message += " (reference on the first " + std::to_string(n) + " of " + std::to_string(sh_.batch) +
+                   " sequences)";
+    return r;
+  }
+
+ private:
+  struct Set {
+    DeviceBuffer k, v, k_scale, v_scale, q;
+    attention::KVCache cache;
+  };
+
+  // A logical [B, T, HKV, row] host array, uploaded in the case's layout: as it is (contiguous), or with its
+  // pages scattered by the block table ([num_pages, page_size, HKV, row]).
+  template <typename T>
+  DeviceBuffer upload_layout(const std::vector<T>& logical) const {
+    if (!sh_.paged()) return upload_new(logical);
+    const size_t page = logical.size() / block_table_host_.size();  // elements of one page
+    std::vector<T> pages(logical.size());
+    for (size_t i = 0; i < block_table_host_.size(); ++i)  // logical page i = (b, p) -> physical page table[b, p]
+      std::copy_n(logical.begin() + i * page, page, pages.begin() + block_table_host_[i] * page);
+    return upload_new(pages);
+  }
+
+  // [B, T, HKV, last] or [B·T/P, P, HKV, last].
+  TensorView cache_view(const DeviceBuffer& b, DType dtype, int64_t last) const {
+    if (sh_.paged())
+      return TensorView::contiguous(b.get(), dtype, {sh_.batch * sh_.pages_per_seq(), sh_.page_size, sh_.hkv, last},
+                                    device_);
+    return TensorView::contiguous(b.get(), dtype, {sh_.batch, sh_.capacity, sh_.hkv, last}, device_);
+  }
+
+  attention::KVCache cache_views(const Set& s) const {
+    attention::KVCache c;
+    c.format = format_;
+    const int64_t last = data_last_dim(format_, sh_.d);
+    c.k = cache_view(s.k, data_dtype(format_), last);
+    c.v = cache_view(s.v, data_dtype(format_), last);
+    if (const int ng = scale_groups(format_, sh_.d)) {
+      c.k_scale = cache_view(s.k_scale, DType::kFP16, 2 * ng);
+      c.v_scale = cache_view(s.v_scale, DType::kFP16, 2 * ng);
+    } else if (format_ == KVFormat::kFP8) {
+      c.k_scale = TensorView::contiguous(s.k_scale.get(), DType::kFP32, {sh_.hkv}, device_);
+      c.v_scale = TensorView::contiguous(s.v_scale.get(), DType::kFP32, {sh_.hkv}, device_);
+    }
+    if (sh_.paged())
+      c.block_table = TensorView::contiguous(block_table_.get(), DType::kInt32, {sh_.batch, sh_.pages_per_seq()},
+                                             device_);
+    return c;
+  }
+
+  TensorView q_view(const Set& s) const {
+    return TensorView::contiguous(s.q.get(), DType::kBF16, {sh_.batch, sh_.hq, sh_.d}, device_);
+  }
+
+  DecodeShape sh_;
+  KVFormat format_;
+  int device_;
+  std::vector<int32_t> lengths_;
+  attention::DecodeParams params_;
+  int sets_ = 1;
+  int check_seqs_ = 1;
+  std::vector<Set> sets_data_;
+  std::vector<int32_t> block_table_host_;
+  DeviceBuffer seqlens_, block_table_, o_, workspace_;
+  std::size_t workspace_bytes_ = 0;
+  HostRows host_k_, host_v_;      // set 0, sequences [0, check_seqs_), logical layout
+  std::vector<uint16_t> host_q_;  // set 0, the same sequences
+};
+
+void add_decode_shape_cases(std::vector<CaseSpec>& cases, const DecodeShape& sh, std::vector<KVFormat> formats) {
+  const std::vector<int32_t> lengths = decode_lengths(sh);
+  for (KVFormat f : formats) {
+    CaseSpec c;
+    c.op = "decode";
+    c.name = sh.name + "/" + attention::kv_format_name(f);
+    c.bytes = decode_bytes(sh, f, lengths);
+    c.flops = 4.0 * sh.hq * sh.d * std::accumulate(lengths.begin(), lengths.end(), 0.0);
+    c.setup = [op = c.op, name = c.name, sh, f](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
+      return std::make_unique<DecodeCase>(ctx, op, name, sh, f);
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
+void add_decode_cases(std::vector<CaseSpec>& cases) {
+  const std::vector<KVFormat> every(std::begin(kEveryFormat), std::end(kEveryFormat));
+  const std::vector<KVFormat> paged_formats = {KVFormat::kNative, KVFormat::kInt8, KVFormat::kInt4};
+  const std::vector<KVFormat> bf16_int4 = {KVFormat::kNative, KVFormat::kInt4};
+  const auto shape = [](const std::string& model, int B, int hq, int hkv, int64_t T, int page_size = 0,
+                        Lengths lengths = Lengths::kFull) {
+    DecodeShape sh;
+    sh.name = model + "/B" + std::to_string(B) + "/T" + std::to_string(T);
+    if (page_size) sh.name += "/paged" + std::to_string(page_size);
+    if (lengths == Lengths::kZipf) sh.name += "/zipf";
+    if (lengths == Lengths::kUniform) sh.name += "/uniform";
+    sh.batch = B, sh.hq = hq, sh.hkv = hkv, sh.capacity = T, sh.page_size = page_size, sh.lengths = lengths;
+    return sh;
+  };
+  for (int B : {32, 64, 128, 256, 512}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192), every);
+  for (int B : {1, 16, 64}) add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096), every);
+  add_decode_shape_cases(cases, shape("llama3_8b", 1, 32, 8, 131072), bf16_int4);
+  for (int P : {16, 64}) {
+    add_decode_shape_cases(cases, shape("hq8kv1", 128, 8, 1, 8192, P), paged_formats);
+    for (int B : {16, 64}) add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, P), paged_formats);
+  }
+  for (Lengths l : {Lengths::kZipf, Lengths::kUniform})
+    add_decode_shape_cases(cases, shape("hq8kv1", 64, 8, 1, 8192, 0, l), bf16_int4);
+}
+
+// ============================================================================================================
+// append_kv
+struct AppendShape {
+  int batch = 128, num_new = 1, hkv = 8, d = 128;
+  int64_t capacity = 4096;
+  int64_t new_rows() const { return static_cast<int64_t>(batch) * num_new * hkv; }
+};
+
+double append_bytes(const AppendShape& sh, KVFormat f) {
+  return sh.new_rows() * 2.0 * (2.0 * sh.d + row_bytes(f, sh.d) + 4.0 * scale_groups(f, sh.d)) + 4.0 * sh.batch +
+         (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
+}
+
+class AppendCase final : public CaseInstance {
+ public:
+  AppendCase(const DeviceContext& ctx, const std::string& op, const std::string& name, const AppendShape& sh,
+             KVFormat f)
+      : sh_(sh), format_(f), device_(ctx.device) {
+    const int64_t B = sh.batch, T = sh.capacity, HKV = sh.hkv;
+    const int rb = row_bytes(f, sh.d), np = 2 * scale_groups(f, sh.d);
+    sets_ = rotating_sets(ctx, append_bytes(sh, f));
+    for (int s = 0; s < sets_; ++s) {
+      Rng rng(case_seed(op, name, s));
+      const uint64_t k_seed = rng.next(), v_seed = rng.next();
+      // The new rows and what the cache must hold afterwards (the fp8 scales are inputs: make_rows' own).
+      HostRows k = make_rows(f, sh.new_rows(), sh.hkv, sh.d, k_seed, true);
+      HostRows v = make_rows(f, sh.new_rows(), sh.hkv, sh.d, v_seed, true);
+      std::vector<int32_t> positions(B);
+      for (int32_t& p : positions) p = rng.below(static_cast<int>(T - sh.num_new + 1));
+      Set set;
+      set.k_new = upload_new(k.values);
+      set.v_new = upload_new(v.values);
+      set.positions = upload_new(positions);
+      if (f == KVFormat::kFP8) {
+        set.k_fp8 = upload_new(k.fp8_scales);
+        set.v_fp8 = upload_new(v.fp8_scales);
+      }
+      sets_data_.push_back(std::move(set));
+      if (s == 0) {
+        expect_k_ = std::move(k);
+        expect_v_ = std::move(v);
+        positions_ = std::move(positions);
+      }
+    }
+    // The cache is output only (its previous contents do not matter to append_kv).
+    k_.allocate(B * T * HKV * rb);
+    v_.allocate(B * T * HKV * rb);
+    if (np) {
+      k_pairs_.allocate(B * T * HKV * np * 2);
+      v_pairs_.allocate(B * T * HKV * np * 2);
+    }
+  }
+
+  int num_sets() const override { return sets_; }
+
+  void run(cudaStream_t stream, int set) override {
+    const Set& s = sets_data_[set];
+    const int64_t B = sh_.batch, T = sh_.capacity, HKV = sh_.hkv;
+    attention::KVCache c;
+    c.format = format_;
+    const int64_t last = data_last_dim(format_, sh_.d);
+    c.k = TensorView::contiguous(k_.get(), data_dtype(format_), {B, T, HKV, last}, device_);
+    c.v = TensorView::contiguous(v_.get(), data_dtype(format_), {B, T, HKV, last}, device_);
+    if (const int ng = scale_groups(format_, sh_.d)) {
+      c.k_scale = TensorView::contiguous(k_pairs_.get(), DType::kFP16, {B, T, HKV, 2 * ng}, device_);
+      c.v_scale = TensorView::contiguous(v_pairs_.get(), DType::kFP16, {B, T, HKV, 2 * ng}, device_);
+    } else if (format_ == KVFormat::kFP8) {
+      c.k_scale = TensorView::contiguous(s.k_fp8.get(), DType::kFP32, {HKV}, device_);
+      c.v_scale = TensorView::contiguous(s.v_fp8.get(), DType::kFP32, {HKV}, device_);
+    }
+    const std::initializer_list<int64_t> new_shape = {B, sh_.num_new, HKV, sh_.d};
+    attention::append_kv(TensorView::contiguous(s.k_new.get(), DType::kBF16, new_shape, device_),
+                         TensorView::contiguous(s.v_new.get(), DType::kBF16, new_shape, device_),
+                         TensorView::contiguous(s.positions.get(), DType::kInt32, {B}, device_), c, stream);
+  }
+
+  // Set 0's rows must equal the reference quantizer's bytes exactly; the token rows either side of them (inside
+  // the capacity) must keep the 0xFF poison.
+  CheckResult check(cudaStream_t stream) override {
+    const int64_t T = sh_.capacity, HKV = sh_.hkv, S = sh_.num_new;
+    const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
+    for (const DeviceBuffer* b : {&k_, &v_, &k_pairs_, &v_pairs_}) b->fill_async(0xFF, stream);
+    run(stream, 0);
+    int64_t bad_rows = 0, bad_guard = 0, compared = 0;
+    std::string first;
+    const struct {
+      const char* name;
+      const DeviceBuffer& data;
+      const DeviceBuffer& pairs;
+      const HostRows& expect;
+    } tensors[] = {{"k", k_, k_pairs_, expect_k_}, {"v", v_, v_pairs_, expect_v_}};
+    for (const auto& t : tensors) {
+      for (int64_t b = 0; b < sh_.batch; ++b) {
+        // Tokens [pos - 1, pos + S] of sequence b, clipped to the capacity: one contiguous range of rows.
+        const int64_t pos = positions_[b], lo = std::max<int64_t>(pos - 1, 0), hi = std::min<int64_t>(pos + S + 1, T);
+        const int64_t row0 = (b * T + lo) * HKV, rows = (hi - lo) * HKV;
+        const auto data = download_bytes(t.data, row0 * rb, rows * rb, stream);
+        const auto pairs = download_bytes(t.pairs, row0 * np * 2, rows * np * 2, stream);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t tok = lo + r / HKV, h = r % HKV;
+          const uint8_t* got = data.data() + r * rb;
+          const uint8_t* got_pairs = np ? pairs.data() + r * np * 2 : nullptr;
+          if (tok < pos || tok >= pos + S) {  // a guard row: still poison
+            const auto poison = [](uint8_t x) { return x == 0xFF; };
+            const bool poisoned =
+                std::all_of(got, got + rb, poison) && (!np || std::all_of(got_pairs, got_pairs + np * 2, poison));
+            if (!poisoned) {
+              if (first.empty())
+                first = std::string(t.name) + " b " + std::to_string(b) + " token " + std::to_string(tok) +
+                        " head " + std::to_string(h) + " written, but only token " + std::to_string(pos) +
+                        " should be";
+              ++bad_guard;
+            }
+            continue;
+          }
+          ++compared;
+          const int64_t src = (b * S + (tok - pos)) * HKV + h;  // row of k_new / v_new
+          const bool same = std::memcmp(got, t.expect.data.data() + src * rb, rb) == 0 &&
+                            (!np || std::memcmp(got_pairs, t.expect.pairs.data() + src * np, np * 2) == 0);
+          if (!same) {
+            if (first.empty())
+              first = std::string(t.name) + " b " + std::to_string(b) + " token " + std::to_string(tok) + " head " +
+                      std::to_string(h) + " differs from the reference quantizer";
+            ++bad_rows;
+          }
+        }
+      }
+    }
+    CheckResult r;
+    r.ok = bad_rows == 0 && bad_guard == 0;
+    r.error = static_cast<double>(bad_rows + bad_guard);
+    r.compared = compared;
+    r.message = r.ok ? std::to_string(compared) + " rows bit-exact, their neighbours untouched"
+                     : std::to_string(bad_rows) + " of " + std::to_string(compared) + " rows differ, " +
+                           std::to_string(bad_guard) + " neighbour rows written; first: " + first;
+    return r;
+  }
+
+ private:
+  struct Set {
+    DeviceBuffer k_new, v_new, positions, k_fp8, v_fp8;
+  };
+
+  AppendShape sh_;
+  KVFormat format_;
+  int device_;
+  int sets_ = 1;
+  std::vector<Set> sets_data_;
+  DeviceBuffer k_, v_, k_pairs_, v_pairs_;
+  HostRows expect_k_, expect_v_;  // set 0: the quantized new rows
+  std::vector<int32_t> positions_;
+};
+
+void add_append_cases(std::vector<CaseSpec>& cases) {
+  const AppendShape sh;
+  for (KVFormat f : kEveryFormat) {
+    CaseSpec c;
+    c.op = "append_kv";
+    c.name = "B" + std::to_string(sh.batch) + "/S" + std::to_string(sh.num_new) + "/hkv" + std::to_string(sh.hkv) +
+             "/D" + std::to_string(sh.d) + "/" + attention::kv_format_name(f);
+    c.bytes = append_bytes(sh, f);
+    c.flops = 0;
+    c.setup = [op = c.op, name = c.name, sh, f](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
+      return std::make_unique<AppendCase>(ctx, op, name, sh, f);
+    };
+    cases.push_back(std::move(c));
+  }
+}
+
+void add_attention_cases(std::vector<CaseSpec>& cases) {
+  add_decode_cases(cases);
+  add_append_cases(cases);
+}
+
+}  // namespace
+
+TESSERA_BENCH_CASES(add_attention_cases);
+
+}  // namespace tessera::bench

@@ -1,0 +1,106 @@
+// tessera — attention decode over a low-precision KV cache, and the cache's producer side (public).
+//
+// decode: one new query token per sequence attends to that sequence's cached keys and values.
+//   o[b, h, :] = Σ_t softmax_t(s[b, h, t]) · V[b, t, h / G, :]      (G = HQ / HKV query heads per KV head)
+//   s[b, h, t] = softmax_scale · q[b, h, :] · K[b, t, h / G, :]      (then softcap · tanh(s / softcap) if softcap > 0)
+//   over the keys t in [max(0, L - window), L), L = min(cache_seqlens[b], cache capacity) (window 0 = all).
+//   L counts the current token: append its K and V first (append_kv below), then decode with the new lengths.
+//   L == 0: o is zero and lse is -inf.
+//   lse[b, h] = log Σ_t exp(s[b, h, t]) (natural log), optional.
+// append_kv: quantizes new K/V rows (bf16/fp16) into the cache format and writes them at given positions.
+//
+// Both ops run asynchronously on the given stream, never synchronize the host (lengths and page tables are read on
+// the device only), never allocate, and can be captured in a CUDA graph. Arguments are validated before anything
+// is launched; a violation throws tessera::Error naming the op and the argument. See docs/ops/attention_decode.md.
+//
+// ---- KV cache layout ---------------------------------------------------------------------------------------
+// Data (k and v, the same shape each):
+//   contiguous: [B, T_max, HKV, row_bytes]        paged: [num_pages, page_size, HKV, row_bytes]
+//   with a block table int32 [B, max_pages]: token t of sequence b lives in page block_table[b, t / page_size],
+//   slot t % page_size. page_size is a power of two in [16, 256]. Capacity: T_max, or max_pages · page_size.
+//   A row (one token, one KV head) is D values, stored densely, 16-byte aligned:
+//     kNative  D × bf16|fp16 (the dtype of q)                   row_bytes = 2·D
+//     kFP8     D × fp8 e4m3                                     row_bytes = D
+//     kInt8    D × uint8 codes                                  row_bytes = D
+//     kInt4, kInt4Group32: D/2 bytes, byte j = code of element 2j in bits 0..3, element 2j+1 in bits 4..7
+//                                                               row_bytes = D/2      (dtype kUInt8 or kInt4x2)
+//   The last dim is unit-stride; every other stride (bytes) is a multiple of 16, the base 16-byte aligned.
+// Scales (integer formats): k_scale and v_scale, fp16, shaped like the data with the last dim 2·NG:
+//   [B, T_max, HKV, 2·NG] or [num_pages, page_size, HKV, 2·NG], pairs (scale, offset) per group of elements,
+//   NG = 1 (kInt8, kInt4: one pair per row) or D/32 (kInt4Group32: elements [32g, 32g+32) use pair g).
+//   Last dim unit-stride, other strides multiples of 2 elements (4 bytes), base 4-byte aligned.
+//   Element value = code · scale + offset (codes unsigned: 0..255 for int8, 0..15 for int4).
+// Scales (kFP8): fp32 [1] (per tensor) or [HKV] (per KV head); element value = e4m3 value · scale.
+// Rows are stored apart from their scales so that every data row is a whole number of 16-byte vectors.
+//
+// ---- Quantization (append_kv; the reference defines the same) ----------------------------------------------
+// Integer formats, per group x[0..n) of one (token, head) row, with levels = 255 (int8) or 15 (int4), in fp32:
+//   lo = min x, hi = max x, scale = fp16((hi - lo) / levels), offset = fp16(lo)   (fp16 round-to-nearest-even,
+//   saturated to ±65504); code = clamp(rint((x - offset) / scale), 0, levels), or 0 where scale == 0.
+//   Values must lie within the fp16 range for these formats to represent them.
+// kFP8: code = e4m3(x / scale), round-to-nearest-even, saturated to ±448 (NaN stays NaN).
+// kNative: copied (the new rows must have the cache's dtype).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "tessera/tensor.h"
+
+namespace tessera::attention {
+
+enum class KVFormat : int {
+  kNative = 0,       // bf16 or fp16, the dtype of q
+  kFP8 = 1,          // fp8 e4m3 with an fp32 scale per tensor or per KV head
+  kInt8 = 2,         // uint8 codes, fp16 (scale, offset) per (token, head)
+  kInt4 = 3,         // 4-bit codes, fp16 (scale, offset) per (token, head)
+  kInt4Group32 = 4,  // 4-bit codes, fp16 (scale, offset) per 32 elements of a (token, head) row
+};
+
+const char* kv_format_name(KVFormat format);
+
+struct KVCache {
+  KVFormat format = KVFormat::kNative;
+  TensorView k;                             // data, see above
+  TensorView v;                             // same shape, dtype and strides as k
+  std::optional<TensorView> k_scale;        // integer formats and kFP8; absent for kNative
+  std::optional<TensorView> v_scale;
+  std::optional<TensorView> block_table;    // int32 [B, max_pages]; present = paged layout
+};
+
+inline constexpr int kDecodeMaxSplits = 128;
+
+struct DecodeParams {
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
+  float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
+  int window = 0;              // > 0: attend to the last `window` keys only
+  // Split count for the sequence dimension: 0 = chosen from B·HKV, the SM count and the cache capacity;
+  // otherwise the number to use (1..kDecodeMaxSplits). Never depends on the device lengths.
+  int num_splits = 0;
+};
+
+// Elements (D values) per group of kInt4Group32.
+inline constexpr int kInt4GroupSize = 32;
+
+// Device workspace decode needs for this call (any contents, 16-byte aligned); 0 when one split suffices.
+// Depends only on shapes, the device and params, never on device values, so it can be sized once for a graph.
+std::size_t decode_workspace_bytes(const TensorView& q, const KVCache& cache, const DecodeParams& params = {});
+
+// q [B, HQ, D] bf16|fp16, unit stride along D, 16-byte aligned rows; HQ a multiple of HKV; D ∈ {64, 128, 256}.
+// cache_seqlens int32 [B] on the device. o [B, HQ, D] same dtype as q, unit stride along D.
+// lse fp32 [B, HQ] (any strides) or none.
+void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_seqlens, const TensorView& o,
+            const std::optional<TensorView>& lse, const Workspace& workspace, const DecodeParams& params,
+            cudaStream_t stream);
+
+// Writes k_new[b, i] and v_new[b, i] ([B, S, HKV, D] bf16|fp16, unit stride along D) at positions
+// positions[b] + i (int32 [B] on the device), i < S, quantized as described above. Positions at or beyond the
+// capacity, negative ones, and (paged) pages outside [0, num_pages) are skipped: nothing out of bounds is
+// written. cache_seqlens are not updated. For kFP8 the scales are inputs; for the integer formats outputs.
+void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& positions, const KVCache& cache,
+               cudaStream_t stream);
+
+}  // namespace tessera::attention

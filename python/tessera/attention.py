@@ -1,0 +1,355 @@
+"""tessera.attention — attention decode over a low-precision KV cache, and the cache's producer (append_kv).
+
+Thin wrappers over tessera._C (the C++ library, include/tessera/attention.h; user doc docs/ops/attention_decode.md).
+
+* ``attention_decode``: one new query token per sequence attends to its cached keys and values
+  (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
+  'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
+  (scale, offset) per token and head) and 'int4_group32' (fp16 (scale, offset) per 32 elements).
+* ``append_kv``: quantizes new K/V rows into the cache at given positions (the only producer tessera ships).
+* ``decode_workspace_size``: bytes of workspace attention_decode needs (depends on shapes, device and params only).
+* ``dequantize_kv``: the cache format's decoding rule in pure torch, for tests and debugging.
+
+Like tessera.moe and tessera.gemm, the ops accept torch tensors (or ``__dlpack__`` producers), run
+asynchronously on the current CUDA stream of q's (k_new's) device unless ``stream=`` is given, never synchronize,
+and raise ValueError naming the op and the argument for invalid arguments (messages from the C++ validation use
+the names of the C++ API: the KVCache fields, ``o`` for out). fp8 caches may be torch.float8_e4m3fn or
+torch.uint8 (the e4m3 bytes); they cross into C++ as uint8 views of the same memory. Integer-format caches are
+torch.uint8 (int4: two codes per byte, last dim D/2).
+
+Allocation happens here, in Python, before the C++ call: attention_decode allocates out, lse and the workspace
+with torch when they are not given. To capture attention_decode in a CUDA graph, pass preallocated ``out`` (and
+``lse``) and a ``workspace`` of ``decode_workspace_size(...)`` bytes, so that nothing is allocated during capture
+and replays reuse the same memory; the size never depends on the sequence lengths, so one workspace serves every
+replay.
+
+torch is imported lazily, inside the calls.
+"""
+
+import operator
+
+from . import _C
+from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, to_capsule, torch_module
+from .moe import _choice, _current_stream, _int, _rank
+
+__all__ = [
+    "FORMATS",
+    "append_kv",
+    "attention_decode",
+    "decode_workspace_size",
+    "dequantize_kv",
+]
+
+FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
+MAX_SPLITS = _C.decode_max_splits  # 128
+GROUP_SIZE = _C.int4_group_size  # 32: elements per (scale, offset) pair of 'int4_group32'
+
+
+# ---- argument handling ---------------------------------------------------------------------------------------
+
+
+def _is_fp8(t):
+    return t.is_floating_point() and t.element_size() == 1
+
+
+def _not_fp8(op, arg, t):
+    # An fp8 tensor would reach C++ as a uint8 view (to_capsule) and be read as something else, or be refused
+    # with a message that says uint8.
+    if _is_fp8(t):
+        raise ValueError(f"{op}: '{arg}' must be torch.bfloat16 or torch.float16, got {t.dtype}")
+
+
+def _cache_data(torch, op, arg, t, format):
+    """The dtype check C++ cannot do: which fp8 dtype a uint8 view came from (see _dlpack.to_capsule)."""
+    if format == "fp8":
+        e4m3 = getattr(torch, "float8_e4m3fn", None)
+        if t.dtype != torch.uint8 and (e4m3 is None or t.dtype != e4m3):
+            raise ValueError(
+                f"{op}: '{arg}' must be torch.float8_e4m3fn or torch.uint8 (e4m3 bytes) for format='fp8', "
+                f"got {t.dtype}")
+    elif _is_fp8(t):
+        raise ValueError(f"{op}: '{arg}' is {t.dtype}, which only format='fp8' accepts (format={format!r})")
+
+
+def _float(op, arg, value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: '{arg}' must be a number, got {type(value).__name__}") from None
+
+
+def _params(op, softmax_scale, softcap, window, num_splits):
+    """(softmax_scale, softcap, window, num_splits) as the binding takes them; None softmax_scale = 0 = 1/sqrt(D)."""
+    scale = 0.0 if softmax_scale is None else _float(op, "softmax_scale", softmax_scale)
+    return (scale, _float(op, "softcap", softcap), _int(op, "window", window, 0),
+            _int(op, "num_splits", num_splits, 0))
+
+
+def _explicit_stream(torch, op, stream):
+    """stream= as a raw cudaStream_t (int), or None for the current stream (resolved per device at the call)."""
+    if stream is None:
+        return None
+    raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
+    if raw is not None:
+        return int(raw)
+    try:
+        return operator.index(stream)
+    except TypeError:
+        raise TypeError(
+            f"{op}: 'stream' must be None, a torch.cuda.Stream or a cudaStream_t as an int, "
+            f"got {type(stream).__name__}") from None
+
+
+def _keep_alive_on(torch, tensor, stream, raw, index):
+    """A tensor allocated here on the current stream but used on another one: tell the caching allocator, so
+    that its memory is not handed out again before the work queued on `stream` is done."""
+    if tensor is None or stream is None or raw == _current_stream(torch, index):
+        return
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(raw, device=index)
+    tensor.record_stream(stream)
+
+
+def _on_device(torch, device, fn):
+    """Runs fn(index) with `device` current."""
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    if index != current:
+        with torch.cuda.device(index):
+            return fn(index)
+    return fn(index)
+
+
+class _Cache:
+    """The KV cache arguments as torch tensors, checked for what only Python can see."""
+
+    def __init__(self, torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table):
+        self.format = format
+        self.k = as_tensor(k_cache, op, "k_cache")
+        self.v = as_tensor(v_cache, op, "v_cache")
+        _cache_data(torch, op, "k_cache", self.k, format)
+        _cache_data(torch, op, "v_cache", self.v, format)
+        self.k_scale = as_optional_tensor(k_scale, op, "k_scale")
+        self.v_scale = as_optional_tensor(v_scale, op, "v_scale")
+        self.block_table = as_optional_tensor(block_table, op, "block_table")
+
+    def capsules(self):
+        return (to_capsule(self.k), to_capsule(self.v), to_capsule(self.k_scale), to_capsule(self.v_scale),
+                to_capsule(self.block_table))
+
+
+def _workspace_bytes(cache, q, params):
+    return _C.decode_workspace_bytes(to_capsule(q), *cache.capsules(), cache.format, *params)
+
+
+# ---- ops -------------------------------------------------------------------------------------------------------
+
+
+def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None, v_scale=None, block_table=None,
+                          softmax_scale=None, softcap=0.0, window=0, num_splits=0, out=None, lse=None,
+                          return_lse=False, workspace=None, stream=None):
+    """Bytes of device workspace attention_decode needs for these arguments (0 when one split suffices).
+
+    Depends only on the shapes, the device (its SM count) and the params (num_splits above all), never on the
+    sequence lengths or any device value: size a workspace once and reuse it for every call and graph replay with
+    these shapes. Takes the same arguments as attention_decode (cache_seqlens excepted); out, lse, return_lse,
+    workspace and stream are accepted so that one keyword dict serves both calls, and are ignored.
+    """
+    op = "tessera.decode_workspace_size"
+    _choice(op, "format", format, FORMATS)
+    params = _params(op, softmax_scale, softcap, window, num_splits)
+    torch = torch_module()
+    q = as_tensor(q, op, "q")
+    _not_fp8(op, "q", q)
+    device = cuda_device_of(q, op, "q")
+    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+    return int(_on_device(torch, device, lambda index: _workspace_bytes(cache, q, params)))
+
+
+def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_scale=None, v_scale=None,
+                     block_table=None, softmax_scale=None, softcap=0.0, window=0, num_splits=0, out=None, lse=None,
+                     return_lse=False, workspace=None, stream=None):
+    """Decode attention: o[b, h] = softmax_t(softmax_scale * q[b, h] . K[b, t, h // G]) @ V[b, t, h // G].
+
+    Over the keys t in [max(0, L - window), L) with L = min(cache_seqlens[b], capacity) (window 0: all keys);
+    G = HQ / HKV query heads share a KV head. With softcap > 0 the logits become softcap * tanh(s / softcap).
+    L = 0 gives o = 0 and lse = -inf. L counts the current token: append its K/V first (append_kv).
+
+    q              [B, HQ, D] bf16 | fp16, unit stride along D, 16-byte aligned rows; D in {64, 128, 256};
+                   HQ a multiple of HKV.
+    k_cache, v_cache  contiguous [B, T_max, HKV, row] or paged [num_pages, page_size, HKV, row]:
+                   'native': q's dtype, row = D; 'fp8': float8_e4m3fn or uint8, row = D; 'int8': uint8, row = D;
+                   'int4', 'int4_group32': uint8, row = D/2 (byte j: element 2j in bits 0..3, 2j+1 in 4..7).
+    cache_seqlens  int32 [B] on the device (read on the device only; lengths beyond the capacity are clamped).
+    format         'native' | 'fp8' | 'int8' | 'int4' | 'int4_group32'.
+    k_scale, v_scale  integer formats: fp16 [..., HKV, 2*NG] shaped like the data, (scale, offset) pairs,
+                   NG = 1 ('int8', 'int4') or D/32 ('int4_group32'). 'fp8': fp32 [1] or [HKV]. 'native': None.
+    block_table    int32 [B, max_pages] for the paged layout (page ids outside [0, num_pages): tokens skipped),
+                   None for the contiguous one.
+    softmax_scale  None (or 0): 1/sqrt(D).   softcap  0: off.   window  0: all keys.
+    num_splits     0: chosen from the shapes and the SM count; else 1..128 splits of the sequence.
+    out            [B, HQ, D] of q's dtype to write into (default: allocated with torch.empty).
+    lse            fp32 [B, HQ] to write log-sum-exp into (natural log); allocated when return_lse and None.
+    workspace      device tensor of at least decode_workspace_size(...) bytes (any dtype, contiguous); allocated
+                   when None and needed. Pass it (and out) preallocated when capturing a CUDA graph.
+    stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
+    Returns out, or (out, lse) when return_lse.
+    """
+    op = "tessera.attention_decode"
+    _choice(op, "format", format, FORMATS)
+    params = _params(op, softmax_scale, softcap, window, num_splits)
+
+    torch = torch_module()
+    q = as_tensor(q, op, "q")
+    _not_fp8(op, "q", q)
+    device = cuda_device_of(q, op, "q")
+    _rank(op, "q", q, 3, "[B, HQ, D]")
+    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+    cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    else:
+        out = as_tensor(out, op, "out")
+        _not_fp8(op, "out", out)
+    if lse is None:
+        if return_lse:
+            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device)
+    else:
+        lse = as_tensor(lse, op, "lse")
+    if workspace is not None:
+        workspace = as_tensor(workspace, op, "workspace")
+
+    explicit = _explicit_stream(torch, op, stream)
+
+    def call(index):
+        raw = _current_stream(torch, index) if explicit is None else explicit
+        ws = workspace
+        if ws is None:
+            nbytes = _workspace_bytes(cache, q, params)
+            if nbytes > 0:
+                ws = torch.empty((nbytes,), dtype=torch.uint8, device=device)
+                _keep_alive_on(torch, ws, stream, raw, index)
+        _C.attention_decode(to_capsule(q), *cache.capsules(), to_capsule(cache_seqlens), to_capsule(out),
+                            to_capsule(lse), to_capsule(ws), format, *params, raw)
+
+    _on_device(torch, device, call)
+    return (out, lse) if return_lse else out
+
+
+def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_scale=None, v_scale=None,
+              block_table=None, stream=None):
+    """Writes k_new[b, i] and v_new[b, i] into the cache at token positions[b] + i, quantized to its format.
+
+    k_new, v_new   [B, S, HKV, D] bf16 | fp16, unit stride along D ('native': the cache's dtype).
+    positions      int32 [B] on the device. Slots at or beyond the capacity, negative ones, and (paged) pages
+                   outside [0, num_pages) are skipped: nothing out of bounds is written.
+    k_cache, v_cache, format, block_table  as in attention_decode.
+    k_scale, v_scale  integer formats: outputs, the (scale, offset) pairs of the written rows
+                   (scale = fp16((max - min) / levels), offset = fp16(min) per group; levels 255 or 15).
+                   'fp8': inputs, fp32 [1] or [HKV]; codes = e4m3(x / scale), saturated to +-448.
+    cache_seqlens are not updated (the caller advances them).
+    stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
+    Returns None.
+    """
+    op = "tessera.append_kv"
+    _choice(op, "format", format, FORMATS)
+
+    torch = torch_module()
+    k_new = as_tensor(k_new, op, "k_new")
+    v_new = as_tensor(v_new, op, "v_new")
+    _not_fp8(op, "k_new", k_new)
+    _not_fp8(op, "v_new", v_new)
+    device = cuda_device_of(k_new, op, "k_new")
+    positions = as_tensor(positions, op, "positions")
+    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+
+    explicit = _explicit_stream(torch, op, stream)
+
+    def call(index):
+        raw = _current_stream(torch, index) if explicit is None else explicit
+        _C.append_kv(to_capsule(k_new), to_capsule(v_new), to_capsule(positions), *cache.capsules(), format, raw)
+
+    _on_device(torch, device, call)
+
+
+# ---- pure-torch decoding of the cache formats -----------------------------------------------------------------
+
+
+def _unpack_int4(torch, codes):
+    """uint8 [..., D/2] -> uint8 [..., D]: element 2j from bits 0..3 of byte j, element 2j+1 from bits 4..7."""
+    low = codes & 0x0F
+    high = codes >> 4
+    return torch.stack((low, high), dim=-1).reshape(*codes.shape[:-1], codes.shape[-1] * 2)
+
+
+def dequantize_kv(codes, scales, format, head_dim, *, dtype=None):
+    """The values a cache holds, per include/tessera/attention.h; a torch function for tests and debugging.
+
+    codes     cache data [..., HKV, row] (contiguous or paged layout, or any slice that keeps the last two dims):
+              'native' bf16/fp16 (row = D); 'fp8' float8_e4m3fn or uint8 e4m3 bytes (row = D); 'int8' uint8
+              (row = D); 'int4', 'int4_group32' uint8 (row = D/2, low nibble = even element).
+    scales    integer formats: fp16 [..., HKV, 2*NG] matching codes' leading dims, pairs (scale, offset);
+              NG = 1, or D/32 for 'int4_group32' (elements [32g, 32g+32) use pair g).
+              'fp8': fp32 [1] (per tensor) or [HKV] (per KV head), or a Python number. 'native': ignored.
+    head_dim  D.
+    dtype     result dtype (default torch.float32); the arithmetic runs in it.
+    Returns [..., HKV, D]: code * scale + offset (integer formats), e4m3 value * scale ('fp8'), or the values.
+    These are the exact values the cache encodes; the decode kernel converts them to fp16 (for the quantized
+    formats) before its tensor-core products.
+    """
+    op = "tessera.dequantize_kv"
+    _choice(op, "format", format, FORMATS)
+    head_dim = _int(op, "head_dim", head_dim, 1)
+    torch = torch_module()
+    dtype = torch.float32 if dtype is None else dtype
+    codes = as_tensor(codes, op, "codes")
+    if codes.dim() < 2:
+        raise ValueError(f"{op}: 'codes' must be [..., HKV, row], got shape {list(codes.shape)}")
+    int4 = format in ("int4", "int4_group32")
+    row = head_dim // 2 if int4 else head_dim
+    if (int4 and head_dim % 2) or codes.shape[-1] != row:
+        raise ValueError(f"{op}: 'codes' must have last dim {row} for format={format!r} and head_dim {head_dim}, "
+                         f"got shape {list(codes.shape)}")
+
+    if format == "native":
+        return codes.to(dtype)
+
+    if format == "fp8":
+        e4m3 = getattr(torch, "float8_e4m3fn", None)
+        if e4m3 is None:
+            raise ValueError(f"{op}: format='fp8' needs a torch with float8_e4m3fn")
+        if codes.dtype == torch.uint8:
+            codes = codes.view(e4m3)
+        elif codes.dtype != e4m3:
+            raise ValueError(f"{op}: 'codes' must be torch.float8_e4m3fn or torch.uint8, got {codes.dtype}")
+        values = codes.to(torch.float32).to(dtype)  # e4m3 -> fp32 is exact (and supported everywhere)
+        if not isinstance(scales, torch.Tensor):
+            return values * _float(op, "scales", scales)
+        s = scales.to(device=codes.device, dtype=dtype)
+        heads = codes.shape[-2]
+        if s.numel() == 1:
+            return values * s.reshape(())
+        if s.numel() != heads:
+            raise ValueError(f"{op}: fp8 'scales' must have 1 or {heads} (HKV) elements, got shape "
+                             f"{list(scales.shape)}")
+        return values * s.reshape(heads, 1)
+
+    if codes.dtype != torch.uint8:
+        raise ValueError(f"{op}: 'codes' must be torch.uint8 for format={format!r}, got {codes.dtype}")
+    if format == "int4_group32":
+        if head_dim % GROUP_SIZE:
+            raise ValueError(f"{op}: head_dim must be a multiple of {GROUP_SIZE} for 'int4_group32', got {head_dim}")
+        groups = head_dim // GROUP_SIZE
+    else:
+        groups = 1
+    scales = as_tensor(scales, op, "scales")
+    expected = tuple(codes.shape[:-1]) + (2 * groups,)
+    if tuple(scales.shape) != expected:
+        raise ValueError(f"{op}: 'scales' must have shape {list(expected)} for format={format!r}, got "
+                         f"{list(scales.shape)}")
+    values = _unpack_int4(torch, codes) if int4 else codes
+    values = values.to(dtype).reshape(*codes.shape[:-1], groups, head_dim // groups)
+    pairs = scales.to(device=codes.device, dtype=dtype).reshape(*codes.shape[:-1], groups, 2)
+    out = values * pairs[..., 0:1] + pairs[..., 1:2]
+    return out.reshape(*codes.shape[:-1], head_dim)
+

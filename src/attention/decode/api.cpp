@@ -1,0 +1,66 @@
+// Public entry points of attention decode and append_kv; the split-count choice and the workspace size.
+#include <algorithm>
+#include <cstdint>
+
+#include "attention/decode/problem.h"
+#include "tessera/attention.h"
+
+namespace tessera::attention {
+namespace detail {
+
+// Split count from shapes only (the device lengths are unknown on the host): model each CTA as costing its share
+// of the capacity plus a fixed start-up, count the waves at two resident CTAs per SM, and charge a split run the
+// merge. Sequences shorter than the capacity only make the chosen splits finish early.
+int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms) {
+  constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head
+  constexpr double kMergeTokens = 64.0;     // the merge launch and traffic, in the same unit
+  const int64_t head_tiles = (group_size + 15) / 16;
+  const int64_t base = std::max<int64_t>(1, batch * num_kv_heads * head_tiles);
+  const int64_t slots = std::max<int64_t>(1, int64_t{2} * std::max(num_sms, 1));
+  // Each split keeps at least 4 tiles (one per warp) of capacity.
+  const int64_t max_splits =
+      std::max<int64_t>(1, std::min<int64_t>(kDecodeMaxSplits, (std::max<int64_t>(capacity, 1) + 63) / 64));
+  int best = 1;
+  double best_cost = 0;
+  for (int64_t s = 1; s <= max_splits; ++s) {
+    const double waves = static_cast<double>((base * s + slots - 1) / slots);
+    const double cost =
+        waves * (static_cast<double>(capacity) / static_cast<double>(s) + kStartupTokens) + (s > 1 ? kMergeTokens : 0);
+    if (s == 1 || cost < best_cost * 0.98) {  // more splits only for a clear gain
+      best = static_cast<int>(s);
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_q_heads, int64_t head_dim, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const int64_t rows = batch * num_q_heads * num_splits;
+  const int64_t bytes = rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+  return static_cast<std::size_t>((bytes + 255) / 256 * 256);
+}
+
+}  // namespace detail
+
+std::size_t decode_workspace_bytes(const TensorView& q, const KVCache& cache, const DecodeParams& params) {
+  return detail::check_decode_workspace("tessera::attention::decode_workspace_bytes", q, cache, params);
+}
+
+void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_seqlens, const TensorView& o,
+            const std::optional<TensorView>& lse, const Workspace& workspace, const DecodeParams& params,
+            cudaStream_t stream) {
+  const detail::DecodeProblem pb =
+      detail::check_decode("tessera::attention::decode", q, cache, cache_seqlens, o, lse, workspace, params);
+  if (pb.batch == 0 || pb.num_q_heads == 0) return;
+  detail::launch_decode(pb, stream);
+}
+
+void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& positions, const KVCache& cache,
+               cudaStream_t stream) {
+  const detail::AppendProblem pb = detail::check_append("tessera::attention::append_kv", k_new, v_new, positions, cache);
+  if (pb.batch == 0 || pb.num_new == 0) return;
+  detail::launch_append(pb, stream);
+}
+
+}  // namespace tessera::attention

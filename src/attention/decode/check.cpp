@@ -1,0 +1,575 @@
+// Attention decode and append_kv: argument validation, and the DecodeProblem / AppendProblem the launchers
+// consume. Every rule runs before any device query; the device checks come last so that machines without a GPU
+// can test the others. The split count is chosen after them, since it needs the SM count.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attention/decode/problem.h"
+#include "common/device_info.h"
+#include "common/validate.h"
+
+namespace tessera::attention {
+
+const char* kv_format_name(KVFormat format) {
+  switch (format) {
+    case KVFormat::kNative: return "native";
+    case KVFormat::kFP8: return "fp8";
+    case KVFormat::kInt8: return "int8";
+    case KVFormat::kInt4: return "int4";
+    case KVFormat::kInt4Group32: return "int4_group32";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+using tessera::detail::ArgCheck;
+
+constexpr int64_t kVectorBytes = 16;                 // data rows (q, o, the cache) move as whole 16-byte vectors
+constexpr int64_t kMaxPositions = int64_t{1} << 31;  // token positions are int32 on the device
+constexpr int64_t kMaxInt = INT32_MAX;               // counts the problem structs hold as int
+constexpr int64_t kMinPageSize = 16, kMaxPageSize = 256;
+constexpr int64_t kMaxGroupSize = 256;       // query heads per KV head
+constexpr int64_t kMinTokensPerSplit = 16;   // a split over fewer tokens costs more in merging than it saves
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+std::string strides_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + str(t.strides[d]);
+  return s + "]";
+}
+
+bool supported_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
+bool is_int4(KVFormat f) { return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32; }
+bool is_integer(KVFormat f) { return f == KVFormat::kInt8 || is_int4(f); }
+
+// A copy of `t` whose dims of size <= 1 get a stride reaching past the dims inside them. Such strides never
+// address memory, so frameworks leave anything there; the rules and the launchers see a harmless value instead.
+TensorView normalized(TensorView t) {
+  int64_t extent = 1;  // elements the inner dims reach
+  for (int d = t.rank - 1; d >= 0; --d) {
+    if (t.shape[d] <= 1) t.strides[d] = extent;
+    else extent = std::max(extent, std::abs(t.strides[d]) * t.shape[d]);
+  }
+  return t;
+}
+
+// Layout of a (normalized) view: non-negative sizes and strides; unit stride along the last dim if `unit_last`;
+// the other strides multiples of `stride_bytes` (0: any); the data `base_bytes`-aligned. Empty views pass the
+// stride and alignment rules: they address nothing.
+void check_layout(const ArgCheck& check, const TensorView& t, const char* arg, bool unit_last, int64_t stride_bytes,
+                  int64_t base_bytes) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] < 0) check.fail(arg, "must have non-negative sizes, got shape " + t.shape_str());
+  if (t.numel() == 0) return;
+  if (unit_last) check.unit_inner_stride(t, arg);
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.strides[d] < 0)
+      check.fail(arg, "must have non-negative strides, got " + str(t.strides[d]) + " in dim " + str(d));
+    if (stride_bytes > 0 && !(unit_last && d == t.rank - 1) && (t.strides[d] * elem) % stride_bytes != 0)
+      check.fail(arg, "must have a stride in dim " + str(d) + " that is a multiple of " + str(stride_bytes) +
+                          " bytes (" + str(stride_bytes / elem) + " elements of " + dtype_name(t.dtype) + "), got " +
+                          str(t.strides[d]));
+  }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % base_bytes != 0)
+    check.fail(arg, "must start at a " + str(base_bytes) + "-byte aligned address");
+}
+
+// Shape check against a list of expected sizes, with the whole expected shape in the message.
+void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, std::vector<int64_t> expected,
+                 const std::string& what) {
+  check.rank(t, arg, static_cast<int>(expected.size()));
+  bool ok = true;
+  for (int d = 0; d < t.rank; ++d) ok = ok && t.shape[d] == expected[d];
+  if (ok) return;
+  std::string s = "[";
+  for (std::size_t d = 0; d < expected.size(); ++d) s += (d ? ", " : "") + str(expected[d]);
+  check.fail(arg, "must have shape " + what + " = " + s + "], got " + t.shape_str());
+}
+
+// cache_seqlens / positions: int32 [B], contiguous.
+void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch) {
+  check.dtype(t, arg, {DType::kInt32});
+  check_shape(check, t, arg, {batch}, "[B]");
+  check.contiguous(t, arg);
+  check_layout(check, t, arg, true, 0, 4);
+}
+
+using ByteDims = std::vector<std::pair<int64_t, int64_t>>;  // (stride in bytes, size)
+
+// The bytes a view touches, as dims: the element itself is an innermost dim of unit stride.
+ByteDims byte_dims(const TensorView& t) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  ByteDims dims = {{1, elem}};
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) dims.emplace_back(t.strides[d] * elem, t.shape[d]);
+  return dims;
+}
+
+// Distinct indices address distinct bytes: sorted by stride, each stride reaches past everything the smaller ones
+// span. Sufficient, not necessary; every dense, padded or interleaved layout satisfies it. Strides >= 0.
+bool injective(ByteDims dims) {
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // largest byte offset the dims so far reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return false;  // also catches a zero stride, sorted first
+    span += stride * (size - 1);
+  }
+  return true;
+}
+
+void check_no_self_overlap(const ArgCheck& check, const TensorView& t, const char* arg) {
+  if (t.numel() > 0 && !injective(byte_dims(t)))
+    check.fail(arg, "must not have elements that share memory (output), got shape " + t.shape_str() +
+                        " with strides " + strides_str(t));
+}
+
+bool spans_overlap(const TensorView& a, const TensorView& b) {
+  const auto span = [](const TensorView& t) {
+    const auto base = reinterpret_cast<std::uintptr_t>(t.data);
+    int64_t last = 0;
+    for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.strides[d];
+    return std::make_pair(base, base + static_cast<std::uintptr_t>((last + 1) * dtype_size(t.dtype)));
+  };
+  if (a.numel() == 0 || b.numel() == 0) return false;
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// Two views of one dtype, shape and strides (k and v, or their scales) share no byte. Either their extents are
+// apart, or b is a shifted by an offset that fits between a's elements as one more dim: the interleaved halves of
+// a fused KV buffer such as [num_pages, 2, page_size, HKV, D], which a plain extent test would reject.
+bool disjoint_twins(const TensorView& a, const TensorView& b) {
+  if (!spans_overlap(a, b)) return true;
+  const std::intptr_t delta = reinterpret_cast<std::intptr_t>(b.data) - reinterpret_cast<std::intptr_t>(a.data);
+  ByteDims dims = byte_dims(a);
+  dims.emplace_back(delta < 0 ? -static_cast<int64_t>(delta) : static_cast<int64_t>(delta), 2);
+  return injective(dims);
+}
+
+struct Named {
+  const TensorView* t;
+  const char* name;
+};
+
+// Each output overlaps no input and no other output.
+void check_outputs_apart(const ArgCheck& check, const std::vector<Named>& inputs, const std::vector<Named>& outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    for (const Named& in : inputs) check.no_overlap(*in.t, in.name, *outputs[i].t, outputs[i].name);
+    for (std::size_t j = 0; j < i; ++j) check.no_overlap(*outputs[j].t, outputs[j].name, *outputs[i].t, outputs[i].name);
+  }
+}
+
+// The cache's tensors, by name, as they are present.
+std::vector<Named> cache_tensors(const KVCache& cache) {
+  std::vector<Named> v = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
+  if (cache.k_scale) v.push_back({&*cache.k_scale, "cache.k_scale"});
+  if (cache.v_scale) v.push_back({&*cache.v_scale, "cache.v_scale"});
+  if (cache.block_table) v.push_back({&*cache.block_table, "cache.block_table"});
+  return v;
+}
+
+void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView& k, int64_t head_dim, CacheDesc& c) {
+  const char* ks = "cache.k_scale";
+  const char* vs = "cache.v_scale";
+  const KVFormat format = cache.format;
+  if (format == KVFormat::kNative) {
+    if (cache.k_scale) check.fail(ks, "must be absent for kNative caches (rows are not quantized)");
+    if (cache.v_scale) check.fail(vs, "must be absent for kNative caches (rows are not quantized)");
+    return;
+  }
+  const std::string need = std::string("is required for ") + kv_format_name(format) + " caches";
+  if (!cache.k_scale) check.fail(ks, need);
+  if (!cache.v_scale) check.fail(vs, need);
+  const TensorView ksv = normalized(*cache.k_scale), vsv = normalized(*cache.v_scale);
+  const int64_t hkv = c.num_kv_heads;
+
+  if (format == KVFormat::kFP8) {
+    for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
+      check.dtype(*s.t, s.name, {DType::kFP32});
+      check.rank(*s.t, s.name, 1);
+      if (s.t->shape[0] != 1 && s.t->shape[0] != hkv)
+        check.fail(s.name, "must have shape [1] (per tensor) or [HKV] = [" + str(hkv) + "] (per KV head), got " +
+                               s.t->shape_str());
+      check.contiguous(*s.t, s.name);
+      check_layout(check, *s.t, s.name, true, 0, 4);
+    }
+    // One flag serves both: the kernels index k's and v's scales alike.
+    if (vsv.shape[0] != ksv.shape[0])
+      check.fail(vs, "must have the shape of 'cache.k_scale' " + ksv.shape_str() + " (both per tensor or both per "
+                     "KV head), got " + vsv.shape_str());
+    c.k_fp8_scale = static_cast<const float*>(ksv.data);
+    c.v_fp8_scale = static_cast<const float*>(vsv.data);
+    c.fp8_per_head = ksv.shape[0] != 1;
+    // Read-only in both ops, so k's and v's scales may share memory; the data may not.
+    for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
+      check.no_overlap(cache.k, "cache.k", *s.t, s.name);
+      check.no_overlap(cache.v, "cache.v", *s.t, s.name);
+    }
+    return;
+  }
+
+  const int64_t ng = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
+  const std::string what = "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = " + str(ng) + ")";
+  for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
+    check.dtype(*s.t, s.name, {DType::kFP16});
+    check_shape(check, *s.t, s.name, {k.shape[0], k.shape[1], k.shape[2], 2 * ng}, what);
+    check_layout(check, *s.t, s.name, true, 4, 4);  // pairs move as 4-byte words
+  }
+  for (int d = 0; d < 4; ++d)
+    if (vsv.strides[d] != ksv.strides[d])
+      check.fail(vs, "must have the strides of 'cache.k_scale' " + strides_str(ksv) +
+                         " (one set of strides addresses both), got " + strides_str(vsv));
+  if (!disjoint_twins(ksv, vsv)) check.fail(vs, "must not overlap 'cache.k_scale' in memory");
+  for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
+    check.no_overlap(cache.k, "cache.k", *s.t, s.name);
+    check.no_overlap(cache.v, "cache.v", *s.t, s.name);
+  }
+  c.num_scale_groups = static_cast<int>(ng);
+  c.k_scale = static_cast<const uint16_t*>(ksv.data);
+  c.v_scale = static_cast<const uint16_t*>(vsv.data);
+  c.scale_stride_outer = ksv.strides[0];
+  c.scale_stride_token = ksv.strides[1];
+  c.scale_stride_head = ksv.strides[2];
+}
+
+void check_cache_devices(const ArgCheck& check, const KVCache& cache) {
+  for (const Named& t : cache_tensors(cache)) check.on_current_device(*t.t, t.name);
+}
+
+}  // namespace
+
+CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64_t head_dim, DType native_dtype) {
+  const ArgCheck check(op);
+  const KVFormat format = cache.format;
+  if (static_cast<int>(format) < 0 || static_cast<int>(format) > static_cast<int>(KVFormat::kInt4Group32))
+    check.fail("cache.format", "must be a KVFormat (0..4), got " + str(static_cast<int>(format)));
+  if (!supported_head_dim(head_dim))  // the callers reject it first, naming their own argument
+    check.fail("cache.k", "cannot hold head dim " + str(head_dim) + " (D must be 64, 128 or 256)");
+
+  // ---- data: dtype, shape, layout
+  const TensorView k = normalized(cache.k), v = normalized(cache.v);
+  switch (format) {
+    case KVFormat::kNative:
+      check.dtype(k, "cache.k", {DType::kBF16, DType::kFP16});
+      if (k.dtype != native_dtype)
+        check.fail("cache.k", std::string("must have dtype ") + dtype_name(native_dtype) +
+                                  " (kNative caches hold rows of the dtype of q / k_new), got " + dtype_name(k.dtype));
+      break;
+    case KVFormat::kFP8: check.dtype(k, "cache.k", {DType::kFP8E4M3}); break;
+    case KVFormat::kInt8: check.dtype(k, "cache.k", {DType::kUInt8}); break;
+    default: check.dtype(k, "cache.k", {DType::kUInt8, DType::kInt4x2}); break;
+  }
+  check.rank(k, "cache.k", 4);
+  check_layout(check, k, "cache.k", true, kVectorBytes, kVectorBytes);
+  const int64_t elem = static_cast<int64_t>(dtype_size(k.dtype));
+  check.dim(k, "cache.k", 3, is_int4(format) ? head_dim / 2 : head_dim,
+            is_int4(format) ? "D/2 bytes of 4-bit pairs" : "D, the head dim");
+  const int64_t hkv = k.shape[2];
+  if (hkv < 1 || hkv > kMaxInt)
+    check.fail("cache.k", "must have 1 to " + str(kMaxInt) + " KV heads in dim 2, got shape " + k.shape_str());
+
+  CacheDesc c;
+  c.format = format;
+  c.fp16 = format == KVFormat::kNative && k.dtype == DType::kFP16;
+  c.num_kv_heads = static_cast<int>(hkv);
+  c.head_dim = static_cast<int>(head_dim);
+  c.row_bytes = static_cast<int>(k.shape[3] * elem);
+
+  // ---- paged (block table given) or contiguous
+  if (cache.block_table) {
+    const char* arg = "cache.block_table";
+    const TensorView bt = normalized(*cache.block_table);
+    check.dtype(bt, arg, {DType::kInt32});
+    check.rank(bt, arg, 2);
+    check.dim(bt, arg, 0, batch, "B, one row of pages per sequence");
+    check_layout(check, bt, arg, true, 0, 4);
+    const int64_t max_pages = bt.shape[1];
+    if (max_pages < 1) check.fail(arg, "must have at least one page per sequence (dim 1), got shape " + bt.shape_str());
+    if (bt.strides[0] <= 0) check.fail(arg, "must have a positive row stride, got " + str(bt.strides[0]));
+    const int64_t page_size = k.shape[1];
+    if (page_size < kMinPageSize || page_size > kMaxPageSize || (page_size & (page_size - 1)) != 0)
+      check.fail("cache.k", "must have a page size (dim 1; paged, as a block table is given) that is a power of two "
+                            "in [16, 256], got shape " + k.shape_str());
+    if (k.shape[0] < 1) check.fail("cache.k", "must have at least one page (dim 0), got shape " + k.shape_str());
+    if (max_pages >= kMaxPositions / page_size)
+      check.fail(arg, "must address fewer than 2^31 tokens per sequence (max_pages * page_size; positions are "
+                      "int32), got " + str(max_pages) + " pages of " + str(page_size) + " tokens");
+    c.paged = true;
+    c.page_size = static_cast<int>(page_size);
+    while ((1 << c.log2_page_size) < c.page_size) ++c.log2_page_size;
+    c.num_pages = k.shape[0];
+    c.capacity = max_pages * page_size;
+    c.block_table = static_cast<const int32_t*>(bt.data);
+    c.block_table_stride = bt.strides[0];
+    c.max_pages = static_cast<int>(max_pages);
+  } else {
+    check.dim(k, "cache.k", 0, batch, "B, one sequence per row as no block table is given");
+    if (k.shape[1] >= kMaxPositions)
+      check.fail("cache.k", "must hold fewer than 2^31 tokens per sequence (T_max, dim 1; positions are int32), got "
+                            "shape " + k.shape_str());
+    c.num_pages = batch;
+    c.capacity = k.shape[1];
+  }
+
+  // ---- v: k's twin
+  check.same_dtype(k, "cache.k", v, "cache.v");
+  check.rank(v, "cache.v", 4);
+  for (int d = 0; d < 4; ++d)
+    if (v.shape[d] != k.shape[d])
+      check.fail("cache.v", "must have the shape of 'cache.k' " + k.shape_str() + ", got " + v.shape_str());
+  for (int d = 0; d < 4; ++d)
+    if (v.strides[d] != k.strides[d])
+      check.fail("cache.v", "must have the strides of 'cache.k' " + strides_str(k) +
+                                " (one set of strides addresses both), got " + strides_str(v));
+  check_layout(check, v, "cache.v", true, kVectorBytes, kVectorBytes);
+  if (!disjoint_twins(k, v)) check.fail("cache.v", "must not overlap 'cache.k' in memory");
+
+  c.k = static_cast<const uint8_t*>(k.data);
+  c.v = static_cast<const uint8_t*>(v.data);
+  c.stride_outer = k.strides[0] * elem;
+  c.stride_token = k.strides[1] * elem;
+  c.stride_head = k.strides[2] * elem;
+
+  check_scales(check, cache, k, head_dim, c);
+  return c;
+}
+
+namespace {
+
+// What q, the cache and the params fix: everything the split count and the workspace size depend on.
+struct DecodeShape {
+  TensorView q;  // normalized
+  int64_t batch = 0, num_q_heads = 0, head_dim = 0;
+  CacheDesc cache;
+};
+
+DecodeShape check_query_cache_params(const ArgCheck& check, const TensorView& q_in, const KVCache& cache,
+                                     const DecodeParams& params) {
+  DecodeShape s;
+  // ---- q [B, HQ, D] defines B, HQ, D and the dtype
+  const TensorView q = s.q = normalized(q_in);
+  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
+  check.rank(q, "q", 3);
+  check_layout(check, q, "q", true, kVectorBytes, kVectorBytes);
+  const int64_t B = s.batch = q.shape[0], HQ = s.num_q_heads = q.shape[1], D = s.head_dim = q.shape[2];
+  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) 64, 128 or 256, got shape " + q.shape_str());
+  if (HQ < 1 || HQ > kMaxInt)
+    check.fail("q", "must have 1 to " + str(kMaxInt) + " heads (HQ, dim 1), got shape " + q.shape_str());
+  if (B > kMaxInt)
+    check.fail("q", "must have at most " + str(kMaxInt) + " sequences (B, dim 0), got shape " + q.shape_str());
+
+  s.cache = check_cache(check.op(), cache, B, D, q.dtype);
+  const int64_t HKV = s.cache.num_kv_heads;
+  if (HQ % HKV != 0)
+    check.fail("q", "(dim 1): HQ (" + str(HQ) + ") must be a multiple of the KV heads (" + str(HKV) +
+                        ", cache.k.shape[2])");
+  if (HQ / HKV > kMaxGroupSize)
+    check.fail("q", "must have at most " + str(kMaxGroupSize) + " query heads per KV head, got HQ / HKV = " +
+                        str(HQ) + " / " + str(HKV));
+
+  // ---- params
+  if (!std::isfinite(params.softmax_scale))
+    check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
+                                           std::to_string(params.softmax_scale));
+  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
+    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
+  if (params.window < 0)
+    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  check.in_range(params.num_splits, "params.num_splits", 0, kDecodeMaxSplits);
+  return s;
+}
+
+// The split count: `requested`, or (0) one chosen from the shapes and the SM count. Either way capped so that
+// each split covers at least 16 tokens of capacity: more splits only add merging work. Only 0 queries the device.
+int resolve_num_splits(const DecodeShape& s, int requested) {
+  const int64_t useful = std::clamp<int64_t>(
+      (s.cache.capacity + kMinTokensPerSplit - 1) / kMinTokensPerSplit, 1, kDecodeMaxSplits);
+  int64_t splits = requested;
+  if (splits == 0)  // no sequences: nothing to split, and no degenerate input for the heuristic
+    splits = s.batch == 0 ? 1
+                          : select_num_splits(s.batch, s.cache.num_kv_heads, s.num_q_heads / s.cache.num_kv_heads,
+                                              s.cache.capacity, tessera::detail::current_device_info().num_sms);
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, useful));
+}
+
+}  // namespace
+
+// For decode_workspace_bytes (to be declared in problem.h): the rules on q, the cache and the params, then the size
+// for the split count check_decode will resolve. No device-pointer checks: only shapes, dtypes and layouts matter.
+std::size_t check_decode_workspace(const char* op, const TensorView& q, const KVCache& cache,
+                                   const DecodeParams& params) {
+  const ArgCheck check(op);
+  const DecodeShape s = check_query_cache_params(check, q, cache, params);
+  return decode_workspace_bytes_for(s.batch, s.num_q_heads, s.head_dim, resolve_num_splits(s, params.num_splits));
+}
+
+DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache& cache, const TensorView& seqlens_in,
+                           const TensorView& o_in, const std::optional<TensorView>& lse_in, const Workspace& workspace,
+                           const DecodeParams& params) {
+  const ArgCheck check(op);
+  const DecodeShape s = check_query_cache_params(check, q_in, cache, params);
+  const TensorView& q = s.q;
+  const CacheDesc& c = s.cache;
+  const int64_t B = s.batch, HQ = s.num_q_heads, D = s.head_dim;
+
+  const TensorView seqlens = normalized(seqlens_in);
+  check_lengths(check, seqlens, "cache_seqlens", B);
+
+  // ---- outputs
+  const TensorView o = normalized(o_in);
+  check.same_dtype(q, "q", o, "o");
+  check_shape(check, o, "o", {B, HQ, D}, "[B, HQ, D] (the shape of q)");
+  check_layout(check, o, "o", true, kVectorBytes, kVectorBytes);
+  check_no_self_overlap(check, o, "o");
+  std::optional<TensorView> lse;
+  if (lse_in) {
+    lse = normalized(*lse_in);
+    check.dtype(*lse, "lse", {DType::kFP32});
+    check_shape(check, *lse, "lse", {B, HQ}, "[B, HQ]");
+    check_layout(check, *lse, "lse", false, 0, 4);
+    check_no_self_overlap(check, *lse, "lse");
+  }
+
+  // ---- memory: outputs apart from the inputs and from each other
+  std::vector<Named> inputs = cache_tensors(cache);
+  inputs.push_back({&q_in, "q"});
+  inputs.push_back({&seqlens_in, "cache_seqlens"});
+  std::vector<Named> outputs = {{&o_in, "o"}};
+  if (lse_in) outputs.push_back({&*lse_in, "lse"});
+  check_outputs_apart(check, inputs, outputs);
+
+  // ---- workspace: sized by the resolved split count; written, so apart from everything else too
+  TensorView ws_view;
+  const auto check_workspace = [&](int splits) {
+    const std::size_t needed = decode_workspace_bytes_for(B, HQ, D, splits);
+    if (workspace.bytes < needed)
+      check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
+                                  " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));
+    if (needed == 0) return needed;
+    if (reinterpret_cast<std::uintptr_t>(workspace.data) % kVectorBytes != 0)
+      check.fail("workspace", "must be 16-byte aligned");
+    ws_view = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(needed)}, q.device);
+    std::vector<Named> all = outputs;
+    all.push_back({&ws_view, "workspace"});
+    check_outputs_apart(check, inputs, all);
+    return needed;
+  };
+  // An explicit split count needs no device query: its workspace is checked with the other rules.
+  int splits = 0;
+  std::size_t ws_needed = 0;
+  if (params.num_splits > 0) {
+    splits = resolve_num_splits(s, params.num_splits);
+    ws_needed = check_workspace(splits);
+  }
+
+  // ---- device checks last: everything above runs without a GPU
+  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
+  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+  if (splits == 0) {
+    splits = resolve_num_splits(s, 0);
+    ws_needed = check_workspace(splits);
+  }
+  if (ws_needed > 0) check.on_current_device(ws_view, "workspace");
+
+  DecodeProblem p;
+  p.cache = c;
+  p.batch = static_cast<int>(B);
+  p.num_q_heads = static_cast<int>(HQ);
+  p.fp16 = q.dtype == DType::kFP16;
+  p.q = q.data;
+  p.q_stride_b = q.strides[0];
+  p.q_stride_h = q.strides[1];
+  p.o = o.data;
+  p.o_stride_b = o.strides[0];
+  p.o_stride_h = o.strides[1];
+  if (lse) {
+    p.lse = static_cast<float*>(lse->data);
+    p.lse_stride_b = lse->strides[0];
+    p.lse_stride_h = lse->strides[1];
+  }
+  p.seqlens = static_cast<const int32_t*>(seqlens.data);
+  p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale
+                                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.softcap = params.softcap;
+  p.window = params.window;
+  p.num_splits = splits;
+  p.workspace = ws_needed > 0 ? workspace.data : nullptr;
+  p.workspace_bytes = ws_needed;  // what the launch uses (the caller may have given more)
+  return p;
+}
+
+AppendProblem check_append(const char* op, const TensorView& k_new_in, const TensorView& v_new_in,
+                           const TensorView& positions_in, const KVCache& cache) {
+  const ArgCheck check(op);
+
+  // ---- new rows [B, S, HKV, D]: any non-negative strides but the last (read element by element)
+  const TensorView k_new = normalized(k_new_in), v_new = normalized(v_new_in);
+  check.dtype(k_new, "k_new", {DType::kBF16, DType::kFP16});
+  check.rank(k_new, "k_new", 4);
+  check_layout(check, k_new, "k_new", true, 0, 2);
+  const int64_t B = k_new.shape[0], S = k_new.shape[1], D = k_new.shape[3];
+  if (!supported_head_dim(D))
+    check.fail("k_new", "must have head dim D (dim 3) 64, 128 or 256, got shape " + k_new.shape_str());
+  if (B > kMaxInt || S > kMaxInt)
+    check.fail("k_new", "must have at most " + str(kMaxInt) + " sequences (dim 0) and new tokens (dim 1), got shape " +
+                            k_new.shape_str());
+  check.same_dtype(k_new, "k_new", v_new, "v_new");
+  check.rank(v_new, "v_new", 4);
+  for (int d = 0; d < 4; ++d)
+    if (v_new.shape[d] != k_new.shape[d])
+      check.fail("v_new", "must have the shape of 'k_new' " + k_new.shape_str() + ", got " + v_new.shape_str());
+  check_layout(check, v_new, "v_new", true, 0, 2);
+
+  const TensorView positions = normalized(positions_in);
+  check_lengths(check, positions, "positions", B);
+
+  const CacheDesc c = check_cache(op, cache, B, D, k_new.dtype);
+  check.dim(k_new, "k_new", 2, c.num_kv_heads, "HKV, cache.k.shape[2]");
+
+  // ---- memory: the cache is the output here. Its rows must not alias each other (two writers would race),
+  // nor any input. fp8 scales are inputs; check_cache kept them off the data.
+  std::vector<Named> outputs = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
+  if (is_integer(cache.format)) {
+    outputs.push_back({&*cache.k_scale, "cache.k_scale"});
+    outputs.push_back({&*cache.v_scale, "cache.v_scale"});
+  }
+  for (const Named& t : outputs) check_no_self_overlap(check, normalized(*t.t), t.name);
+  std::vector<Named> inputs = {{&k_new_in, "k_new"}, {&v_new_in, "v_new"}, {&positions_in, "positions"}};
+  if (cache.block_table) inputs.push_back({&*cache.block_table, "cache.block_table"});
+  for (const Named& out : outputs)
+    for (const Named& in : inputs) check.no_overlap(*in.t, in.name, *out.t, out.name);
+
+  // ---- device checks last
+  check.on_current_device(k_new, "k_new");
+  check.on_current_device(v_new, "v_new");
+  check.on_current_device(positions, "positions");
+  check_cache_devices(check, cache);
+
+  AppendProblem p;
+  p.cache = c;
+  p.batch = static_cast<int>(B);
+  p.num_new = static_cast<int>(S);
+  p.fp16 = k_new.dtype == DType::kFP16;
+  p.k_new = k_new.data;
+  p.v_new = v_new.data;
+  p.new_stride_b = k_new.strides[0];
+  p.new_stride_s = k_new.strides[1];
+  p.new_stride_h = k_new.strides[2];
+  p.vnew_stride_b = v_new.strides[0];
+  p.vnew_stride_s = v_new.strides[1];
+  p.vnew_stride_h = v_new.strides[2];
+  p.positions = static_cast<const int32_t*>(positions.data);
+  return p;
+}
+
+}  // namespace detail
+}  // namespace tessera::attention

@@ -1,0 +1,6 @@
+// Decode kernels for the fp8 KV format(s), instantiated here so that the formats compile in parallel.
+#include "attention/decode/launch.cuh"
+
+namespace tessera::attention::detail {
+template void launch_decode_format<KVFormat::kFP8>(const DecodeArgs&, int, cudaStream_t);
+}  // namespace tessera::attention::detail

@@ -1,0 +1,95 @@
+// Decode: the top-level launcher (format dispatch) and the split-K merge kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "attention/decode/kernel.cuh"
+#include "attention/decode/problem.h"
+#include "common/check.h"
+#include "ptx/math.cuh"
+
+namespace tessera::attention::detail {
+
+template <KVFormat kFormat>
+void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream);
+
+namespace {
+
+constexpr int kMergeThreads = 128;
+
+// One CTA per (sequence, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
+// Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
+__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const DecodeArgs a, int head_dim) {
+  const int row = blockIdx.x;  // b * HQ + h
+  const int b = row / a.num_q_heads, h = row % a.num_q_heads;
+  const float* lse = a.ws_lse + static_cast<int64_t>(row) * a.num_splits;
+  const float* part = a.ws_o + static_cast<int64_t>(row) * a.num_splits * head_dim;
+  float m = -INFINITY;
+  for (int s = 0; s < a.num_splits; ++s) m = fmaxf(m, lse[s]);
+  float total = 0.0f;
+  if (m != -INFINITY)
+    for (int s = 0; s < a.num_splits; ++s) total += ptx::ex2_approx_ftz(lse[s] - m);
+  const bool any = total > 0.0f;
+  for (int d = threadIdx.x; d < head_dim; d += kMergeThreads) {
+    float acc = 0.0f;
+    if (any)
+      for (int s = 0; s < a.num_splits; ++s) {
+        const float w = ptx::ex2_approx_ftz(lse[s] - m);
+        if (w > 0.0f) acc += w * part[static_cast<int64_t>(s) * head_dim + d];
+      }
+    const float out = any ? acc / total : 0.0f;
+    const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
+    if (a.q_fp16)
+      static_cast<__half*>(a.o)[at] = __float2half_rn(out);
+    else
+      static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
+  }
+  if (a.lse != nullptr && threadIdx.x == 0)
+    a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? (m + __log2f(total)) * 0.69314718055994531f : -INFINITY;
+}
+
+}  // namespace
+
+void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
+  DecodeArgs a;
+  a.cache = pb.cache;
+  a.q = pb.q;
+  a.q_stride_b = pb.q_stride_b;
+  a.q_stride_h = pb.q_stride_h;
+  a.o = pb.o;
+  a.o_stride_b = pb.o_stride_b;
+  a.o_stride_h = pb.o_stride_h;
+  a.lse = pb.lse;
+  a.lse_stride_b = pb.lse_stride_b;
+  a.lse_stride_h = pb.lse_stride_h;
+  a.seqlens = pb.seqlens;
+  a.q_fp16 = pb.fp16;
+  a.num_q_heads = pb.num_q_heads;
+  a.group = pb.num_q_heads / pb.cache.num_kv_heads;
+  a.head_tiles = (a.group + kHeadTile - 1) / kHeadTile;
+  a.num_splits = pb.num_splits;
+  a.qk_scale = pb.softmax_scale;
+  a.softcap = pb.softcap;
+  a.window = pb.window;
+  if (pb.num_splits > 1) {
+    const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_q_heads * pb.num_splits;
+    a.ws_o = static_cast<float*>(pb.workspace);
+    a.ws_lse = a.ws_o + rows * pb.cache.head_dim;
+  }
+  const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
+  if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");
+  const int grid = static_cast<int>(grid64);
+  switch (pb.cache.format) {
+    case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, stream); break;
+    case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, stream); break;
+    case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, stream); break;
+    case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, stream); break;
+    case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
+  }
+  if (pb.num_splits > 1) {
+    decode_merge_kernel<<<pb.batch * pb.num_q_heads, kMergeThreads, 0, stream>>>(a, pb.cache.head_dim);
+    TESSERA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace tessera::attention::detail

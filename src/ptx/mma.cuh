@@ -1,0 +1,32 @@
+// PTX wrappers: warp-level tensor-core products (PTX ISA: "Warp-level Matrix Multiply-Accumulate Instructions:
+// mma", shape m16n8k16). Thread scope: the whole warp, converged.
+//
+// Fragment ownership for lane = 4 * r + c (r = lane / 4, c = lane % 4):
+//   A (16x16, row): a0 = (r, 2c..2c+1), a1 = (r+8, 2c..), a2 = (r, 2c+8..), a3 = (r+8, 2c+8..)
+//   B (16x8, col):  b0 = (k 2c..2c+1, n r), b1 = (k 2c+8..2c+9, n r)
+//   C (16x8):       c0,c1 = (r, 2c..2c+1), c2,c3 = (r+8, 2c..2c+1)
+// Each 32-bit register holds two 16-bit values, the lower-indexed one in the low half.
+#pragma once
+
+#include <cstdint>
+
+namespace tessera::ptx {
+
+template <bool kFP16>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (kFP16) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+}  // namespace tessera::ptx

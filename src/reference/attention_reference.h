@@ -1,0 +1,117 @@
+// CPU references of attention decode and of the KV cache formats (tessera/attention.h), and the check of a GPU
+// decode output against them.
+//  - Quantization: bit-exact with append_kv (the same fp32 operations in the same order, see attention.h).
+//  - Dequantization: to double, exactly (code · scale + offset, e4m3 · scale, native values).
+//  - Decode: float64 over dense dequantized K/V, with the clamping, window and softcap semantics of attention.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "reference/moe_checks.h"
+#include "tessera/attention.h"
+#include "tessera/tensor.h"
+
+namespace tessera::reference {
+
+// ---- number formats ------------------------------------------------------------------------------------------
+
+// fp16 round-to-nearest-even of x, saturated to ±65504 (NaN stays NaN: 0x7E00).
+uint16_t fp16_rne_sat(float x);
+// fp8 e4m3 round-to-nearest-even of x, saturated to ±448 (infinities too); NaN becomes 0x7F.
+uint8_t e4m3_rne_sat(float x);
+
+// ---- KV cache rows -------------------------------------------------------------------------------------------
+
+// Bytes of one (token, head) data row: kNative 2·D, kFP8 / kInt8 D, kInt4 / kInt4Group32 D/2.
+int kv_row_bytes(attention::KVFormat format, int head_dim);
+// (scale, offset) pairs per row, NG: 1 (kInt8, kInt4), D/32 (kInt4Group32), 0 (kNative, kFP8).
+int kv_num_scale_groups(attention::KVFormat format, int head_dim);
+// Largest code: 255 (kInt8), 15 (kInt4, kInt4Group32), 0 otherwise.
+int kv_levels(attention::KVFormat format);
+
+// One row of D values x into `data` (kv_row_bytes bytes) and `pairs` (2·NG fp16 bits: scale of group g at 2g,
+// offset at 2g + 1; untouched when NG = 0), as append_kv stores it. native_dtype (kBF16 / kFP16): the element type
+// of kNative rows (x must be exactly representable in it: the bits are copied). fp8_scale: kFP8 only.
+void quantize_kv_row(attention::KVFormat format, const float* x, int head_dim, DType native_dtype, float fp8_scale,
+                     uint8_t* data, uint16_t* pairs);
+// The inverse, exact in double: code · double(scale) + double(offset); double(e4m3) · double(fp8_scale); native.
+void dequantize_kv_row(attention::KVFormat format, const uint8_t* data, const uint16_t* pairs, int head_dim,
+                       DType native_dtype, float fp8_scale, double* out);
+
+// Many rows, ordered so that the KV head varies fastest ([..., HKV, D]): row r uses fp8_scales[r % size] (size 1:
+// per tensor; HKV: per head).
+struct QuantizedKV {
+  attention::KVFormat format = attention::KVFormat::kNative;
+  DType native_dtype = DType::kBF16;
+  int64_t rows = 0;
+  int head_dim = 0;
+  int row_bytes = 0;
+  int num_groups = 0;             // NG
+  std::vector<uint8_t> data;      // [rows][row_bytes]
+  std::vector<uint16_t> pairs;    // [rows][2 · NG] fp16 bits
+  std::vector<float> fp8_scales;  // kFP8: 1 or HKV values
+
+  const uint8_t* row_data(int64_t r) const { return data.data() + r * row_bytes; }
+  const uint16_t* row_pairs(int64_t r) const { return pairs.data() + r * 2 * num_groups; }
+  float fp8_scale(int64_t r) const {
+    return fp8_scales.empty() ? 1.0f : fp8_scales[static_cast<size_t>(r % static_cast<int64_t>(fp8_scales.size()))];
+  }
+};
+
+// x: [rows][head_dim] floats. Throws tessera::Error on inconsistent arguments (kFP8 without scales, D not a
+// multiple of 32 for kInt4Group32, odd D for int4, native_dtype not bf16/fp16).
+QuantizedKV quantize_kv(attention::KVFormat format, const float* x, int64_t rows, int head_dim,
+                        DType native_dtype = DType::kBF16, const std::vector<float>& fp8_scales = {});
+// [rows][head_dim] doubles.
+std::vector<double> dequantize_kv(const QuantizedKV& q);
+
+// ---- decode --------------------------------------------------------------------------------------------------
+
+struct DecodeShape {
+  int batch = 0;          // B
+  int num_q_heads = 0;    // HQ, a multiple of HKV
+  int num_kv_heads = 0;   // HKV
+  int head_dim = 0;       // D (any positive value)
+  int64_t capacity = 0;   // T_cap: tokens per sequence in k / v
+};
+
+struct DecodeRef {
+  DecodeShape shape;
+  std::vector<int64_t> begin, end;  // [B]: the keys each sequence attends to, [begin, end)
+  std::vector<double> o;            // [B][HQ][D]; zero where end == begin
+  std::vector<double> lse;          // [B][HQ], natural log; -inf where end == begin
+};
+
+// q [B][HQ][D]; k, v [B][T_cap][HKV][D] (rows past a sequence's length are not read); seqlens [B], clamped to
+// [0, T_cap]. params as decode's: softmax_scale 0 = 1/sqrt(D), softcap > 0 caps the logits, window > 0 keeps the
+// last `window` keys; num_splits is ignored. num_threads 0: one per hardware thread (fewer for small problems);
+// results do not depend on it.
+DecodeRef decode_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                           const std::vector<int32_t>& seqlens, const DecodeShape& shape,
+                           const attention::DecodeParams& params, int num_threads = 0);
+
+struct DecodeTolerance {
+  double o_rtol = 5e-3;     // relative Frobenius error of o over the rows with keys
+  double row_rtol = 0.0;    // > 0: also the relative error of each such row (B·HQ rows of D)
+  double lse_atol = 1e-2;   // |lse - ref| per row with keys
+};
+
+struct DecodeCheck : CheckResult {  // error = relative Frobenius error of o; compared = elements of o checked
+  double worst_row_error = 0.0;     // largest relative error of one (b, h) row with keys
+  double lse_max_error = 0.0;       // largest |lse - ref| (rows with keys)
+  int64_t nonfinite = 0;            // elements of o (or lse, rows with keys) that are NaN or infinite
+  int64_t empty_rows_bad = 0;       // rows without keys whose o is not all zero or whose lse is not -inf
+};
+
+// o: host copy of the GPU output, bf16 or fp16 bits (o_dtype), o(b, h, d) = o[b · o_stride_b + h · o_stride_h + d];
+// lse (nullable): fp32, lse(b, h) = lse[b · lse_stride_b + h · lse_stride_h]. Every row of o must be finite; rows
+// without keys exactly zero (±0) with lse == -inf.
+DecodeCheck check_decode_output(const DecodeRef& ref, const uint16_t* o, DType o_dtype, int64_t o_stride_b,
+                                int64_t o_stride_h, const float* lse, int64_t lse_stride_b, int64_t lse_stride_h,
+                                const DecodeTolerance& tol = {});
+// Contiguous o [B][HQ][D] and lse [B][HQ] (lse may be empty: not checked).
+DecodeCheck check_decode_output(const DecodeRef& ref, const std::vector<uint16_t>& o, DType o_dtype,
+                                const std::vector<float>& lse, const DecodeTolerance& tol = {});
+
+}  // namespace tessera::reference

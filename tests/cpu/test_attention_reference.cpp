@@ -1,0 +1,434 @@
+// The attention references (src/reference/attention_reference.h): number formats, KV quantization round trips, and
+// decode on cases small enough to work out by hand.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/host_numeric.h"
+#include "reference/attention_reference.h"
+#include "tessera/error.h"
+
+namespace tessera::reference {
+namespace {
+
+using attention::DecodeParams;
+using attention::KVFormat;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---- number formats ------------------------------------------------------------------------------------------
+
+TEST(AttentionReferenceFormats, Fp16RoundsToNearestEvenAndSaturates) {
+  EXPECT_EQ(fp16_rne_sat(1.0f), 0x3C00);
+  EXPECT_EQ(fp16_rne_sat(-2.0f), 0xC000);
+  EXPECT_EQ(fp16_rne_sat(1.0f + 0x1p-11f), 0x3C00);      // tie, to the even neighbour 1.0
+  EXPECT_EQ(fp16_rne_sat(1.0f + 3 * 0x1p-11f), 0x3C02);  // tie, to the even neighbour 1 + 2^-9
+  EXPECT_EQ(fp16_rne_sat(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);
+  EXPECT_EQ(fp16_rne_sat(0x1p-25f), 0x0000);      // half the smallest subnormal: tie to zero
+  EXPECT_EQ(fp16_rne_sat(3 * 0x1p-25f), 0x0002);  // tie between 1 and 2 subnormal units: 2
+  EXPECT_EQ(fp16_rne_sat(65504.0f), 0x7BFF);
+  EXPECT_EQ(fp16_rne_sat(65519.0f), 0x7BFF);
+  EXPECT_EQ(fp16_rne_sat(65520.0f), 0x7BFF);  // would round to inf: saturated
+  EXPECT_EQ(fp16_rne_sat(1e30f), 0x7BFF);
+  EXPECT_EQ(fp16_rne_sat(-1e30f), 0xFBFF);
+  EXPECT_EQ(fp16_rne_sat(std::numeric_limits<float>::infinity()), 0x7BFF);
+  EXPECT_TRUE(std::isnan(host::fp16_to_f32(fp16_rne_sat(NAN))));
+}
+
+TEST(AttentionReferenceFormats, E4m3RoundTripsEveryEncodingAndRoundsTiesToEven) {
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7F) == 0x7F) continue;  // NaN
+    const float v = host::e4m3_to_f32(static_cast<uint8_t>(b));
+    EXPECT_EQ(e4m3_rne_sat(v), b) << "byte " << b;
+  }
+  // Midpoints between neighbours go to the even code (the mantissa's last bit is the code's), just above or
+  // below them to the nearer one.
+  for (int b = 0; b < 0x7E; ++b) {
+    const float lo = host::e4m3_to_f32(static_cast<uint8_t>(b)), hi = host::e4m3_to_f32(static_cast<uint8_t>(b + 1));
+    const float mid = 0.5f * (lo + hi);
+    EXPECT_EQ(e4m3_rne_sat(mid), b % 2 == 0 ? b : b + 1) << "between " << b << " and " << b + 1;
+    EXPECT_EQ(e4m3_rne_sat(-mid), 0x80 | (b % 2 == 0 ? b : b + 1));
+    EXPECT_EQ(e4m3_rne_sat(std::nextafter(mid, 0.0f)), b);
+    EXPECT_EQ(e4m3_rne_sat(std::nextafter(mid, 1000.0f)), b + 1);
+  }
+  EXPECT_EQ(e4m3_rne_sat(448.0f), 0x7E);
+  EXPECT_EQ(e4m3_rne_sat(464.0f), 0x7E);  // past the last midpoint: saturated, not NaN
+  EXPECT_EQ(e4m3_rne_sat(1e9f), 0x7E);
+  EXPECT_EQ(e4m3_rne_sat(-1e9f), 0xFE);
+  EXPECT_EQ(e4m3_rne_sat(std::numeric_limits<float>::infinity()), 0x7E);
+  EXPECT_EQ(e4m3_rne_sat(-std::numeric_limits<float>::infinity()), 0xFE);
+  EXPECT_TRUE(std::isnan(host::e4m3_to_f32(e4m3_rne_sat(NAN))));
+  EXPECT_EQ(e4m3_rne_sat(0x1p-10f), 0x00);  // half the smallest subnormal: to zero
+  EXPECT_EQ(e4m3_rne_sat(-0.0f), 0x80);
+}
+
+// ---- quantization --------------------------------------------------------------------------------------------
+
+std::vector<float> bf16_normals(int64_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> x(n);
+  for (float& v : x) v = host::bf16_to_f32(host::f32_to_bf16(normal(rng)));
+  return x;
+}
+
+TEST(AttentionReferenceQuant, LayoutSizes) {
+  EXPECT_EQ(kv_row_bytes(KVFormat::kNative, 128), 256);
+  EXPECT_EQ(kv_row_bytes(KVFormat::kFP8, 128), 128);
+  EXPECT_EQ(kv_row_bytes(KVFormat::kInt8, 64), 64);
+  EXPECT_EQ(kv_row_bytes(KVFormat::kInt4, 256), 128);
+  EXPECT_EQ(kv_row_bytes(KVFormat::kInt4Group32, 64), 32);
+  EXPECT_EQ(kv_num_scale_groups(KVFormat::kInt8, 128), 1);
+  EXPECT_EQ(kv_num_scale_groups(KVFormat::kInt4, 128), 1);
+  EXPECT_EQ(kv_num_scale_groups(KVFormat::kInt4Group32, 256), 8);
+  EXPECT_EQ(kv_num_scale_groups(KVFormat::kFP8, 128), 0);
+  EXPECT_EQ(kv_num_scale_groups(KVFormat::kNative, 128), 0);
+  EXPECT_EQ(kv_levels(KVFormat::kInt8), 255);
+  EXPECT_EQ(kv_levels(KVFormat::kInt4Group32), 15);
+}
+
+TEST(AttentionReferenceQuant, Int8ByHand) {
+  // lo 0, hi 255: scale 1, offset 0; 2.5 and 3.5 are ties, to even codes; 100.25 rounds down.
+  const std::vector<float> x = {0.0f, 255.0f, 2.5f, 3.5f, 100.25f, 7.0f, 254.5f, 0.5f};
+  const QuantizedKV q = quantize_kv(KVFormat::kInt8, x.data(), 1, 8);
+  EXPECT_EQ(q.pairs, (std::vector<uint16_t>{fp16_rne_sat(1.0f), 0x0000}));
+  EXPECT_EQ(q.data, (std::vector<uint8_t>{0, 255, 2, 4, 100, 7, 254, 0}));
+  EXPECT_EQ(dequantize_kv(q), (std::vector<double>{0, 255, 2, 4, 100, 7, 254, 0}));
+}
+
+TEST(AttentionReferenceQuant, Int4PackingByHand) {
+  // lo -3, hi 12: scale 1, offset -3; codes 0, 15, 8, 13 -> bytes 0xF0, 0xD8.
+  const std::vector<float> x = {-3.0f, 12.0f, 5.0f, 10.0f};
+  const QuantizedKV q = quantize_kv(KVFormat::kInt4, x.data(), 1, 4);
+  EXPECT_EQ(q.pairs, (std::vector<uint16_t>{0x3C00, fp16_rne_sat(-3.0f)}));
+  EXPECT_EQ(q.data, (std::vector<uint8_t>{0xF0, 0xD8}));
+  EXPECT_EQ(dequantize_kv(q), (std::vector<double>{-3, 12, 5, 10}));
+}
+
+TEST(AttentionReferenceQuant, Int4Group32HasOnePairPerGroup) {
+  // Group 0: 0..31 step 0.5 over [0, 15.5]; group 1: constant 2 (scale 0, codes 0, exact).
+  std::vector<float> x(64);
+  for (int i = 0; i < 32; ++i) x[i] = 0.5f * i;
+  for (int i = 32; i < 64; ++i) x[i] = 2.0f;
+  const QuantizedKV q = quantize_kv(KVFormat::kInt4Group32, x.data(), 1, 64);
+  ASSERT_EQ(q.num_groups, 2);
+  EXPECT_EQ(q.pairs[0], fp16_rne_sat(15.5f / 15.0f));
+  EXPECT_EQ(q.pairs[1], 0x0000);
+  EXPECT_EQ(q.pairs[2], 0x0000);
+  EXPECT_EQ(q.pairs[3], fp16_rne_sat(2.0f));
+  for (int j = 16; j < 32; ++j) EXPECT_EQ(q.data[j], 0) << j;
+  EXPECT_EQ(q.data[15] >> 4, 15);  // element 31 is the maximum
+  const std::vector<double> d = dequantize_kv(q);
+  for (int i = 32; i < 64; ++i) EXPECT_EQ(d[i], 2.0);
+}
+
+// For integer formats: every element within half a step of its value, plus what fp16 rounding of the pair can add
+// (offset above lo clamps codes at 0; a scale rounded down clamps the top code).
+void expect_int_round_trip(KVFormat format, int D, const std::vector<float>& x, int64_t rows) {
+  const QuantizedKV q = quantize_kv(format, x.data(), rows, D);
+  const std::vector<double> d = dequantize_kv(q);
+  const int levels = kv_levels(format);
+  const int group = format == KVFormat::kInt4Group32 ? 32 : D;
+  double worst_ratio = 0.0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int g = 0; g < D / group; ++g) {
+      const float* xg = &x[r * D + g * group];
+      double lo = xg[0], hi = xg[0];
+      for (int i = 0; i < group; ++i) lo = std::min<double>(lo, xg[i]), hi = std::max<double>(hi, xg[i]);
+      const double scale = host::fp16_to_f32(q.pairs[(r * q.num_groups + g) * 2]);
+      const double offset = host::fp16_to_f32(q.pairs[(r * q.num_groups + g) * 2 + 1]);
+      // Half an fp16 ulp, relative, or half the subnormal spacing 2^-24.
+      EXPECT_LE(std::fabs(scale - (hi - lo) / levels), std::ldexp((hi - lo) / levels, -11) + 0x1p-25);
+      EXPECT_LE(std::fabs(offset - lo), std::ldexp(std::fabs(lo), -11) + 0x1p-25);
+      const double bound = scale / 2 + std::fabs(offset - lo) + levels * std::fabs(scale - (hi - lo) / levels) +
+                           1e-6 * (std::fabs(lo) + std::fabs(hi));
+      for (int i = 0; i < group; ++i) {
+        const double err = std::fabs(d[r * D + g * group + i] - xg[i]);
+        EXPECT_LE(err, bound) << "row " << r << " element " << g * group + i;
+        if (scale > 0) worst_ratio = std::max(worst_ratio, err / scale);
+      }
+    }
+  EXPECT_LT(worst_ratio, 0.51);  // random data: the fp16 slack is tiny next to half a step
+}
+
+TEST(AttentionReferenceQuant, IntegerRoundTripErrorBounds) {
+  std::mt19937 rng(1234);
+  for (KVFormat f : {KVFormat::kInt8, KVFormat::kInt4, KVFormat::kInt4Group32})
+    for (int D : {64, 128, 256})
+      for (float sigma : {1.0f, 1e-3f, 300.0f}) {
+        SCOPED_TRACE("format " + std::to_string(static_cast<int>(f)) + " D=" + std::to_string(D) +
+                     " sigma=" + std::to_string(sigma));
+        std::vector<float> x = bf16_normals(50 * D, sigma, rng);
+        for (int i = 0; i < D; ++i) x[7 * D + i] = x[7 * D] + 10 * sigma;  // a row far from zero
+        expect_int_round_trip(f, D, x, 50);
+      }
+}
+
+TEST(AttentionReferenceQuant, ConstantRowsAreExact) {
+  for (KVFormat f : {KVFormat::kInt8, KVFormat::kInt4, KVFormat::kInt4Group32})
+    for (float c : {0.0f, 1.00390625f, -7.5f, 1000.0f, 0x1p-20f}) {
+      const std::vector<float> x(128, c);
+      const QuantizedKV q = quantize_kv(f, x.data(), 1, 128);
+      for (int g = 0; g < q.num_groups; ++g) EXPECT_EQ(q.pairs[2 * g], 0x0000);
+      for (uint8_t b : q.data) EXPECT_EQ(b, 0);
+      const std::vector<double> d = dequantize_kv(q);
+      for (double v : d) EXPECT_EQ(v, static_cast<double>(host::fp16_to_f32(fp16_rne_sat(c))));
+      EXPECT_EQ(d[0], c);  // these values are exact in fp16 (2^-20 as a subnormal)
+    }
+}
+
+TEST(AttentionReferenceQuant, Fp8ScalesSaturationAndNaN) {
+  // Two heads with scales 2 and 0.5; rows alternate heads.
+  const std::vector<float> x = {3.0f, 896.0f, -1e6f, NAN, 0.0f, 1.0f, 300.0f, -0.25f};
+  const QuantizedKV q = quantize_kv(KVFormat::kFP8, x.data(), 2, 4, DType::kBF16, {2.0f, 0.5f});
+  EXPECT_EQ(q.data[0], e4m3_rne_sat(1.5f));
+  EXPECT_EQ(q.data[1], 0x7E);  // 448 exactly
+  EXPECT_EQ(q.data[2], 0xFE);  // saturated
+  EXPECT_TRUE(std::isnan(host::e4m3_to_f32(q.data[3])));
+  EXPECT_EQ(q.data[4], 0x00);
+  EXPECT_EQ(q.data[5], e4m3_rne_sat(2.0f));
+  EXPECT_EQ(q.data[6], 0x7E);  // 600 saturates
+  EXPECT_EQ(q.data[7], e4m3_rne_sat(-0.5f));
+  const std::vector<double> d = dequantize_kv(q);
+  EXPECT_EQ(d[0], 3.0);
+  EXPECT_EQ(d[1], 896.0);
+  EXPECT_EQ(d[2], -896.0);
+  EXPECT_TRUE(std::isnan(d[3]));
+  EXPECT_EQ(d[5], 1.0);
+  EXPECT_EQ(d[6], 224.0);
+  EXPECT_EQ(d[7], -0.25);
+}
+
+TEST(AttentionReferenceQuant, Fp8RoundTripWithinHalfAnUlp) {
+  std::mt19937 rng(99);
+  const std::vector<float> x = bf16_normals(64 * 128, 3.0f, rng);
+  const float scale = 0.0173f;
+  const QuantizedKV q = quantize_kv(KVFormat::kFP8, x.data(), 64, 128, DType::kBF16, {scale});
+  const std::vector<double> d = dequantize_kv(q);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = static_cast<double>(x[i] / scale);  // what was rounded (fp32 division)
+    if (std::fabs(v) >= 448) {
+      EXPECT_EQ(std::fabs(d[i]), 448.0 * scale);
+      continue;
+    }
+    EXPECT_LE(std::fabs(d[i] / scale - v), host::e4m3_half_ulp(v) * (1 + 1e-12)) << i;
+  }
+}
+
+TEST(AttentionReferenceQuant, NativeRowsCopyBits) {
+  std::mt19937 rng(5);
+  const std::vector<float> x = bf16_normals(3 * 64, 1.0f, rng);
+  const QuantizedKV b = quantize_kv(KVFormat::kNative, x.data(), 3, 64, DType::kBF16);
+  ASSERT_EQ(b.row_bytes, 128);
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(b.data[2 * i] | (b.data[2 * i + 1] << 8), host::f32_to_bf16(x[i]));
+  const QuantizedKV h = quantize_kv(KVFormat::kNative, x.data(), 3, 64, DType::kFP16);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(h.data[2 * i] | (h.data[2 * i + 1] << 8), host::f32_to_fp16(x[i]));
+  const std::vector<double> db = dequantize_kv(b), dh = dequantize_kv(h);
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_EQ(db[i], x[i]);
+    EXPECT_EQ(dh[i], x[i]);  // bf16 normals are exact in fp16 too
+  }
+}
+
+TEST(AttentionReferenceQuant, RejectsInconsistentArguments) {
+  const std::vector<float> x(64, 1.0f);
+  EXPECT_THROW(quantize_kv(KVFormat::kFP8, x.data(), 1, 64), Error);
+  EXPECT_THROW(quantize_kv(KVFormat::kInt4Group32, x.data(), 1, 48), Error);
+  EXPECT_THROW(quantize_kv(KVFormat::kInt4, x.data(), 1, 63), Error);
+  EXPECT_THROW(quantize_kv(KVFormat::kNative, x.data(), 1, 64, DType::kFP32), Error);
+}
+
+// ---- decode --------------------------------------------------------------------------------------------------
+
+// k / v [B=1][T_cap][HKV][D] from rows listed per token and head.
+TEST(AttentionReferenceDecode, HandComputedSoftmax) {
+  // D = 2, HKV = 1, HQ = 2, T_cap = 3, L = 2; the third token is NaN and must not be read.
+  // q0 = (1, 0): logits 0 and ln 3 -> p = (1/4, 3/4). q1 = 0: uniform.
+  const double ln3 = std::log(3.0);
+  const std::vector<double> q = {1, 0, 0, 0};
+  const std::vector<double> k = {0, 0, ln3, 0, NAN, NAN};
+  const std::vector<double> v = {1, 2, 5, -2, NAN, NAN};
+  DecodeParams p;
+  p.softmax_scale = 1.0f;
+  const DecodeRef r = decode_reference(q, k, v, {2}, {1, 2, 1, 2, 3}, p);
+  EXPECT_NEAR(r.o[0], 4.0, 1e-14);
+  EXPECT_NEAR(r.o[1], -1.0, 1e-14);
+  EXPECT_NEAR(r.o[2], 3.0, 1e-14);
+  EXPECT_NEAR(r.o[3], 0.0, 1e-14);
+  EXPECT_NEAR(r.lse[0], std::log(4.0), 1e-14);
+  EXPECT_NEAR(r.lse[1], std::log(2.0), 1e-14);
+  EXPECT_EQ(r.begin[0], 0);
+  EXPECT_EQ(r.end[0], 2);
+}
+
+TEST(AttentionReferenceDecode, QueryHeadsMapToKVHeadsInGroups) {
+  // HQ = 4, HKV = 2, D = 1, one token: o[h] = V[0, h / 2]; q = 0 everywhere.
+  const std::vector<double> q(4, 0.0), k = {1.0, -1.0}, v = {10.0, 20.0};
+  const DecodeRef r = decode_reference(q, k, v, {1}, {1, 4, 2, 1, 1}, {});
+  EXPECT_EQ(r.o, (std::vector<double>{10, 10, 20, 20}));
+  for (double l : r.lse) EXPECT_EQ(l, 0.0);
+}
+
+TEST(AttentionReferenceDecode, DefaultScaleIsInverseSqrtD) {
+  // D = 4, q = (1, 1, 1, 1), K0 = 0, K1 = (1, 1, 1, 1) · ln 2: logits 0 and 0.5 · 4 ln 2 = ln 4 -> p = (1/5, 4/5).
+  const double l2 = std::log(2.0);
+  const std::vector<double> q = {1, 1, 1, 1}, k = {0, 0, 0, 0, l2, l2, l2, l2};
+  const std::vector<double> v = {5, 0, 0, 0, 0, 5, 0, 0};
+  const DecodeRef r = decode_reference(q, k, v, {2}, {1, 1, 1, 4, 2}, {});
+  EXPECT_NEAR(r.o[0], 1.0, 1e-14);
+  EXPECT_NEAR(r.o[1], 4.0, 1e-14);
+  EXPECT_NEAR(r.lse[0], std::log(5.0), 1e-14);
+}
+
+TEST(AttentionReferenceDecode, WindowKeepsTheLastKeys) {
+  // D = 1, q = 0: o is the mean of the V rows in the window.
+  const std::vector<double> q = {0.0}, k(6, 0.0), v = {1, 2, 3, 4, 5, NAN};
+  DecodeParams p;
+  p.window = 2;
+  DecodeRef r = decode_reference(q, k, v, {5}, {1, 1, 1, 1, 6}, p);
+  EXPECT_DOUBLE_EQ(r.o[0], 4.5);
+  EXPECT_DOUBLE_EQ(r.lse[0], std::log(2.0));
+  EXPECT_EQ(r.begin[0], 3);
+  p.window = 1;
+  r = decode_reference(q, k, v, {5}, {1, 1, 1, 1, 6}, p);
+  EXPECT_DOUBLE_EQ(r.o[0], 5.0);
+  p.window = 100;  // larger than L: every key
+  r = decode_reference(q, k, v, {5}, {1, 1, 1, 1, 6}, p);
+  EXPECT_DOUBLE_EQ(r.o[0], 3.0);
+  EXPECT_EQ(r.begin[0], 0);
+}
+
+TEST(AttentionReferenceDecode, SoftcapBoundsTheLogits) {
+  // Logits 0 and 10 capped at 5: 5 tanh(2).
+  const std::vector<double> q = {1.0}, k = {0.0, 10.0}, v = {1.0, 0.0};
+  DecodeParams p;
+  p.softmax_scale = 1.0f;
+  p.softcap = 5.0f;
+  const DecodeRef r = decode_reference(q, k, v, {2}, {1, 1, 1, 1, 2}, p);
+  const double s = 5.0 * std::tanh(2.0);
+  EXPECT_NEAR(r.o[0], 1.0 / (1.0 + std::exp(s)), 1e-15);
+  EXPECT_NEAR(r.lse[0], std::log(1.0 + std::exp(s)), 1e-13);
+  p.softcap = 0.0f;
+  const DecodeRef u = decode_reference(q, k, v, {2}, {1, 1, 1, 1, 2}, p);
+  EXPECT_NEAR(u.o[0], 1.0 / (1.0 + std::exp(10.0)), 1e-15);
+}
+
+TEST(AttentionReferenceDecode, EmptyAndOverlongSequences) {
+  // B = 4, T_cap = 2, D = 1: lengths 0, -5 (empty), 100 (clamps to 2), 2.
+  const std::vector<double> q(4, 0.0), k(8, 0.0), v = {9, 9, 9, 9, 1, 3, 1, 3};
+  const DecodeRef r = decode_reference(q, k, v, {0, -5, 100, 2}, {4, 1, 1, 1, 2}, {});
+  EXPECT_EQ(r.o[0], 0.0);
+  EXPECT_EQ(r.o[1], 0.0);
+  EXPECT_EQ(r.lse[0], -kInf);
+  EXPECT_EQ(r.lse[1], -kInf);
+  EXPECT_EQ(r.end[2], 2);
+  EXPECT_DOUBLE_EQ(r.o[2], 2.0);
+  EXPECT_DOUBLE_EQ(r.o[3], 2.0);
+  EXPECT_DOUBLE_EQ(r.lse[2], std::log(2.0));
+}
+
+TEST(AttentionReferenceDecode, ThreadCountDoesNotChangeResults) {
+  std::mt19937 rng(3);
+  const int B = 5, HQ = 8, HKV = 2, D = 64, T = 300;
+  std::normal_distribution<double> n(0.0, 1.0);
+  std::vector<double> q(B * HQ * D), k(B * T * HKV * D), v(k.size());
+  for (double& x : q) x = n(rng);
+  for (double& x : k) x = n(rng);
+  for (double& x : v) x = n(rng);
+  const std::vector<int32_t> lens = {0, 1, 299, 300, 1000};
+  const DecodeRef a = decode_reference(q, k, v, lens, {B, HQ, HKV, D, T}, {}, 1);
+  const DecodeRef b = decode_reference(q, k, v, lens, {B, HQ, HKV, D, T}, {}, 7);
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.lse, b.lse);
+}
+
+// ---- the check -----------------------------------------------------------------------------------------------
+
+struct CheckFixture {
+  DecodeRef ref;
+  std::vector<uint16_t> o;
+  std::vector<float> lse;
+  CheckFixture() {
+    std::mt19937 rng(8);
+    std::normal_distribution<double> n(0.0, 1.0);
+    const int B = 3, HQ = 4, HKV = 2, D = 32, T = 40;
+    std::vector<double> q(B * HQ * D), k(B * T * HKV * D), v(k.size());
+    for (double& x : q) x = n(rng);
+    for (double& x : k) x = n(rng);
+    for (double& x : v) x = n(rng);
+    ref = decode_reference(q, k, v, {17, 0, 40}, {B, HQ, HKV, D, T}, {});
+    for (double x : ref.o) o.push_back(host::f32_to_bf16(static_cast<float>(x)));
+    for (double x : ref.lse) lse.push_back(static_cast<float>(x));
+  }
+};
+
+TEST(AttentionReferenceCheck, AcceptsTheRoundedReference) {
+  CheckFixture f;
+  const DecodeCheck r = check_decode_output(f.ref, f.o, DType::kBF16, f.lse);
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_LT(r.error, 3e-3);
+  EXPECT_GT(r.error, 0.0);
+  EXPECT_EQ(r.compared, 3 * 4 * 32);
+}
+
+TEST(AttentionReferenceCheck, FlagsNaNWrongRowsEmptyRowsAndLse) {
+  {
+    CheckFixture f;
+    f.o[5] = 0x7FC0;  // NaN
+    const DecodeCheck r = check_decode_output(f.ref, f.o, DType::kBF16, f.lse);
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.nonfinite, 1);
+  }
+  {
+    CheckFixture f;
+    f.o[1 * 4 * 32 + 3] = host::f32_to_bf16(1e-30f);  // sequence 1 has no keys
+    const DecodeCheck r = check_decode_output(f.ref, f.o, DType::kBF16, f.lse);
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(r.empty_rows_bad, 1);
+  }
+  {
+    CheckFixture f;
+    f.lse[1 * 4 + 2] = 0.0f;  // must be -inf
+    EXPECT_FALSE(check_decode_output(f.ref, f.o, DType::kBF16, f.lse).ok);
+  }
+  {
+    CheckFixture f;
+    f.lse[0] += 0.1f;
+    const DecodeCheck r = check_decode_output(f.ref, f.o, DType::kBF16, f.lse);
+    EXPECT_FALSE(r.ok);
+    EXPECT_NEAR(r.lse_max_error, 0.1, 1e-6);
+  }
+  {
+    CheckFixture f;
+    for (int d = 0; d < 32; ++d) f.o[2 * 4 * 32 + 32 + d] = 0;  // one row of 8 lost
+    DecodeTolerance tol;
+    tol.o_rtol = 1.0;
+    tol.row_rtol = 2e-2;
+    const DecodeCheck r = check_decode_output(f.ref, f.o, DType::kBF16, f.lse, tol);
+    EXPECT_FALSE(r.ok);
+    EXPECT_NEAR(r.worst_row_error, 1.0, 1e-12);
+    EXPECT_FALSE(check_decode_output(f.ref, f.o, DType::kBF16, f.lse).ok);  // and the Frobenius error shows it
+  }
+}
+
+TEST(AttentionReferenceCheck, StridedOutputs) {
+  CheckFixture f;
+  // o with rows of 40 elements and heads padded, lse transposed [HQ][B].
+  const int B = 3, HQ = 4, D = 32;
+  std::vector<uint16_t> o(B * HQ * 40, 0x7FC0);
+  std::vector<float> lse(HQ * B);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < HQ; ++h) {
+      for (int d = 0; d < D; ++d) o[(b * HQ + h) * 40 + d] = f.o[(b * HQ + h) * D + d];
+      lse[h * B + b] = f.lse[b * HQ + h];
+    }
+  const DecodeCheck r = check_decode_output(f.ref, o.data(), DType::kBF16, HQ * 40, 40, lse.data(), 1, B);
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+}  // namespace
+}  // namespace tessera::reference

@@ -1,0 +1,821 @@
+// Attention decode and append_kv: every validation rule (the error names the op and the argument), over the five
+// cache formats and both layouts, and the CacheDesc the rules produce.
+//
+// Validation runs before any device query, so host buffers stand in for device memory (device 0). A call that
+// got past every rule fails at the device checks: without a GPU on cudaGetDevice, with one on the host pointer.
+// The Accepted* tests check that the unmutated arguments get exactly that far, so each rule test fails for its
+// rule. check_decode / check_append are called directly: the public ops only add the launch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/decode/problem.h"
+#include "common/gpu_util.h"
+#include "tessera/attention.h"
+#include "tessera/error.h"
+
+namespace tessera::attention::detail {
+namespace {
+
+const char* const kDecode = "tessera::attention::decode";
+const char* const kAppend = "tessera::attention::append_kv";
+
+// Host memory standing in for device memory: 256-byte aligned, larger than any view below reaches, so that a
+// view moved into another buffer (the overlap tests) never reaches a third one.
+class HostBuffer {
+ public:
+  explicit HostBuffer(std::size_t bytes) : raw_(bytes + 256) {}
+  uint8_t* data() {
+    const auto addr = reinterpret_cast<std::uintptr_t>(raw_.data());
+    return raw_.data() + (256 - addr % 256) % 256;
+  }
+
+ private:
+  std::vector<uint8_t> raw_;
+};
+
+struct Buffers {
+  static constexpr std::size_t kBytes = 1 << 20;
+  HostBuffer q{kBytes}, o{kBytes}, lse{kBytes}, k{kBytes}, v{kBytes}, ks{kBytes}, vs{kBytes}, bt{kBytes},
+      seqlens{kBytes}, ws{kBytes}, k_new{kBytes}, v_new{kBytes}, positions{kBytes};
+};
+Buffers& buffers() {
+  static Buffers b;  // the checks never write: one set serves every case
+  return b;
+}
+
+constexpr int64_t kB = 2, kHQ = 8, kHKV = 2, kD = 128, kT = 64, kPageSize = 16, kNumPages = 6, kMaxPages = 4, kS = 3;
+
+const KVFormat kFormats[] = {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4,
+                             KVFormat::kInt4Group32};
+
+bool is_int4(KVFormat f) { return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32; }
+int64_t row_elems(KVFormat f) { return is_int4(f) ? kD / 2 : kD; }
+int64_t num_groups(KVFormat f) { return f == KVFormat::kInt4Group32 ? kD / 32 : 1; }
+
+TensorView view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(data, dtype, shape, 0);
+}
+void* shift(void* p, int64_t bytes) { return static_cast<uint8_t*>(p) + bytes; }
+
+KVCache make_cache(KVFormat f, bool paged) {
+  Buffers& b = buffers();
+  KVCache c;
+  c.format = f;
+  const DType dt = f == KVFormat::kNative ? DType::kBF16 : f == KVFormat::kFP8 ? DType::kFP8E4M3 : DType::kUInt8;
+  const int64_t d0 = paged ? kNumPages : kB, d1 = paged ? kPageSize : kT;
+  c.k = view(b.k.data(), dt, {d0, d1, kHKV, row_elems(f)});
+  c.v = view(b.v.data(), dt, {d0, d1, kHKV, row_elems(f)});
+  if (f == KVFormat::kFP8) {
+    c.k_scale = view(b.ks.data(), DType::kFP32, {kHKV});
+    c.v_scale = view(b.vs.data(), DType::kFP32, {kHKV});
+  } else if (f != KVFormat::kNative) {
+    c.k_scale = view(b.ks.data(), DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
+    c.v_scale = view(b.vs.data(), DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
+  }
+  if (paged) c.block_table = view(b.bt.data(), DType::kInt32, {kB, kMaxPages});
+  return c;
+}
+
+// Which formats and layouts a case applies to. A mask with no layout bit applies to both layouts.
+enum : unsigned {
+  kNat = 1u << 0, kF8 = 1u << 1, kI8 = 1u << 2, kI4 = 1u << 3, kI4G = 1u << 4,
+  kContig = 1u << 5, kPaged = 1u << 6,
+  kQuant = kF8 | kI8 | kI4 | kI4G, kIntegers = kI8 | kI4 | kI4G, kAll = kNat | kQuant,
+};
+bool applies(unsigned mask, KVFormat f, bool paged) {
+  const unsigned layouts = (mask & (kContig | kPaged)) ? mask : mask | kContig | kPaged;
+  return (mask & (1u << static_cast<int>(f))) && (layouts & (paged ? kPaged : kContig));
+}
+std::string describe(KVFormat f, bool paged) {
+  return std::string(kv_format_name(f)) + (paged ? " paged" : " contiguous");
+}
+
+int64_t elem(const KVCache& c) { return static_cast<int64_t>(dtype_size(c.k.dtype)); }
+// Applies `m` to k and v alike (their shapes and strides must agree), or to both scales.
+template <typename F> void both(KVCache& c, F m) { m(c.k); m(c.v); }
+template <typename F> void both_scales(KVCache& c, F m) { m(*c.k_scale); m(*c.v_scale); }
+
+// Runs `call`, which must throw naming `op` and `arg` first, with every string of `says` in the message.
+void expect_error(const std::function<void()>& call, const char* op, const std::string& arg,
+                  const std::vector<std::string>& says) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one naming '" << arg << "'";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const std::string head = std::string(op) + ": '" + arg + "'";
+    EXPECT_EQ(msg.find(head), 0u) << "expected \"" << head << "\" at the start of: " << msg;
+    for (const std::string& s : says) EXPECT_NE(msg.find(s), std::string::npos) << "expected \"" << s << "\" in: " << msg;
+  }
+}
+
+// A call that got past every rule fails at the first device check. `may_pass`: the call touches no memory at all
+// (every view empty), so there is nothing on a device to check.
+void expect_reaches_device_checks(const std::function<void()>& call, bool may_pass = false) {
+  try {
+    call();
+    if (!may_pass) ADD_FAILURE() << "host buffers accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    const bool no_gpu = msg.find("CUDA error") != std::string::npos && msg.find("cudaGetDevice") != std::string::npos;
+    const bool host_pointer = msg.find("host pointer") != std::string::npos ||
+                              msg.find("not a pointer CUDA knows") != std::string::npos;
+    EXPECT_TRUE(no_gpu || host_pointer) << "stopped before the device checks: " << msg;
+  }
+}
+
+// ---- decode ---------------------------------------------------------------------------------------------------
+
+struct DecodeArgs {
+  TensorView q, seqlens, o;
+  KVCache cache;
+  std::optional<TensorView> lse;
+  Workspace workspace;
+  DecodeParams params;
+};
+
+DecodeArgs make_decode(KVFormat f, bool paged) {
+  Buffers& b = buffers();
+  DecodeArgs a;
+  a.q = view(b.q.data(), DType::kBF16, {kB, kHQ, kD});
+  a.o = view(b.o.data(), DType::kBF16, {kB, kHQ, kD});
+  a.lse = view(b.lse.data(), DType::kFP32, {kB, kHQ});
+  a.seqlens = view(b.seqlens.data(), DType::kInt32, {kB});
+  a.cache = make_cache(f, paged);
+  return a;
+}
+
+void call_decode(const DecodeArgs& a) {
+  (void)check_decode(kDecode, a.q, a.cache, a.seqlens, a.o, a.lse, a.workspace, a.params);
+}
+
+// Explicit splits and exactly the workspace they need (after the cap at one split per 16 tokens of capacity).
+void set_splits(DecodeArgs& a, int requested, int effective, int64_t missing_bytes = 0) {
+  a.params.num_splits = requested;
+  a.workspace.data = buffers().ws.data();
+  a.workspace.bytes = decode_workspace_bytes_for(kB, a.q.shape[1], kD, effective) - missing_bytes;
+}
+
+struct DecodeCase {
+  const char* name;
+  unsigned applies;
+  std::function<void(DecodeArgs&)> mutate;
+  const char* arg;
+  std::vector<std::string> says = {};
+};
+
+const std::vector<DecodeCase>& decode_cases() {
+  static const std::vector<DecodeCase> all = {
+      // ---- q
+      {"q fp32", kAll, [](DecodeArgs& a) { a.q.dtype = DType::kFP32; }, "q", {"bf16 | fp16", "got fp32"}},
+      {"q rank 2", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, kHQ * kD}); }, "q", {"rank 3"}},
+      {"q D 96", kAll, [](DecodeArgs& a) { a.q.shape[2] = 96; }, "q", {"64, 128 or 256", "[2, 8, 96]"}},
+      {"q D 32", kAll, [](DecodeArgs& a) { a.q.shape[2] = 32; }, "q", {"64, 128 or 256"}},
+      {"q no heads", kAll, [](DecodeArgs& a) { a.q.shape[1] = 0; }, "q", {"heads"}},
+      {"q negative B", kAll, [](DecodeArgs& a) { a.q.shape[0] = -1; }, "q", {"non-negative sizes"}},
+      {"HQ not a multiple of HKV", kAll, [](DecodeArgs& a) { a.q.shape[1] = 7; }, "q",
+       {"HQ (7) must be a multiple of the KV heads (2"}},
+      {"257 query heads per KV head", kAll, [](DecodeArgs& a) { a.q.shape[1] = 2 * 257; }, "q", {"256"}},
+      {"q D stride", kAll, [](DecodeArgs& a) { a.q.strides[2] = 2; }, "q", {"unit stride"}},
+      {"q address", kAll, [](DecodeArgs& a) { a.q.data = shift(a.q.data, 2); }, "q", {"16-byte aligned"}},
+      {"q batch stride", kAll, [](DecodeArgs& a) { a.q.strides[0] = kHQ * kD + 4; }, "q",
+       {"dim 0", "multiple of 16 bytes (8 elements of bf16)", "got 1028"}},
+      {"q head stride", kAll, [](DecodeArgs& a) { a.q.strides[1] = kD + 4; }, "q", {"dim 1", "16 bytes"}},
+      {"q negative stride", kAll, [](DecodeArgs& a) { a.q.strides[1] = -kD; }, "q", {"non-negative"}},
+      // ---- cache data
+      {"format 7", kAll, [](DecodeArgs& a) { a.cache.format = static_cast<KVFormat>(7); }, "cache.format", {"7"}},
+      {"k rank 3", kAll, [](DecodeArgs& a) { a.cache.k = view(a.cache.k.data, a.cache.k.dtype, {kB, kT, kD}); },
+       "cache.k", {"rank 4"}},
+      {"native cache fp16 under bf16 q", kNat,
+       [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.dtype = DType::kFP16; }); }, "cache.k",
+       {"must have dtype bf16", "got fp16"}},
+      {"native cache bf16 under fp16 q", kNat,
+       [](DecodeArgs& a) { a.q.dtype = a.o.dtype = DType::kFP16; }, "cache.k", {"must have dtype fp16", "got bf16"}},
+      {"native cache fp32", kNat, [](DecodeArgs& a) { a.cache.k.dtype = DType::kFP32; }, "cache.k", {"bf16 | fp16"}},
+      {"fp8 cache e5m2", kF8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kFP8E5M2; }, "cache.k", {"fp8_e4m3"}},
+      {"fp8 cache as uint8", kF8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kUInt8; }, "cache.k", {"fp8_e4m3"}},
+      {"int8 cache signed", kI8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt8; }, "cache.k",
+       {"must have dtype uint8,"}},
+      {"int8 cache as int4x2", kI8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt4x2; }, "cache.k", {"uint8"}},
+      {"int4 cache bf16", kI4 | kI4G, [](DecodeArgs& a) { a.cache.k.dtype = DType::kBF16; }, "cache.k",
+       {"uint8 | int4x2"}},
+      {"row of 2D", kAll, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[3] *= 2; }); }, "cache.k",
+       {"in dim 3"}},
+      {"int4 row of D bytes", kI4 | kI4G, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[3] = kD; }); },
+       "cache.k", {"size 64 (D/2 bytes"}},
+      {"no KV heads", kAll, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[2] = 0; }); }, "cache.k",
+       {"KV heads"}},
+      {"contiguous cache of 3 sequences", kAll | kContig,
+       [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[0] = 3; }); }, "cache.k", {"size 2 (B"}},
+      {"k last stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[3] = 2; }, "cache.k", {"unit stride"}},
+      {"k address", kAll, [](DecodeArgs& a) { a.cache.k.data = shift(a.cache.k.data, 8); }, "cache.k",
+       {"16-byte aligned"}},
+      {"k token stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[1] += 8 / elem(a.cache); }, "cache.k",
+       {"dim 1", "multiple of 16 bytes"}},
+      {"k head stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[2] += 8 / elem(a.cache); }, "cache.k",
+       {"dim 2", "multiple of 16 bytes"}},
+      {"k outer stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[0] += 8 / elem(a.cache); }, "cache.k",
+       {"dim 0", "multiple of 16 bytes"}},
+      {"k negative stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[0] *= -1; }, "cache.k", {"non-negative"}},
+      {"v address", kAll, [](DecodeArgs& a) { a.cache.v.data = shift(a.cache.v.data, 8); }, "cache.v",
+       {"16-byte aligned"}},
+      {"v dtype", kAll, [](DecodeArgs& a) { a.cache.v.dtype = DType::kFP32; }, "cache.v", {"dtype of 'cache.k'"}},
+      {"v shape", kAll, [](DecodeArgs& a) { a.cache.v.shape[1] /= 2; }, "cache.v", {"shape of 'cache.k'"}},
+      {"v strides differ from k", kAll, [](DecodeArgs& a) { a.cache.v.strides[0] *= 2; }, "cache.v",
+       {"strides of 'cache.k'", "one set of strides"}},
+      {"v is k", kAll, [](DecodeArgs& a) { a.cache.v.data = a.cache.k.data; }, "cache.v", {"overlap 'cache.k'"}},
+      {"v one row after k", kAll,
+       [](DecodeArgs& a) { a.cache.v.data = shift(a.cache.k.data, a.cache.k.shape[3] * elem(a.cache)); }, "cache.v",
+       {"overlap 'cache.k'"}},
+      // ---- paged layout
+      {"page size 24", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = 24; }); },
+       "cache.k", {"power of two", "[6, 24, 2"}},
+      {"page size 8", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = 8; }); },
+       "cache.k", {"[16, 256]"}},
+      {"page size 512", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = 512; }); },
+       "cache.k", {"[16, 256]"}},
+      {"no pages", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[0] = 0; }); },
+       "cache.k", {"at least one page"}},
+      {"block table int64", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->dtype = DType::kInt64; },
+       "cache.block_table", {"int32"}},
+      {"block table rank 1", kAll | kPaged,
+       [](DecodeArgs& a) { a.cache.block_table = view(a.cache.block_table->data, DType::kInt32, {kB * kMaxPages}); },
+       "cache.block_table", {"rank 2"}},
+      {"block table of 3 sequences", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->shape[0] = 3; },
+       "cache.block_table", {"size 2 (B"}},
+      {"block table of no pages", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->shape[1] = 0; },
+       "cache.block_table", {"at least one page per sequence"}},
+      {"block table column stride", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->strides[1] = 2; },
+       "cache.block_table", {"unit stride"}},
+      {"block table zero row stride", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->strides[0] = 0; },
+       "cache.block_table", {"positive row stride"}},
+      {"block table address", kAll | kPaged,
+       [](DecodeArgs& a) { a.cache.block_table->data = shift(a.cache.block_table->data, 2); }, "cache.block_table",
+       {"4-byte"}},
+      {"paged capacity 2^31", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->shape[1] = int64_t{1} << 27; },
+       "cache.block_table", {"2^31", "134217728 pages of 16"}},
+      {"contiguous capacity 2^31", kAll | kContig,
+       [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = int64_t{1} << 31; }); }, "cache.k",
+       {"2^31"}},
+      // ---- scales
+      {"native with k_scale", kNat, [](DecodeArgs& a) { a.cache.k_scale = view(buffers().ks.data(), DType::kFP32, {1}); },
+       "cache.k_scale", {"absent"}},
+      {"native with v_scale", kNat, [](DecodeArgs& a) { a.cache.v_scale = view(buffers().vs.data(), DType::kFP32, {1}); },
+       "cache.v_scale", {"absent"}},
+      {"no k_scale", kQuant, [](DecodeArgs& a) { a.cache.k_scale.reset(); }, "cache.k_scale", {"is required"}},
+      {"no v_scale", kQuant, [](DecodeArgs& a) { a.cache.v_scale.reset(); }, "cache.v_scale", {"is required"}},
+      {"fp8 scale fp16", kF8, [](DecodeArgs& a) { a.cache.k_scale->dtype = DType::kFP16; }, "cache.k_scale",
+       {"fp32"}},
+      {"fp8 scale of 3", kF8, [](DecodeArgs& a) { a.cache.k_scale->shape[0] = 3; }, "cache.k_scale",
+       {"[1] (per tensor) or [HKV] = [2] (per KV head), got [3]"}},
+      {"fp8 scale rank 2", kF8,
+       [](DecodeArgs& a) { a.cache.k_scale = view(a.cache.k_scale->data, DType::kFP32, {1, kHKV}); },
+       "cache.k_scale", {"rank 1"}},
+      {"fp8 scale strided", kF8, [](DecodeArgs& a) { a.cache.k_scale->strides[0] = 2; }, "cache.k_scale",
+       {"contiguous"}},
+      {"fp8 scale address", kF8, [](DecodeArgs& a) { a.cache.v_scale->data = shift(a.cache.v_scale->data, 2); },
+       "cache.v_scale", {"4-byte"}},
+      {"fp8 per-tensor k_scale, per-head v_scale", kF8, [](DecodeArgs& a) { a.cache.k_scale->shape[0] = 1; },
+       "cache.v_scale", {"shape of 'cache.k_scale' [1]", "got [2]"}},
+      {"fp8 scale inside k", kF8, [](DecodeArgs& a) { a.cache.k_scale->data = a.cache.k.data; }, "cache.k_scale",
+       {"overlap 'cache.k'"}},
+      {"int scale fp32", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->dtype = DType::kFP32; }, "cache.k_scale",
+       {"fp16"}},
+      {"int scale rank 3", kIntegers,
+       [](DecodeArgs& a) { a.cache.k_scale = view(a.cache.k_scale->data, DType::kFP16, {kB, kT, kHKV * 2}); },
+       "cache.k_scale", {"rank 4"}},
+      {"int scale with a pair too many", kIntegers,
+       [](DecodeArgs& a) { both_scales(a.cache, [](TensorView& t) { t.shape[3] += 2; }); }, "cache.k_scale",
+       {"2 * NG"}},
+      {"int4 group32 scale with one pair", kI4G,
+       [](DecodeArgs& a) { both_scales(a.cache, [](TensorView& t) { t.shape[3] = 2; }); }, "cache.k_scale",
+       {"NG = 4", ", 8], got", ", 2]"}},
+      {"int scale token dim", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->shape[1] -= 1; }, "cache.k_scale",
+       {"dims 0..2 of cache.k"}},
+      {"int scale last stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[3] = 2; }, "cache.k_scale",
+       {"unit stride"}},
+      {"int scale odd head stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[2] += 1; },
+       "cache.k_scale", {"dim 2", "multiple of 4 bytes (2 elements of fp16)"}},
+      {"int scale address", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->data = shift(a.cache.k_scale->data, 2); },
+       "cache.k_scale", {"4-byte"}},
+      {"int scale negative stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[0] *= -1; },
+       "cache.k_scale", {"non-negative"}},
+      {"int v_scale strides differ", kIntegers, [](DecodeArgs& a) { a.cache.v_scale->strides[0] *= 2; },
+       "cache.v_scale", {"strides of 'cache.k_scale'"}},
+      {"int v_scale is k_scale", kIntegers, [](DecodeArgs& a) { a.cache.v_scale->data = a.cache.k_scale->data; },
+       "cache.v_scale", {"overlap 'cache.k_scale'"}},
+      {"int k_scale inside v", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->data = a.cache.v.data; },
+       "cache.k_scale", {"overlap 'cache.v'"}},
+      // ---- lengths
+      {"seqlens int64", kAll, [](DecodeArgs& a) { a.seqlens.dtype = DType::kInt64; }, "cache_seqlens", {"int32"}},
+      {"seqlens of 3", kAll, [](DecodeArgs& a) { a.seqlens.shape[0] = 3; }, "cache_seqlens", {"[B] = [2]"}},
+      {"seqlens strided", kAll, [](DecodeArgs& a) { a.seqlens.strides[0] = 2; }, "cache_seqlens", {"contiguous"}},
+      // ---- o
+      {"o fp16", kAll, [](DecodeArgs& a) { a.o.dtype = DType::kFP16; }, "o", {"dtype of 'q' (bf16)"}},
+      {"o rank 2", kAll, [](DecodeArgs& a) { a.o = view(a.o.data, a.o.dtype, {kB, kHQ * kD}); }, "o", {"rank 3"}},
+      {"o heads", kAll, [](DecodeArgs& a) { a.o.shape[1] = 4; }, "o", {"[B, HQ, D]", "[2, 8, 128], got [2, 4, 128]"}},
+      {"o D stride", kAll, [](DecodeArgs& a) { a.o.strides[2] = 2; }, "o", {"unit stride"}},
+      {"o address", kAll, [](DecodeArgs& a) { a.o.data = shift(a.o.data, 4); }, "o", {"16-byte aligned"}},
+      {"o row stride", kAll, [](DecodeArgs& a) { a.o.strides[1] = kD + 4; }, "o", {"8 elements of bf16"}},
+      {"o heads share memory", kAll, [](DecodeArgs& a) { a.o.strides[1] = 0; }, "o", {"share memory"}},
+      {"o is q", kAll, [](DecodeArgs& a) { a.o.data = a.q.data; }, "o", {"overlap 'q'"}},
+      {"o inside k", kAll, [](DecodeArgs& a) { a.o.data = a.cache.k.data; }, "o", {"overlap 'cache.k'"}},
+      {"o inside v", kAll, [](DecodeArgs& a) { a.o.data = a.cache.v.data; }, "o", {"overlap 'cache.v'"}},
+      {"o inside v_scale", kQuant, [](DecodeArgs& a) { a.o.data = a.cache.v_scale->data; }, "o",
+       {"overlap 'cache.v_scale'"}},
+      {"o inside the block table", kAll | kPaged, [](DecodeArgs& a) { a.o.data = a.cache.block_table->data; }, "o",
+       {"overlap 'cache.block_table'"}},
+      {"o inside seqlens", kAll, [](DecodeArgs& a) { a.o.data = a.seqlens.data; }, "o", {"overlap 'cache_seqlens'"}},
+      // ---- lse
+      {"lse bf16", kAll, [](DecodeArgs& a) { a.lse->dtype = DType::kBF16; }, "lse", {"fp32"}},
+      {"lse shape", kAll, [](DecodeArgs& a) { a.lse->shape[1] = 9; }, "lse", {"[B, HQ] = [2, 8], got [2, 9]"}},
+      {"lse rank 3", kAll, [](DecodeArgs& a) { a.lse = view(a.lse->data, DType::kFP32, {kB, kHQ, 1}); }, "lse",
+       {"rank 2"}},
+      {"lse negative stride", kAll, [](DecodeArgs& a) { a.lse->strides[0] = -kHQ; }, "lse", {"non-negative"}},
+      {"lse address", kAll, [](DecodeArgs& a) { a.lse->data = shift(a.lse->data, 2); }, "lse", {"4-byte"}},
+      {"lse rows share memory", kAll, [](DecodeArgs& a) { a.lse->strides[0] = 0; }, "lse", {"share memory"}},
+      {"lse inside o", kAll, [](DecodeArgs& a) { a.lse->data = a.o.data; }, "lse", {"overlap 'o'"}},
+      {"lse inside q", kAll, [](DecodeArgs& a) { a.lse->data = a.q.data; }, "lse", {"overlap 'q'"}},
+      // ---- params
+      {"softmax_scale NaN", kAll, [](DecodeArgs& a) { a.params.softmax_scale = std::nanf(""); },
+       "params.softmax_scale", {"finite"}},
+      {"softmax_scale inf", kAll, [](DecodeArgs& a) { a.params.softmax_scale = INFINITY; }, "params.softmax_scale",
+       {"finite"}},
+      {"softcap negative", kAll, [](DecodeArgs& a) { a.params.softcap = -1.0f; }, "params.softcap", {">= 0"}},
+      {"softcap inf", kAll, [](DecodeArgs& a) { a.params.softcap = INFINITY; }, "params.softcap", {"finite"}},
+      {"window negative", kAll, [](DecodeArgs& a) { a.params.window = -1; }, "params.window", {"got -1"}},
+      {"num_splits -1", kAll, [](DecodeArgs& a) { a.params.num_splits = -1; }, "params.num_splits",
+       {"[0, 128]", "got -1"}},
+      {"num_splits 129", kAll, [](DecodeArgs& a) { a.params.num_splits = 129; }, "params.num_splits",
+       {"[0, 128]", "got 129"}},
+      // ---- workspace (explicit splits: sized before any device query)
+      {"workspace a byte short", kAll, [](DecodeArgs& a) { set_splits(a, 4, 4, 1); }, "workspace",
+       {"bytes for 4 splits", "(decode_workspace_bytes)"}},
+      {"workspace short after the split cap", kAll, [](DecodeArgs& a) { set_splits(a, 128, 4, 1); }, "workspace",
+       {"bytes for 4 splits"}},
+      {"workspace absent", kAll,
+       [](DecodeArgs& a) {
+         set_splits(a, 2, 2);
+         a.workspace = {};
+       },
+       "workspace", {"got 0"}},
+      {"workspace address", kAll,
+       [](DecodeArgs& a) {
+         set_splits(a, 4, 4);
+         a.workspace.data = shift(a.workspace.data, 8);
+       },
+       "workspace", {"16-byte aligned"}},
+      {"workspace inside o", kAll,
+       [](DecodeArgs& a) {
+         set_splits(a, 4, 4);
+         a.workspace.data = a.o.data;
+       },
+       "workspace", {"overlap 'o'"}},
+      {"workspace inside k", kAll,
+       [](DecodeArgs& a) {
+         set_splits(a, 4, 4);
+         a.workspace.data = a.cache.k.data;
+       },
+       "workspace", {"overlap 'cache.k'"}},
+  };
+  return all;
+}
+
+TEST(DecodeValidation, EachRuleNamesItsArgument) {
+  ASSERT_GT(decode_workspace_bytes_for(kB, kHQ, kD, 4), 0u) << "the workspace cases need a non-empty workspace";
+  int runs = 0;
+  for (const DecodeCase& c : decode_cases())
+    for (KVFormat f : kFormats)
+      for (bool paged : {false, true}) {
+        if (!applies(c.applies, f, paged)) continue;
+        SCOPED_TRACE(std::string(c.name) + " / " + describe(f, paged));
+        DecodeArgs a = make_decode(f, paged);
+        c.mutate(a);
+        ++runs;
+        expect_error([&] { call_decode(a); }, kDecode, c.arg, c.says);
+      }
+  EXPECT_GT(runs, 700);
+}
+
+TEST(DecodeValidation, WorkspaceErrorGivesBothSizes) {
+  DecodeArgs a = make_decode(KVFormat::kInt8, false);
+  set_splits(a, 3, 3, 16);
+  const std::size_t needed = decode_workspace_bytes_for(kB, kHQ, kD, 3);
+  expect_error([&] { call_decode(a); }, kDecode, "workspace",
+               {"at least " + std::to_string(needed) + " bytes", "got " + std::to_string(needed - 16)});
+}
+
+struct Variant {
+  const char* name;
+  unsigned applies;
+  std::function<void(DecodeArgs&)> mutate;
+  bool may_pass = false;
+};
+
+TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
+  const std::vector<Variant> variants = {
+      {"as made", kAll, [](DecodeArgs&) {}},
+      {"explicit splits, exact workspace", kAll, [](DecodeArgs& a) { set_splits(a, 4, 4); }},
+      {"128 splits capped to 4 (64 tokens of capacity)", kAll, [](DecodeArgs& a) { set_splits(a, 128, 4); }},
+      {"one split, no workspace", kAll, [](DecodeArgs& a) { a.params.num_splits = 1; }},
+      {"fp16 q and o", kQuant, [](DecodeArgs& a) { a.q.dtype = a.o.dtype = DType::kFP16; }},
+      {"fp16 native cache", kNat,
+       [](DecodeArgs& a) {
+         a.q.dtype = a.o.dtype = DType::kFP16;
+         both(a.cache, [](TensorView& t) { t.dtype = DType::kFP16; });
+       }},
+      {"int4 as int4x2", kI4 | kI4G, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.dtype = DType::kInt4x2; }); }},
+      {"fp8 per-tensor scales", kF8,
+       [](DecodeArgs& a) { both_scales(a.cache, [](TensorView& t) { t.shape[0] = 1; }); }},
+      {"fp8 scales shared by k and v", kF8, [](DecodeArgs& a) { a.cache.v_scale = a.cache.k_scale; }},
+      {"no sequences", kAll,
+       [](DecodeArgs& a) {
+         a.q.shape[0] = a.o.shape[0] = a.lse->shape[0] = a.seqlens.shape[0] = 0;
+         if (a.cache.block_table) a.cache.block_table->shape[0] = 0;
+         else both(a.cache, [](TensorView& t) { t.shape[0] = 0; });
+         if (a.cache.k_scale && a.cache.format != KVFormat::kFP8 && !a.cache.block_table)
+           both_scales(a.cache, [](TensorView& t) { t.shape[0] = 0; });
+       },
+       true},
+      {"one sequence with odd strides on size-1 dims", kAll,
+       [](DecodeArgs& a) {
+         // Strides of dims of size 1 address nothing: any value is fine.
+         a.q.shape[0] = a.o.shape[0] = a.lse->shape[0] = a.seqlens.shape[0] = 1;
+         a.q.strides[0] = -3;
+         a.o.strides[0] = 7;
+         a.lse->strides[0] = -1;
+         if (a.cache.block_table) {
+           a.cache.block_table->shape[0] = 1;
+           a.cache.block_table->strides[0] = 0;
+         } else {
+           both(a.cache, [](TensorView& t) { t.shape[0] = 1; t.strides[0] = 5; });
+           if (a.cache.k_scale && a.cache.format != KVFormat::kFP8)
+             both_scales(a.cache, [](TensorView& t) { t.shape[0] = 1; t.strides[0] = 3; });
+         }
+       }},
+      {"one KV head, 8 query heads each", kAll,
+       [](DecodeArgs& a) {
+         both(a.cache, [](TensorView& t) { t.shape[2] = 1; });
+         if (a.cache.format == KVFormat::kFP8) both_scales(a.cache, [](TensorView& t) { t.shape[0] = 1; });
+         else if (a.cache.k_scale) both_scales(a.cache, [](TensorView& t) { t.shape[2] = 1; });
+       }},
+      {"256 query heads per KV head", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 256 * kHKV, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 256 * kHKV, kD});
+         a.lse = view(a.lse->data, DType::kFP32, {kB, 256 * kHKV});
+       }},
+      {"no lse", kAll, [](DecodeArgs& a) { a.lse.reset(); }},
+      {"lse transposed", kAll,
+       [](DecodeArgs& a) {
+         a.lse->strides[0] = 1;
+         a.lse->strides[1] = kB;
+       }},
+      {"padded q and o rows, q heads broadcast", kAll,
+       [](DecodeArgs& a) {
+         a.q.strides[1] = 0;
+         a.o.strides[1] = kD + 8;
+         a.o.strides[0] = kHQ * (kD + 8) + 64;
+       }},
+      {"padded cache rows", kAll,
+       [](DecodeArgs& a) {
+         both(a.cache, [&](TensorView& t) {
+           t.strides[2] = t.shape[3] + 32 / elem(a.cache);
+           t.strides[1] = kHKV * t.strides[2];
+           t.strides[0] = t.shape[1] * t.strides[1] + 16 / elem(a.cache);
+         });
+       }},
+      {"k and v interleaved in one buffer", kAll,
+       [](DecodeArgs& a) {
+         // Contiguous: [B, T, 2, HKV, row]; paged: [num_pages, 2, page_size, HKV, row] (FlashInfer's layout).
+         const bool paged = a.cache.block_table.has_value();
+         const int64_t row = a.cache.k.shape[3], tokens = a.cache.k.shape[1];
+         TensorView& k = a.cache.k;
+         k.strides[2] = row;
+         k.strides[1] = paged ? kHKV * row : 2 * kHKV * row;
+         k.strides[0] = 2 * tokens * kHKV * row;
+         a.cache.v = k;
+         a.cache.v.data = shift(k.data, (paged ? tokens * kHKV * row : kHKV * row) * elem(a.cache));
+       }},
+      {"page size 256", kAll | kPaged, [](DecodeArgs& a) {
+         both(a.cache, [](TensorView& t) { t = view(t.data, t.dtype, {1, 256, kHKV, t.shape[3]}); });
+         if (a.cache.k_scale && a.cache.format != KVFormat::kFP8)
+           both_scales(a.cache, [](TensorView& t) { t = view(t.data, t.dtype, {1, 256, kHKV, t.shape[3]}); });
+       }},
+      {"softcap, window, negative scale", kAll,
+       [](DecodeArgs& a) {
+         a.params.softcap = 30.0f;
+         a.params.window = 100;
+         a.params.softmax_scale = -0.5f;
+       }},
+  };
+  int runs = 0;
+  for (const Variant& v : variants)
+    for (KVFormat f : kFormats)
+      for (bool paged : {false, true}) {
+        if (!applies(v.applies, f, paged)) continue;
+        SCOPED_TRACE(std::string(v.name) + " / " + describe(f, paged));
+        DecodeArgs a = make_decode(f, paged);
+        v.mutate(a);
+        ++runs;
+        expect_reaches_device_checks([&] { call_decode(a); }, v.may_pass);
+      }
+  EXPECT_GT(runs, 150);
+}
+
+// ---- append_kv ------------------------------------------------------------------------------------------------
+
+struct AppendArgs {
+  TensorView k_new, v_new, positions;
+  KVCache cache;
+};
+
+AppendArgs make_append(KVFormat f, bool paged) {
+  Buffers& b = buffers();
+  AppendArgs a;
+  a.k_new = view(b.k_new.data(), DType::kBF16, {kB, kS, kHKV, kD});
+  a.v_new = view(b.v_new.data(), DType::kBF16, {kB, kS, kHKV, kD});
+  a.positions = view(b.positions.data(), DType::kInt32, {kB});
+  a.cache = make_cache(f, paged);
+  return a;
+}
+
+void call_append(const AppendArgs& a) { (void)check_append(kAppend, a.k_new, a.v_new, a.positions, a.cache); }
+
+struct AppendCase {
+  const char* name;
+  unsigned applies;
+  std::function<void(AppendArgs&)> mutate;
+  const char* arg;
+  std::vector<std::string> says = {};
+};
+
+TEST(AppendValidation, EachRuleNamesItsArgument) {
+  const std::vector<AppendCase> cases = {
+      // ---- new rows
+      {"k_new fp32", kAll, [](AppendArgs& a) { a.k_new.dtype = DType::kFP32; }, "k_new", {"bf16 | fp16"}},
+      {"k_new rank 3", kAll, [](AppendArgs& a) { a.k_new = view(a.k_new.data, DType::kBF16, {kB, kS, kHKV * kD}); },
+       "k_new", {"rank 4"}},
+      {"k_new D 96", kAll, [](AppendArgs& a) { a.k_new.shape[3] = 96; }, "k_new", {"64, 128 or 256"}},
+      {"k_new negative S", kAll, [](AppendArgs& a) { a.k_new.shape[1] = -1; }, "k_new", {"non-negative sizes"}},
+      {"k_new last stride", kAll, [](AppendArgs& a) { a.k_new.strides[3] = 2; }, "k_new", {"unit stride"}},
+      {"k_new negative stride", kAll, [](AppendArgs& a) { a.k_new.strides[1] = -kHKV * kD; }, "k_new",
+       {"non-negative"}},
+      {"k_new odd address", kAll, [](AppendArgs& a) { a.k_new.data = shift(a.k_new.data, 1); }, "k_new",
+       {"2-byte aligned"}},
+      {"v_new fp16", kAll, [](AppendArgs& a) { a.v_new.dtype = DType::kFP16; }, "v_new", {"dtype of 'k_new'"}},
+      {"v_new shape", kAll, [](AppendArgs& a) { a.v_new.shape[1] = kS + 1; }, "v_new",
+       {"shape of 'k_new' [2, 3, 2, 128], got [2, 4, 2, 128]"}},
+      {"v_new last stride", kAll, [](AppendArgs& a) { a.v_new.strides[3] = 0; }, "v_new", {"unit stride"}},
+      {"positions int64", kAll, [](AppendArgs& a) { a.positions.dtype = DType::kInt64; }, "positions", {"int32"}},
+      {"positions of 3", kAll, [](AppendArgs& a) { a.positions.shape[0] = 3; }, "positions", {"[B] = [2]"}},
+      {"positions strided", kAll, [](AppendArgs& a) { a.positions.strides[0] = 2; }, "positions", {"contiguous"}},
+      // ---- agreement with the cache
+      {"new rows of one KV head", kAll,
+       [](AppendArgs& a) { a.k_new.shape[2] = a.v_new.shape[2] = 1; }, "k_new", {"size 2 (HKV"}},
+      {"new rows of D 64", kAll, [](AppendArgs& a) { a.k_new.shape[3] = a.v_new.shape[3] = 64; }, "cache.k",
+       {"in dim 3"}},
+      {"new rows of 3 sequences, contiguous", kAll | kContig,
+       [](AppendArgs& a) { a.k_new.shape[0] = a.v_new.shape[0] = a.positions.shape[0] = 3; }, "cache.k",
+       {"size 3 (B"}},
+      {"new rows of 3 sequences, paged", kAll | kPaged,
+       [](AppendArgs& a) { a.k_new.shape[0] = a.v_new.shape[0] = a.positions.shape[0] = 3; }, "cache.block_table",
+       {"size 3 (B"}},
+      {"fp16 rows into a bf16 cache", kNat, [](AppendArgs& a) { a.k_new.dtype = a.v_new.dtype = DType::kFP16; },
+       "cache.k", {"must have dtype fp16", "got bf16"}},
+      // ---- the cache is the output
+      {"cache tokens share memory", kAll,
+       [](AppendArgs& a) { both(a.cache, [](TensorView& t) { t.strides[1] = 0; }); }, "cache.k", {"share memory"}},
+      {"cache heads share memory", kAll,
+       [](AppendArgs& a) { both(a.cache, [](TensorView& t) { t.strides[2] = 0; }); }, "cache.k", {"share memory"}},
+      {"int scale tokens share memory", kIntegers,
+       [](AppendArgs& a) { both_scales(a.cache, [](TensorView& t) { t.strides[1] = 0; }); }, "cache.k_scale",
+       {"share memory"}},
+      {"k inside k_new", kAll, [](AppendArgs& a) { a.k_new.data = a.cache.k.data; }, "cache.k", {"overlap 'k_new'"}},
+      {"v inside v_new", kAll, [](AppendArgs& a) { a.v_new.data = a.cache.v.data; }, "cache.v", {"overlap 'v_new'"}},
+      {"k_scale at positions", kIntegers, [](AppendArgs& a) { a.positions.data = a.cache.k_scale->data; },
+       "cache.k_scale", {"overlap 'positions'"}},
+      {"v_scale inside v_new", kIntegers, [](AppendArgs& a) { a.v_new.data = a.cache.v_scale->data; },
+       "cache.v_scale", {"overlap 'v_new'"}},
+      {"v at the block table", kAll | kPaged, [](AppendArgs& a) { a.cache.block_table->data = a.cache.v.data; },
+       "cache.v", {"overlap 'cache.block_table'"}},
+      {"fp8 scale inside v", kF8, [](AppendArgs& a) { a.cache.k_scale->data = a.cache.v.data; }, "cache.k_scale",
+       {"overlap 'cache.v'"}},
+  };
+  int runs = 0;
+  for (const AppendCase& c : cases)
+    for (KVFormat f : kFormats)
+      for (bool paged : {false, true}) {
+        if (!applies(c.applies, f, paged)) continue;
+        SCOPED_TRACE(std::string(c.name) + " / " + describe(f, paged));
+        AppendArgs a = make_append(f, paged);
+        c.mutate(a);
+        ++runs;
+        expect_error([&] { call_append(a); }, kAppend, c.arg, c.says);
+      }
+  EXPECT_GT(runs, 200);
+}
+
+TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
+  struct AppendVariant {
+    const char* name;
+    unsigned applies;
+    std::function<void(AppendArgs&)> mutate;
+  };
+  const std::vector<AppendVariant> variants = {
+      {"as made", kAll, [](AppendArgs&) {}},
+      {"no new tokens", kAll, [](AppendArgs& a) { a.k_new.shape[1] = a.v_new.shape[1] = 0; }},
+      {"fp16 rows", kQuant, [](AppendArgs& a) { a.k_new.dtype = a.v_new.dtype = DType::kFP16; }},
+      {"fp16 rows into an fp16 cache", kNat,
+       [](AppendArgs& a) {
+         a.k_new.dtype = a.v_new.dtype = DType::kFP16;
+         both(a.cache, [](TensorView& t) { t.dtype = DType::kFP16; });
+       }},
+      {"k_new and v_new slices of one fused qkv tensor", kAll,
+       [](AppendArgs& a) {
+         // [B, S, HQ + 2 HKV, D] storage with an odd padding: any non-negative strides will do for the new rows.
+         const int64_t heads = kHQ + 2 * kHKV;
+         a.k_new.strides[2] = kD;
+         a.k_new.strides[1] = heads * kD + 3;
+         a.k_new.strides[0] = kS * a.k_new.strides[1] + 5;
+         a.v_new = a.k_new;
+         a.v_new.data = shift(a.k_new.data, kHKV * kD * 2);
+         a.k_new.data = shift(a.k_new.data, 2);  // 2-byte aligned only
+       }},
+      {"new rows broadcast over tokens", kAll, [](AppendArgs& a) { a.k_new.strides[1] = 0; }},
+      {"k and v interleaved in one buffer", kAll | kPaged,
+       [](AppendArgs& a) {
+         const int64_t row = a.cache.k.shape[3];
+         a.cache.k.strides[0] = 2 * kPageSize * kHKV * row;
+         a.cache.v = a.cache.k;
+         a.cache.v.data = shift(a.cache.k.data, kPageSize * kHKV * row * elem(a.cache));
+       }},
+      {"fp8 scales shared by k and v", kF8, [](AppendArgs& a) { a.cache.v_scale = a.cache.k_scale; }},
+  };
+  for (const AppendVariant& v : variants)
+    for (KVFormat f : kFormats)
+      for (bool paged : {false, true}) {
+        if (!applies(v.applies, f, paged)) continue;
+        SCOPED_TRACE(std::string(v.name) + " / " + describe(f, paged));
+        AppendArgs a = make_append(f, paged);
+        v.mutate(a);
+        expect_reaches_device_checks([&] { call_append(a); });
+      }
+}
+
+// ---- what the rules produce -----------------------------------------------------------------------------------
+
+CacheDesc cache_desc(const KVCache& c, DType native = DType::kBF16) { return check_cache(kDecode, c, kB, kD, native); }
+
+TEST(DecodeCacheDesc, ContiguousNativeStridesInBytes) {
+  const KVCache c = make_cache(KVFormat::kNative, false);
+  const CacheDesc d = cache_desc(c);
+  EXPECT_EQ(d.format, KVFormat::kNative);
+  EXPECT_FALSE(d.fp16);
+  EXPECT_FALSE(d.paged);
+  EXPECT_EQ(d.num_kv_heads, kHKV);
+  EXPECT_EQ(d.head_dim, kD);
+  EXPECT_EQ(d.row_bytes, kD * 2);
+  EXPECT_EQ(d.capacity, kT);
+  EXPECT_EQ(d.num_pages, kB);
+  EXPECT_EQ(d.page_size, 0);
+  EXPECT_EQ(d.stride_head, kD * 2);
+  EXPECT_EQ(d.stride_token, kHKV * kD * 2);
+  EXPECT_EQ(d.stride_outer, kT * kHKV * kD * 2);
+  EXPECT_EQ(d.k, c.k.data);
+  EXPECT_EQ(d.v, c.v.data);
+  EXPECT_EQ(d.num_scale_groups, 0);
+  EXPECT_EQ(d.k_scale, nullptr);
+  EXPECT_EQ(d.k_fp8_scale, nullptr);
+  EXPECT_EQ(d.block_table, nullptr);
+
+  KVCache h = c;
+  both(h, [](TensorView& t) { t.dtype = DType::kFP16; });
+  EXPECT_TRUE(cache_desc(h, DType::kFP16).fp16);
+}
+
+TEST(DecodeCacheDesc, PagedInt4Group32) {
+  KVCache c = make_cache(KVFormat::kInt4Group32, true);
+  c.block_table->strides[0] = kMaxPages + 4;  // a padded table
+  const CacheDesc d = cache_desc(c);
+  EXPECT_TRUE(d.paged);
+  EXPECT_EQ(d.row_bytes, kD / 2);
+  EXPECT_EQ(d.page_size, kPageSize);
+  EXPECT_EQ(d.log2_page_size, 4);
+  EXPECT_EQ(d.num_pages, kNumPages);
+  EXPECT_EQ(d.max_pages, kMaxPages);
+  EXPECT_EQ(d.capacity, kMaxPages * kPageSize);
+  EXPECT_EQ(d.block_table, c.block_table->data);
+  EXPECT_EQ(d.block_table_stride, kMaxPages + 4);
+  EXPECT_EQ(d.stride_head, kD / 2);
+  EXPECT_EQ(d.stride_token, kHKV * kD / 2);
+  EXPECT_EQ(d.stride_outer, kPageSize * kHKV * kD / 2);
+  EXPECT_EQ(d.num_scale_groups, kD / 32);
+  EXPECT_EQ(d.k_scale, c.k_scale->data);
+  EXPECT_EQ(d.v_scale, c.v_scale->data);
+  // Scale strides count fp16 elements: 2 * NG = 8 per (token, head).
+  EXPECT_EQ(d.scale_stride_head, 8);
+  EXPECT_EQ(d.scale_stride_token, kHKV * 8);
+  EXPECT_EQ(d.scale_stride_outer, kPageSize * kHKV * 8);
+}
+
+TEST(DecodeCacheDesc, PageSizesAndScaleModes) {
+  for (int64_t page : {16, 32, 64, 128, 256}) {
+    KVCache c = make_cache(KVFormat::kInt8, true);
+    both(c, [&](TensorView& t) { t = view(t.data, t.dtype, {2, page, kHKV, kD}); });
+    both_scales(c, [&](TensorView& t) { t = view(t.data, t.dtype, {2, page, kHKV, 2}); });
+    const CacheDesc d = cache_desc(c);
+    EXPECT_EQ(int64_t{1} << d.log2_page_size, page);
+    EXPECT_EQ(d.capacity, kMaxPages * page);
+    EXPECT_EQ(d.num_scale_groups, 1);
+  }
+  KVCache c = make_cache(KVFormat::kFP8, false);
+  CacheDesc d = cache_desc(c);
+  EXPECT_TRUE(d.fp8_per_head);
+  EXPECT_EQ(d.k_fp8_scale, c.k_scale->data);
+  EXPECT_EQ(d.v_fp8_scale, c.v_scale->data);
+  EXPECT_EQ(d.k_scale, nullptr);
+  both_scales(c, [](TensorView& t) { t.shape[0] = 1; });
+  EXPECT_FALSE(cache_desc(c).fp8_per_head);
+}
+
+TEST(DecodeCacheDesc, SizeOneDimsGetDenseStrides) {
+  // One sequence whose batch stride is garbage (frameworks leave anything on size-1 dims): the launcher sees a
+  // dense, 16-byte-multiple stride instead.
+  KVCache c = make_cache(KVFormat::kFP8, false);
+  both(c, [](TensorView& t) { t.shape[0] = 1; t.strides[0] = 3; });
+  const CacheDesc d = check_cache(kDecode, c, 1, kD, DType::kBF16);
+  EXPECT_EQ(d.stride_outer, kT * kHKV * kD);
+  EXPECT_EQ(d.num_pages, 1);
+}
+
+TEST(DecodeValidation, FormatNames) {
+  EXPECT_STREQ(kv_format_name(KVFormat::kNative), "native");
+  EXPECT_STREQ(kv_format_name(KVFormat::kFP8), "fp8");
+  EXPECT_STREQ(kv_format_name(KVFormat::kInt8), "int8");
+  EXPECT_STREQ(kv_format_name(KVFormat::kInt4), "int4");
+  EXPECT_STREQ(kv_format_name(KVFormat::kInt4Group32), "int4_group32");
+  EXPECT_STREQ(kv_format_name(static_cast<KVFormat>(9)), "unknown");
+}
+
+// With a GPU the checks complete, and the resolved values (scale, split count, workspace) can be seen.
+TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
+  TESSERA_REQUIRE_GPU();
+  test::DeviceBuffer<uint8_t> mem(std::size_t{16} << 20);
+  uint8_t* base = mem.get();
+  const auto at = [&](int64_t mib) { return static_cast<void*>(base + (mib << 20)); };
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  const auto dview = [&](void* p, DType t, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(p, t, shape, device);
+  };
+  KVCache cache;
+  cache.format = KVFormat::kInt8;
+  cache.k = dview(at(0), DType::kUInt8, {kB, kT, kHKV, kD});
+  cache.v = dview(at(1), DType::kUInt8, {kB, kT, kHKV, kD});
+  cache.k_scale = dview(at(2), DType::kFP16, {kB, kT, kHKV, 2});
+  cache.v_scale = dview(at(3), DType::kFP16, {kB, kT, kHKV, 2});
+  const TensorView q = dview(at(4), DType::kFP16, {kB, kHQ, kD});
+  const TensorView o = dview(at(5), DType::kFP16, {kB, kHQ, kD});
+  const TensorView seqlens = dview(at(6), DType::kInt32, {kB});
+  const Workspace ws{at(8), std::size_t{8} << 20};
+  ASSERT_GE(ws.bytes, decode_workspace_bytes_for(kB, kHQ, kD, kDecodeMaxSplits));
+
+  DecodeParams params;
+  params.num_splits = kDecodeMaxSplits;  // capped: 64 tokens of capacity make at most 4 useful splits
+  DecodeProblem p = check_decode(kDecode, q, cache, seqlens, o, std::nullopt, ws, params);
+  EXPECT_EQ(p.num_splits, 4);
+  EXPECT_EQ(p.workspace_bytes, decode_workspace_bytes_for(kB, kHQ, kD, 4));
+  EXPECT_FLOAT_EQ(p.softmax_scale, 1.0f / std::sqrt(128.0f));
+  EXPECT_TRUE(p.fp16);
+  EXPECT_EQ(p.batch, kB);
+  EXPECT_EQ(p.num_q_heads, kHQ);
+  EXPECT_EQ(p.q_stride_b, kHQ * kD);
+  EXPECT_EQ(p.q_stride_h, kD);
+  EXPECT_EQ(p.lse, nullptr);
+  EXPECT_EQ(p.cache.stride_token, kHKV * kD);
+
+  params.num_splits = 0;
+  params.softmax_scale = 0.25f;
+  p = check_decode(kDecode, q, cache, seqlens, o, std::nullopt, ws, params);
+  EXPECT_GE(p.num_splits, 1);
+  EXPECT_LE(p.num_splits, 4);
+  EXPECT_EQ(p.softmax_scale, 0.25f);
+
+  const TensorView k_new = dview(at(4), DType::kFP16, {kB, 1, kHKV, kD});
+  const TensorView v_new = dview(at(5), DType::kFP16, {kB, 1, kHKV, kD});
+  const AppendProblem a = check_append(kAppend, k_new, v_new, seqlens, cache);
+  EXPECT_EQ(a.num_new, 1);
+  EXPECT_EQ(a.new_stride_s, kHKV * kD);
+  EXPECT_EQ(a.vnew_stride_h, kD);
+  EXPECT_EQ(a.cache.num_scale_groups, 1);
+}
+
+}  // namespace
+}  // namespace tessera::attention::detail
