@@ -444,7 +444,9 @@ def check_decode(out, lse, ref, ref_lse, tol=TOL):
         assert rel <= tol, f"sequence {b}: relative Frobenius error {rel:.3g}"
         if lse is not None:
             err = (lse[b].double() - ref_lse[b]).abs()
-            bound = 1e-3 * (1 + ref_lse[b].abs())
+            # The quantized formats compute on fp16-rounded q and dequantized K: each logit moves by up to
+            # ~2^-11 of sum|q_d k_d| * scale, which reaches ~1e-2 on these inputs (the C++ test's lse_atol).
+            bound = 1e-2 + 1e-3 * ref_lse[b].abs()
             assert bool((err <= bound).all()), f"sequence {b}: lse error {err.max().item():.3g}"
 
 
