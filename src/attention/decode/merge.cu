@@ -15,37 +15,65 @@ void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream)
 
 namespace {
 
-constexpr int kMergeThreads = 128;
+constexpr int kMergeThreads = 256;
 
 // One CTA per (sequence, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
 // Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
+// The split weights go through shared memory once; the threads then cover (column, split-slice) pairs so that
+// each thread has only num_splits / slices loads in flight (a serial chain over all splits costs an L2 round trip
+// per split).
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const DecodeArgs a, int head_dim) {
+  __shared__ float weight[kDecodeMaxSplits];
+  __shared__ float partial[kMergeThreads];
+  __shared__ float stats[2];  // max, total
   const int row = blockIdx.x;  // b * HQ + h
   const int b = row / a.num_q_heads, h = row % a.num_q_heads;
-  const float* lse = a.ws_lse + static_cast<int64_t>(row) * a.num_splits;
-  const float* part = a.ws_o + static_cast<int64_t>(row) * a.num_splits * head_dim;
-  float m = -INFINITY;
-  for (int s = 0; s < a.num_splits; ++s) m = fmaxf(m, lse[s]);
-  float total = 0.0f;
-  if (m != -INFINITY)
-    for (int s = 0; s < a.num_splits; ++s) total += ptx::ex2_approx_ftz(lse[s] - m);
+  const int splits = a.num_splits;
+  const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
+  const float* part = a.ws_o + static_cast<int64_t>(row) * splits * head_dim;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) m = fmaxf(m, lse[s]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float total = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float w = m == -INFINITY ? 0.0f : ptx::ex2_approx_ftz(lse[s] - m);
+      weight[s] = w;
+      total += w;
+    }
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (threadIdx.x == 0) {
+      stats[0] = m;
+      stats[1] = total;
+    }
+  }
+  __syncthreads();
+  const float total = stats[1];
   const bool any = total > 0.0f;
-  for (int d = threadIdx.x; d < head_dim; d += kMergeThreads) {
-    float acc = 0.0f;
-    if (any)
-      for (int s = 0; s < a.num_splits; ++s) {
-        const float w = ptx::ex2_approx_ftz(lse[s] - m);
-        if (w > 0.0f) acc += w * part[static_cast<int64_t>(s) * head_dim + d];
-      }
+  const int slices = kMergeThreads / head_dim;  // 4, 2 or 1
+  const int d = threadIdx.x % head_dim, slice = threadIdx.x / head_dim;
+  float acc = 0.0f;
+  if (any) {
+#pragma unroll 4
+    for (int s = slice; s < splits; s += slices) {
+      const float w = weight[s];
+      if (w > 0.0f) acc += w * part[static_cast<int64_t>(s) * head_dim + d];
+    }
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  if (slice == 0) {
+    for (int k = 1; k < slices; ++k) acc += partial[k * head_dim + d];
     const float out = any ? acc / total : 0.0f;
     const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
     if (a.q_fp16)
       static_cast<__half*>(a.o)[at] = __float2half_rn(out);
     else
       static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
+    if (a.lse != nullptr && d == 0)
+      a.lse[b * a.lse_stride_b + h * a.lse_stride_h] =
+          any ? (stats[0] + __log2f(total)) * 0.69314718055994531f : -INFINITY;
   }
-  if (a.lse != nullptr && threadIdx.x == 0)
-    a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? (m + __log2f(total)) * 0.69314718055994531f : -INFINITY;
 }
 
 }  // namespace
