@@ -4,10 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <string>
-#include <thread>
 
 #include "common/host_numeric.h"
 #include "reference/format.h"
+#include "reference/parallel.h"
 #include "tessera/error.h"
 
 namespace tessera::reference {
@@ -21,25 +21,8 @@ void require(bool cond, const char* fn, const std::string& what) {
   if (!cond) throw Error(std::string("tessera::reference::") + fn + ": " + what);
 }
 
-// Threads for `work` operations over `items` independent items: as requested, else one per hardware thread but
-// no more than gives each a few milliseconds of work.
-int num_workers(int requested, double work, int64_t items) {
-  int t = requested;
-  if (t <= 0) {
-    t = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    t = static_cast<int>(std::min<double>(t, std::max(1.0, work / 4e6)));
-  }
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, items)));
-}
-
-// Runs fn(t) for t in [0, num_threads) on num_threads threads (the caller's included).
-template <typename Fn>
-void parallel(int num_threads, Fn&& fn) {
-  std::vector<std::thread> pool;
-  for (int t = 1; t < num_threads; ++t) pool.emplace_back(fn, t);
-  fn(0);
-  for (auto& th : pool) th.join();
-}
+using detail::num_workers;
+using detail::parallel;
 
 void check_format(const char* fn, KVFormat format, int head_dim, DType native_dtype) {
   require(head_dim > 0, fn, "head_dim must be > 0, got " + std::to_string(head_dim));

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <thread>
 
 #include "common/host_numeric.h"
 #include "reference/format.h"
+#include "reference/parallel.h"
 #include "tessera/error.h"
 
 namespace tessera::reference {
@@ -34,25 +34,8 @@ int64_t extent(std::initializer_list<std::pair<int64_t, int64_t>> size_stride) {
   return last + 1;
 }
 
-// Threads for `work` operations over `items` independent items: as requested, else one per hardware thread but
-// no more than gives each a few milliseconds of work.
-int num_workers(int requested, double work, int64_t items) {
-  int t = requested;
-  if (t <= 0) {
-    t = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    t = static_cast<int>(std::min<double>(t, std::max(1.0, work / 4e6)));
-  }
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(t, items)));
-}
-
-// Runs fn(t) for t in [0, num_threads) on num_threads threads (the caller's included).
-template <typename Fn>
-void parallel(int num_threads, Fn&& fn) {
-  std::vector<std::thread> pool;
-  for (int t = 1; t < num_threads; ++t) pool.emplace_back(fn, t);
-  fn(0);
-  for (auto& th : pool) th.join();
-}
+using detail::num_workers;
+using detail::parallel;
 
 // A run of up to kRowBlock consecutive rows of one group.
 struct RowBlock {
