@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -26,6 +28,25 @@ inline bool gpu_available() {
 
 #define TESSERA_REQUIRE_GPU() \
   if (!::tessera::test::gpu_available()) GTEST_SKIP() << "no CUDA device visible"
+
+inline int current_device() {
+  int d = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+// A view of device memory on the current device with explicit shape and strides (elements).
+inline TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                          std::initializer_list<int64_t> strides) {
+  TensorView t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = current_device();
+  t.rank = static_cast<int>(shape.size());
+  std::copy(shape.begin(), shape.end(), t.shape);
+  std::copy(strides.begin(), strides.end(), t.strides);
+  return t;
+}
 
 // An owning device allocation of `count` elements of T.
 template <typename T>

@@ -95,23 +95,8 @@ class Filler {
   float bf16_[kTable], fp16_[kTable];
 };
 
-int current_device() {
-  int d = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
-  return d;
-}
-
-TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                   std::initializer_list<int64_t> strides) {
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = current_device();
-  t.rank = static_cast<int>(shape.size());
-  std::copy(shape.begin(), shape.end(), t.shape);
-  std::copy(strides.begin(), strides.end(), t.strides);
-  return t;
-}
+using test::current_device;
+using test::strided;
 
 // ---- the cache: geometry, host image, device copy -------------------------------------------------------------
 

@@ -238,23 +238,8 @@ reference::GroupedGemmRef reference_of(const Host& h) {
 
 // ---- device side -------------------------------------------------------------------------------------------
 
-int current_device() {
-  int d = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&d));
-  return d;
-}
-
-TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
-                   std::initializer_list<int64_t> strides) {
-  TensorView t;
-  t.data = data;
-  t.dtype = dtype;
-  t.device = current_device();
-  t.rank = static_cast<int>(shape.size());
-  std::copy(shape.begin(), shape.end(), t.shape);
-  std::copy(strides.begin(), strides.end(), t.strides);
-  return t;
-}
+using test::current_device;
+using test::strided;
 
 template <typename T>
 void copy_in(const DeviceBuffer<uint8_t>& dst, const std::vector<T>& src) {

@@ -19,6 +19,7 @@
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mma.cuh"
+#include "ptx/smem.cuh"
 
 namespace tessera::attention::detail {
 
@@ -27,6 +28,7 @@ inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
 inline constexpr int kTileTokens = 16;  // tokens one warp handles per step (one PV k-step)
 inline constexpr int kHeadTile = 16;    // query heads per CTA (the mma M)
 inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr float kLn2 = 0.69314718055994531f;
 
 struct DecodeArgs {
   CacheDesc cache;
@@ -71,10 +73,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&h);
   }
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 template <int kBytes>
@@ -218,7 +216,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
 #pragma unroll
       for (int j = 0; j < T::kKChunks; ++j) {
         const int slot = n * T::kKChunks + j;
-        ptx::cp_async_zfill<T::kKChunk>(smem_addr(st + T::kKDataOff * 32 + slot * T::kKChunk * 32 + lane * T::kKChunk),
+        ptx::cp_async_zfill<T::kKChunk>(ptx::smem_u32(st + T::kKDataOff * 32 + slot * T::kKChunk * 32 + lane * T::kKChunk),
                                         ok ? g + (c + 4 * j) * T::kKChunk : kbase, ok ? T::kKChunk : 0);
       }
       if constexpr (T::kPairs) {
@@ -227,7 +225,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
         for (int j = 0; j < T::kKPairs; ++j) {
           const int group = T::kGrouped ? (c + 4 * j) * T::kKChunkElems / kInt4GroupSize : 0;
           const int slot = n * T::kKPairs + j;
-          ptx::cp_async_zfill<4>(smem_addr(st + T::kKPairOff * 32 + slot * 128 + lane * 4),
+          ptx::cp_async_zfill<4>(ptx::smem_u32(st + T::kKPairOff * 32 + slot * 128 + lane * 4),
                                  ok ? gs + 2 * group : cd.k_scale, ok ? 4 : 0);
         }
       }
@@ -241,7 +239,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
 #pragma unroll
       for (int j = 0; j < T::kVChunks; ++j) {
         const int slot = u * T::kVChunks + j;
-        ptx::cp_async_zfill<T::kVChunk>(smem_addr(st + T::kVDataOff * 32 + slot * T::kVChunk * 32 + lane * T::kVChunk),
+        ptx::cp_async_zfill<T::kVChunk>(ptx::smem_u32(st + T::kVDataOff * 32 + slot * T::kVChunk * 32 + lane * T::kVChunk),
                                         ok ? g + (r + 8 * j) * T::kVChunk : vbase, ok ? T::kVChunk : 0);
       }
       if constexpr (T::kPairs) {
@@ -250,7 +248,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
         for (int j = 0; j < T::kVPairs; ++j) {
           const int group = T::kGrouped ? (r + 8 * j) * T::kVChunkElems / kInt4GroupSize : 0;
           const int slot = u * T::kVPairs + j;
-          ptx::cp_async_zfill<4>(smem_addr(st + T::kVPairOff * 32 + slot * 128 + lane * 4),
+          ptx::cp_async_zfill<4>(ptx::smem_u32(st + T::kVPairOff * 32 + slot * 128 + lane * 4),
                                  ok ? gs + 2 * group : cd.v_scale, ok ? 4 : 0);
         }
       }
@@ -448,7 +446,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
       else
         static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
       if (a.lse != nullptr && d == 0)
-        a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? lse2 * 0.69314718055994531f : -INFINITY;
+        a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
     } else {
       const int64_t row_idx = (static_cast<int64_t>(b) * a.num_q_heads + h) * a.num_splits + split;
       a.ws_o[row_idx * kD + d] = out;

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
       static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
     if (a.lse != nullptr && d == 0)
       a.lse[b * a.lse_stride_b + h * a.lse_stride_h] =
-          any ? (stats[0] + __log2f(total)) * 0.69314718055994531f : -INFINITY;
+          any ? (stats[0] + __log2f(total)) * kLn2 : -INFINITY;
   }
 }
 
