@@ -29,4 +29,12 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
   }
 }
 
+// Transposes an 8x8 matrix of 16-bit values held in the C/A fragment layout (lane 4r + c: row r, columns 2c..2c+1)
+// so that lane 4r + c receives row r of the transpose (PTX ISA: "movmatrix", sm_75+).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+
 }  // namespace tessera::ptx

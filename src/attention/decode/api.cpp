@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/decode/config.h"
 #include "attention/decode/problem.h"
 #include "tessera/attention.h"
 
@@ -9,14 +10,17 @@ namespace tessera::attention {
 namespace detail {
 
 // Split count from shapes only (the device lengths are unknown on the host): model each CTA as costing its share
-// of the capacity plus a fixed start-up, count the waves at two resident CTAs per SM, and charge a split run the
-// merge. Sequences shorter than the capacity only make the chosen splits finish early.
-int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms) {
+// of the capacity plus a fixed start-up, count the waves at the kernel's resident CTAs per SM (config.h), and
+// charge a split run the merge. Sequences shorter than the capacity only make the chosen splits finish early.
+int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
+                      KVFormat format, int64_t head_dim) {
   constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head
   constexpr double kMergeTokens = 64.0;     // the merge launch and traffic, in the same unit
-  const int64_t head_tiles = (group_size + 15) / 16;
+  const int group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(group_size, 1), 1 << 20));
+  const int64_t head_tiles = decode_head_tiles(group);
+  const int ctas_per_sm = decode_config(format, static_cast<int>(head_dim), decode_n_tiles(group)).ctas_per_sm;
   const int64_t base = std::max<int64_t>(1, batch * num_kv_heads * head_tiles);
-  const int64_t slots = std::max<int64_t>(1, int64_t{2} * std::max(num_sms, 1));
+  const int64_t slots = std::max<int64_t>(1, int64_t{ctas_per_sm} * std::max(num_sms, 1));
   // Each split keeps at least 4 tiles (one per warp) of capacity.
   const int64_t max_splits =
       std::max<int64_t>(1, std::min<int64_t>(kDecodeMaxSplits, (std::max<int64_t>(capacity, 1) + 63) / 64));

@@ -35,7 +35,8 @@ constexpr int64_t kMaxPositions = int64_t{1} << 31;  // token positions are int3
 constexpr int64_t kMaxInt = INT32_MAX;               // counts the problem structs hold as int
 constexpr int64_t kMinPageSize = 16, kMaxPageSize = 256;
 constexpr int64_t kMaxGroupSize = 256;       // query heads per KV head
-constexpr int64_t kMinTokensPerSplit = 16;   // a split over fewer tokens costs more in merging than it saves
+constexpr int64_t kMinTokensPerSplit = 16;
+constexpr int64_t kMaxTokenStrideBytes = int64_t{1} << 26;  // x 16 rows stays inside int32   // a split over fewer tokens costs more in merging than it saves
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -223,6 +224,9 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
     check.dtype(*s.t, s.name, {DType::kFP16});
     check_shape(check, *s.t, s.name, {k.shape[0], k.shape[1], k.shape[2], 2 * ng}, what);
     check_layout(check, *s.t, s.name, true, 4, 4);  // pairs move as 4-byte words
+    if (s.t->strides[1] * 2 >= kMaxTokenStrideBytes)
+      check.fail(s.name, "must have a token stride (dim 1) below 2^26 bytes (the kernels address the rows of a "
+                         "16-token tile with 32-bit offsets), got " + str(s.t->strides[1]) + " elements");
   }
   for (int d = 0; d < 4; ++d)
     if (vsv.strides[d] != ksv.strides[d])
@@ -273,6 +277,9 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
   const int64_t elem = static_cast<int64_t>(dtype_size(k.dtype));
   check.dim(k, "cache.k", 3, is_int4(format) ? head_dim / 2 : head_dim,
             is_int4(format) ? "D/2 bytes of 4-bit pairs" : "D, the head dim");
+  if (k.strides[1] * elem >= kMaxTokenStrideBytes)
+    check.fail("cache.k", "must have a token stride (dim 1) below 2^26 bytes (the kernels address the rows of a "
+                          "16-token tile with 32-bit offsets), got " + str(k.strides[1]) + " elements");
   const int64_t hkv = k.shape[2];
   if (hkv < 1 || hkv > kMaxInt)
     check.fail("cache.k", "must have 1 to " + str(kMaxInt) + " KV heads in dim 2, got shape " + k.shape_str());
@@ -397,7 +404,8 @@ int resolve_num_splits(const DecodeShape& s, int requested) {
   if (splits == 0)  // no sequences: nothing to split, and no degenerate input for the heuristic
     splits = s.batch == 0 ? 1
                           : select_num_splits(s.batch, s.cache.num_kv_heads, s.num_q_heads / s.cache.num_kv_heads,
-                                              s.cache.capacity, tessera::detail::current_device_info().num_sms);
+                                              s.cache.capacity, tessera::detail::current_device_info().num_sms,
+                                              s.cache.format, s.head_dim);
   return static_cast<int>(std::clamp<int64_t>(splits, 1, useful));
 }
 

@@ -1,10 +1,13 @@
 // Decode kernel (split-K flash-decoding over a low-precision KV cache), sm_80+ mma.sync path.
 //
-// One CTA = (sequence b, KV head, split of the sequence, tile of up to 16 query heads of that KV head). Its 4 warps
+// One CTA = (sequence b, KV head, split of the sequence, tile of 8 or 16 query heads of that KV head). Its 4 warps
 // take the split's 16-token tiles round-robin; each warp keeps its own online-softmax state over its tiles:
-//   S (16 heads × 16 tokens) = Q · Kᵀ on tensor cores, P = exp2(S - m), O += P · V.
+//   S^T (16 tokens × 8 heads per n-tile) = K · Q^T on tensor cores, P = exp2(S - m), O^T += V^T · P^T,
+// with P^T moved from S^T's accumulator layout to a B operand by movmatrix. Tokens are the mma's M, so a group of
+// 8 query heads fills N without padding.
 // Keys and values travel by cp.async into per-lane staging (see kv_format.cuh: each lane copies exactly the
-// bytes of its own fragments), a ring of kStages tiles per warp, so there is no barrier in the main loop.
+// bytes of its own fragments), a ring of kStages tiles per warp; the tile's scale pairs go to a warp-shared row
+// block (one 4-byte copy per lane and group), read after a __syncwarp. No CTA barrier in the main loop.
 // At the end the 4 warps merge through shared memory; with one split the CTA writes o (and lse), otherwise a
 // normalized partial O and its log2-sum-exp go to the workspace for the merge kernel.
 #pragma once
@@ -14,6 +17,7 @@
 
 #include <cstdint>
 
+#include "attention/decode/config.h"
 #include "attention/decode/kv_format.cuh"
 #include "attention/decode/problem.h"
 #include "ptx/cp_async.cuh"
@@ -23,10 +27,7 @@
 
 namespace tessera::attention::detail {
 
-inline constexpr int kDecodeWarps = 4;
-inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
-inline constexpr int kTileTokens = 16;  // tokens one warp handles per step (one PV k-step)
-inline constexpr int kHeadTile = 16;    // query heads per CTA (the mma M)
+inline constexpr int kTileTokens = kDecodeTileTokens;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
@@ -42,7 +43,7 @@ struct DecodeArgs {
   bool q_fp16 = false;  // q and o dtype: fp16 or bf16
   int num_q_heads = 0;
   int group = 0;       // query heads per KV head
-  int head_tiles = 0;  // ceil(group / kHeadTile)
+  int head_tiles = 0;  // decode_head_tiles(group)
   int num_splits = 1;
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
@@ -51,17 +52,13 @@ struct DecodeArgs {
   float* ws_lse = nullptr;  // [B, HQ, splits] fp32, log2 domain
 };
 
-template <class T>
-struct DecodeSmem {
-  // Stages per warp: as many tiles in flight as fit in ~96 KiB per CTA, so that two CTAs share an SM (the split
-  // heuristic counts two per SM; three at 72 KiB measured no faster).
-  static constexpr int kStagesRaw = (96 * 1024) / (kDecodeWarps * T::kStageBytes);
-  static constexpr int kStages = kStagesRaw < 2 ? 2 : (kStagesRaw > 8 ? 8 : kStagesRaw);
-  static constexpr int kQBytes = (T::kD / 16) * 32 * 16;  // query fragments: [k-step][lane] uint4
-  static constexpr int kStagingBytes = kDecodeWarps * kStages * T::kStageBytes;
-  // The end-of-CTA merge reuses the staging area: O [warp][16][D] plus (m, l) [warp][16].
-  static constexpr int kMergeBytes = kDecodeWarps * kHeadTile * (T::kD + 2) * 4;
-  static constexpr int kBytes = kQBytes + (kStagingBytes > kMergeBytes ? kStagingBytes : kMergeBytes);
+template <class T, int kNT>
+struct DecodeLayout {
+  static constexpr DecodeConfig kCfg = decode_config(T::kFmt, T::kD, kNT);
+  static_assert(kCfg.stage_bytes == T::kStageBytes, "config.h and kv_format.cuh disagree on the staging size");
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kQBytes = kCfg.q_bytes;  // query fragments: [n-tile][k-step][lane] uint2
+  static constexpr int kBytes = kCfg.smem_bytes;
 };
 
 template <bool kFP16>
@@ -88,6 +85,8 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
     w[0] = *reinterpret_cast<const uint32_t*>(p);
   }
 }
+
+__device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
 // Where one 16-token tile of (b, kv head) lives: byte offset of its first row and the scale-row offset, or
 // page_ok = false when the block table names no valid page (the tile's tokens are then masked out).
@@ -119,17 +118,19 @@ __device__ __forceinline__ TileSource tile_source(const CacheDesc& cd, int b, in
   return s;
 }
 
-template <class T>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs a) {
-  using Smem = DecodeSmem<T>;
+template <class T, int kNT>
+__global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.ctas_per_sm)
+    decode_kernel(const DecodeArgs a) {
+  using L = DecodeLayout<T, kNT>;
   constexpr int kD = T::kD;
-  constexpr int kStages = Smem::kStages;
+  constexpr int kStages = L::kStages;
   constexpr bool kF16 = T::kMmaFP16;
   constexpr int kKSteps = kD / 16;
-  constexpr int kNTiles = kD / 8;  // PV n-tiles of 8 output columns
+  constexpr int kMTiles = kD / 16;  // O^T m-tiles of 16 output columns
+  constexpr int kHeads = 8 * kNT;   // query heads per CTA
   extern __shared__ __align__(16) uint8_t smem[];
-  uint4* q_frag = reinterpret_cast<uint4*>(smem);
-  uint8_t* staging = smem + Smem::kQBytes;
+  uint2* q_frag = reinterpret_cast<uint2*>(smem);
+  uint8_t* staging = smem + L::kQBytes;
 
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
@@ -154,139 +155,175 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
   const int my_tiles =
       split_tiles > warp ? static_cast<int>((split_tiles - warp + kDecodeWarps - 1) / kDecodeWarps) : 0;
 
+  // ---- per-warp pipeline over this warp's tiles -------------------------------------------------------------
+  uint8_t* my_staging = staging + warp * kStages * T::kStageBytes;
+  const uint8_t* kbase = cd.k;
+  const uint8_t* vbase = cd.v;
+  auto tile_tok0 = [&](int i) -> int64_t {
+    return tile_base + (first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i) * kTileTokens;
+  };
+  uint32_t page_ok_bits = 0;  // bit s: the tile in stage s has a valid page
+
+  // Per-lane parts of the copy addresses, fixed for the whole loop: byte offsets of this lane's first chunk in its
+  // key rows r, r + 8 and value rows 2c, 2c+1, 2c+8, 2c+9 from a tile's first row, and of its scale row.
+  // check_cache keeps 16 token strides inside int32.
+  const int stride_token = static_cast<int>(cd.stride_token);
+  int k_off[2], v_off[4];
+#pragma unroll
+  for (int n = 0; n < 2; ++n) k_off[n] = (r + 8 * n) * stride_token + c * T::kKChunk;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) v_off[u] = (2 * c + (u & 1) + 8 * (u >> 1)) * stride_token + r * T::kVChunk;
+  const int s_off = (lane & 15) * static_cast<int>(cd.scale_stride_token);
+
+  auto issue = [&](int i, int stage, int32_t page) {
+    const int64_t tok0 = tile_tok0(i);
+    const TileSource src = tile_source(cd, b, kvh, tok0, page);
+    page_ok_bits = (page_ok_bits & ~(1u << stage)) | (src.page_ok ? 1u << stage : 0u);
+    uint8_t* st = my_staging + stage * T::kStageBytes;
+    // Rows [row_lo, row_hi) of the tile are attended (all 16 but at the ends of the range); others read nothing.
+    const int row_hi = static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens);
+    const int row_lo = static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0);
+    auto valid = [&](int row) { return src.page_ok && row >= row_lo && row < row_hi; };
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {  // key rows r and r + 8
+      const bool ok = valid(r + 8 * n);
+      const uint8_t* g = kbase + src.data + k_off[n];
+#pragma unroll
+      for (int j = 0; j < T::kKChunks; ++j) {
+        const int slot = n * T::kKChunks + j;
+        ptx::cp_async_zfill<T::kKChunk>(
+            ptx::smem_u32(st + T::kKDataOff * 32 + slot * T::kKChunk * 32 + lane * T::kKChunk),
+            g + 4 * j * T::kKChunk, ok ? T::kKChunk : 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {  // value rows 2c, 2c+1, 2c+8, 2c+9
+      const bool ok = valid(2 * c + (u & 1) + 8 * (u >> 1));
+      const uint8_t* g = vbase + src.data + v_off[u];
+#pragma unroll
+      for (int j = 0; j < T::kVChunks; ++j) {
+        const int slot = u * T::kVChunks + j;
+        ptx::cp_async_zfill<T::kVChunk>(
+            ptx::smem_u32(st + T::kVDataOff * 32 + slot * T::kVChunk * 32 + lane * T::kVChunk),
+            g + 8 * j * T::kVChunk, ok ? T::kVChunk : 0);
+      }
+    }
+    if constexpr (T::kPairs) {  // lane l copies the pairs of key row l (l < 16) or value row l - 16
+      const int row = lane & 15;
+      const bool ok = valid(row);
+      const uint16_t* base = lane < 16 ? cd.k_scale : cd.v_scale;
+      const uint16_t* gs = base + src.scale + s_off;
+      uint8_t* dst = st + T::kPairOff + ((lane & 16) + pair_pos(row)) * T::kPairRowBytes;
+#pragma unroll
+      for (int g = 0; g < T::kGroups; ++g)
+        ptx::cp_async_zfill<4>(ptx::smem_u32(dst + 4 * g), gs + 2 * g, ok ? 4 : 0);  // 0: reads nothing
+    }
+  };
+
+#pragma unroll 1
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < my_tiles) issue(i, i, tile_page(cd, b, tile_tok0(i)));
+    ptx::cp_async_commit();
+  }
+  int32_t next_page = kStages - 1 < my_tiles ? tile_page(cd, b, tile_tok0(kStages - 1)) : 0;
+
   float k_scale = 1.0f, v_scale = 1.0f;
   if constexpr (T::kFP8) {
     k_scale = cd.k_fp8_scale[cd.fp8_per_head ? kvh : 0];
     v_scale = cd.v_fp8_scale[cd.fp8_per_head ? kvh : 0];
   }
 
-  // Query fragments of this head tile: [k-step][lane] = A registers, D in the order of k_dim, in the
-  // tensor-core type. Quantized formats run in fp16: q is saturated to its range.
-  for (int e = threadIdx.x; e < kKSteps * 32; e += kDecodeThreads) {
-    const int ks = e / 32, ln = e % 32, rr = ln / 4, cc = ln % 4;
-    float v[2][4];
+  // Query fragments of this head tile, [n-tile][k-step][lane] = the B registers of S^T = K Q^T (head n = r), D in
+  // the order of k_dim, in the tensor-core type. Quantized formats run in fp16: q is saturated to its range.
+  for (int e = threadIdx.x; e < kNT * kKSteps * 32; e += kDecodeThreads) {
+    const int nt = e / (kKSteps * 32), ks = (e / 32) % kKSteps, ln = e % 32, rr = ln / 4, cc = ln % 4;
+    const int j = ht * kHeads + nt * 8 + rr;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (j < a.group) {
+      const int64_t base = b * a.q_stride_b + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {  // A rows rr and rr + 8
-      const int j = ht * kHeadTile + rr + 8 * half;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[half][i] = 0.0f;
-      if (j < a.group) {
-        const int64_t base = b * a.q_stride_b + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int64_t at = base + k_dim<T>(cc, 4 * ks + i);
-          float x = a.q_fp16 ? __half2float(static_cast<const __half*>(a.q)[at])
-                             : __bfloat162float(static_cast<const __nv_bfloat16*>(a.q)[at]);
-          if constexpr (!T::kNative) x = fminf(fmaxf(x, -65504.0f), 65504.0f);
-          v[half][i] = x;
-        }
+      for (int i = 0; i < 4; ++i) {
+        const int64_t at = base + k_dim<T>(cc, 4 * ks + i);
+        float x = a.q_fp16 ? __half2float(static_cast<const __half*>(a.q)[at])
+                           : __bfloat162float(static_cast<const __nv_bfloat16*>(a.q)[at]);
+        if constexpr (!T::kNative) x = fminf(fmaxf(x, -65504.0f), 65504.0f);
+        if constexpr (T::kOddUnit) x = (k_dim<T>(cc, 4 * ks + i) & 1) ? x * (1.0f / kInt4OddUnit) : x;
+        v[i] = x;
       }
     }
-    uint4 f;
-    f.x = pack2<kF16>(v[0][0], v[0][1]);
-    f.y = pack2<kF16>(v[1][0], v[1][1]);
-    f.z = pack2<kF16>(v[0][2], v[0][3]);
-    f.w = pack2<kF16>(v[1][2], v[1][3]);
-    q_frag[e] = f;
+    q_frag[e] = make_uint2(pack2<kF16>(v[0], v[1]), pack2<kF16>(v[2], v[3]));
   }
   __syncthreads();
 
-  // ---- per-warp pipeline over this warp's tiles -------------------------------------------------------------
-  uint8_t* my_staging = staging + warp * kStages * T::kStageBytes;
-  const uint8_t* kbase = cd.k;
-  const uint8_t* vbase = cd.v;
-  // Token of a tile's row n (n = row within the 16-token tile).
-  auto tile_tok0 = [&](int i) -> int64_t {
-    return tile_base + (first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i) * kTileTokens;
-  };
-  uint32_t page_ok_bits = 0;  // bit s: the tile in stage s has a valid page
-
-  auto issue = [&](int i, int32_t page) {
-    const int stage = i % kStages;
-    const int64_t tok0 = tile_tok0(i);
-    const TileSource src = tile_source(cd, b, kvh, tok0, page);
-    page_ok_bits = (page_ok_bits & ~(1u << stage)) | (src.page_ok ? 1u << stage : 0u);
-    uint8_t* st = my_staging + stage * T::kStageBytes;
+  // Folded formats: Σ_d q_hd of the fp16 query values (qsum), and of the values as fed (qsum_fed: with int4's
+  // odd D positions at 1/16; those are the fragments' second registers), for this lane's heads 2c, 2c + 1.
+  float qsum[kNT][2] = {}, qsum_fed[kNT][2] = {};
+  if constexpr (T::kFold) {
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {  // key rows r and r + 8
-      const int row = r + 8 * n;
-      const int64_t t = tok0 + row;
-      const bool ok = src.page_ok && t >= lo && t < len;
-      const uint8_t* g = kbase + src.data + row * cd.stride_token;
+    for (int nt = 0; nt < kNT; ++nt) {
+      float part[2] = {0.0f, 0.0f};  // even-position and odd-position registers
 #pragma unroll
-      for (int j = 0; j < T::kKChunks; ++j) {
-        const int slot = n * T::kKChunks + j;
-        ptx::cp_async_zfill<T::kKChunk>(ptx::smem_u32(st + T::kKDataOff * 32 + slot * T::kKChunk * 32 + lane * T::kKChunk),
-                                        ok ? g + (c + 4 * j) * T::kKChunk : kbase, ok ? T::kKChunk : 0);
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        const uint2 f = q_frag[(nt * kKSteps + ks) * 32 + lane];
+        const float2 x = half2_to_float2(f.x), y = half2_to_float2(f.y);
+        part[0] += x.x + x.y;
+        part[1] += y.x + y.y;
       }
-      if constexpr (T::kPairs) {
-        const uint16_t* gs = cd.k_scale + src.scale + row * cd.scale_stride_token;
 #pragma unroll
-        for (int j = 0; j < T::kKPairs; ++j) {
-          const int group = T::kGrouped ? (c + 4 * j) * T::kKChunkElems / kInt4GroupSize : 0;
-          const int slot = n * T::kKPairs + j;
-          ptx::cp_async_zfill<4>(ptx::smem_u32(st + T::kKPairOff * 32 + slot * 128 + lane * 4),
-                                 ok ? gs + 2 * group : cd.k_scale, ok ? 4 : 0);
-        }
+      for (int e = 0; e < 2; ++e) {
+        part[e] += __shfl_xor_sync(0xffffffffu, part[e], 1);
+        part[e] += __shfl_xor_sync(0xffffffffu, part[e], 2);  // head r's sums on lanes (r, *)
+      }
+      const float fed = part[0] + part[1], full = T::kOddUnit ? fmaf(kInt4OddUnit, part[1], part[0]) : fed;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        qsum_fed[nt][h] = __shfl_sync(0xffffffffu, fed, 8 * c + 4 * h);
+        qsum[nt][h] = __shfl_sync(0xffffffffu, full, 8 * c + 4 * h);
       }
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {  // value rows 2c, 2c+1, 2c+8, 2c+9
-      const int row = 2 * c + (u & 1) + 8 * (u >> 1);
-      const int64_t t = tok0 + row;
-      const bool ok = src.page_ok && t >= lo && t < len;
-      const uint8_t* g = vbase + src.data + row * cd.stride_token;
-#pragma unroll
-      for (int j = 0; j < T::kVChunks; ++j) {
-        const int slot = u * T::kVChunks + j;
-        ptx::cp_async_zfill<T::kVChunk>(ptx::smem_u32(st + T::kVDataOff * 32 + slot * T::kVChunk * 32 + lane * T::kVChunk),
-                                        ok ? g + (r + 8 * j) * T::kVChunk : vbase, ok ? T::kVChunk : 0);
-      }
-      if constexpr (T::kPairs) {
-        const uint16_t* gs = cd.v_scale + src.scale + row * cd.scale_stride_token;
-#pragma unroll
-        for (int j = 0; j < T::kVPairs; ++j) {
-          const int group = T::kGrouped ? (r + 8 * j) * T::kVChunkElems / kInt4GroupSize : 0;
-          const int slot = u * T::kVPairs + j;
-          ptx::cp_async_zfill<4>(ptx::smem_u32(st + T::kVPairOff * 32 + slot * 128 + lane * 4),
-                                 ok ? gs + 2 * group : cd.v_scale, ok ? 4 : 0);
-        }
-      }
-    }
-  };
-
-  float o_acc[kNTiles][4];
-#pragma unroll
-  for (int f = 0; f < kNTiles; ++f) o_acc[f][0] = o_acc[f][1] = o_acc[f][2] = o_acc[f][3] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // rows r, r + 8 (log2 domain)
-  float l_run[2] = {0.0f, 0.0f};            // this lane's part of the row sums
-  const float qk_scale = a.qk_scale * k_scale;
-  const float softcap = a.softcap;
-
-#pragma unroll 1
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_tiles) issue(i, tile_page(cd, b, tile_tok0(i)));
-    ptx::cp_async_commit();
   }
-  int32_t next_page = kStages - 1 < my_tiles ? tile_page(cd, b, tile_tok0(kStages - 1)) : 0;
 
+  // Logits in the log2 domain: x = S * qk_mul, or with a soft cap x = cap_log2 * tanh(S * qk_mul).
+  const bool capped = a.softcap > 0.0f;
+  const float qk_mul = capped ? a.qk_scale * k_scale / a.softcap : a.qk_scale * k_scale * kLog2e;
+  const float cap_log2 = a.softcap * kLog2e;
+
+  float o_acc[kNT][kMTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int f = 0; f < kMTiles; ++f) o_acc[nt][f][0] = o_acc[nt][f][1] = o_acc[nt][f][2] = o_acc[nt][f][3] = 0.0f;
+  // Per head 2c + h of each n-tile (the same on the 8 lanes that share c): running max and its finite stand-in
+  // (0 while nothing is attended); this lane's part of the row sum and of the folded value correction.
+  float m_run[kNT][2], base_run[kNT][2], l_run[kNT][2], corr[kNT][2];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[nt][h] = -INFINITY;
+      base_run[nt][h] = 0.0f;
+      l_run[nt][h] = 0.0f;
+      corr[nt][h] = 0.0f;
+    }
+
+  int stage = 0;  // i % kStages
 #pragma unroll 1
-  for (int i = 0; i < my_tiles; ++i) {
+  for (int i = 0; i < my_tiles; ++i, stage = stage + 1 == kStages ? 0 : stage + 1) {
+    ptx::cp_async_wait<kStages - 2>();
+    if constexpr (T::kPairs) __syncwarp();  // the shared pairs: other lanes' copies, and the stage re-filled next
     if (i + kStages - 1 < my_tiles) {
-      issue(i + kStages - 1, next_page);
+      issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1, next_page);
       if (i + kStages < my_tiles) next_page = tile_page(cd, b, tile_tok0(i + kStages));
     }
     ptx::cp_async_commit();
-    ptx::cp_async_wait<kStages - 1>();
-    const int stage = i % kStages;
     const uint8_t* st = my_staging + stage * T::kStageBytes;
+    const uint8_t* pairs = st + T::kPairOff;
     const bool page_ok = (page_ok_bits >> stage) & 1u;
     const int64_t tok0 = tile_tok0(i);
 
-    // S = Q Kᵀ for key rows r (n-tile 0) and r + 8 (n-tile 1); even and odd k-steps accumulate apart (sx) so that
-    // four independent mma chains hide each other's latency.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    float sx[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // S^T = K Q^T for key rows r, r + 8 (M) and heads (N); even and odd k-steps accumulate apart so that two
+    // independent mma chains per n-tile hide each other's latency.
+    float sacc[kNT][2][4] = {};
 #pragma unroll
     for (int j = 0; j < T::kKChunks; ++j) {
       uint32_t kf[2][T::kKChunkElems / 2];
@@ -295,94 +332,142 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
         uint32_t w[T::kKChunk / 4];
         lds_words<T::kKChunk>(st + T::kKDataOff * 32 + (n * T::kKChunks + j) * T::kKChunk * 32 + lane * T::kKChunk, w);
         uint32_t pair = 0;
-        if constexpr (T::kPairs)
-          pair = *reinterpret_cast<const uint32_t*>(st + T::kKPairOff * 32 +
-                                                    (n * T::kKPairs + (T::kGrouped ? j : 0)) * 128 + lane * 4);
-        dequant_words<T, T::kKChunk / 4>(w, pair, kf[n]);
+        if constexpr (T::kGrouped) {
+          const int g = (c + 4 * j) * T::kKChunkElems / kInt4GroupSize;
+          pair = *reinterpret_cast<const uint32_t*>(pairs + pair_pos(r + 8 * n) * T::kPairRowBytes + 4 * g);
+        }
+        decode_k<T, T::kKChunk / 4>(w, pair, kf[n]);
       }
 #pragma unroll
       for (int sub = 0; sub < T::kKChunkElems / 4; ++sub) {
         const int ks = j * (T::kKChunkElems / 4) + sub;
-        const uint4 qa = q_frag[ks * 32 + lane];
-        const uint32_t qreg[4] = {qa.x, qa.y, qa.z, qa.w};
-        float(&acc)[2][4] = (ks & 1) ? sx : s;
-        ptx::mma_m16n8k16<kF16>(acc[0], qreg, kf[0][2 * sub], kf[0][2 * sub + 1]);
-        ptx::mma_m16n8k16<kF16>(acc[1], qreg, kf[1][2 * sub], kf[1][2 * sub + 1]);
+        const uint32_t ka[4] = {kf[0][2 * sub], kf[1][2 * sub], kf[0][2 * sub + 1], kf[1][2 * sub + 1]};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const uint2 qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
+          ptx::mma_m16n8k16<kF16>(sacc[nt][ks & 1], ka, qb.x, qb.y);
+        }
       }
     }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) s[n][k] += sx[n][k];
 
-    // Online softmax. s[n][k] is head row r (k < 2) or r + 8, key token tok0 + 8n + 2c + (k & 1).
-    float row_max[2] = {-INFINITY, -INFINITY};
+    // Logits. x[nt][k]: token tok0 + r + 8 (k >> 1), head 2c + (k & 1) of n-tile nt.
+    // Per token: x = sc * acc + qsum_fed * shb + qsum * sho (the folded scale, bias and offset).
+    float sc[2] = {qk_mul, qk_mul}, shb[2] = {0.0f, 0.0f}, sho[2] = {0.0f, 0.0f};
+    if constexpr (T::kFold) {
+      const uint2 kp = *reinterpret_cast<const uint2*>(pairs + 2 * r * T::kPairRowBytes);
+      const float2 p0 = half2_to_float2(kp.x), p1 = half2_to_float2(kp.y);  // (scale, offset) of tokens r, r + 8
+      sc[0] = p0.x * qk_mul;
+      sc[1] = p1.x * qk_mul;
+      shb[0] = -T::kCodeBias * sc[0];
+      shb[1] = -T::kCodeBias * sc[1];
+      sho[0] = p0.y * qk_mul;
+      sho[1] = p1.y * qk_mul;
+    }
+    bool tok_ok[2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
+      const int64_t t = tok0 + r + 8 * n;
+      tok_ok[n] = page_ok && t >= lo && t < len;
+    }
+    float x[kNT][4], lmax[kNT][2];
+    bool grow = false;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const int64_t t = tok0 + 8 * n + 2 * c + (k & 1);
-        float x = s[n][k] * qk_scale;
-        if (softcap > 0.0f) x = softcap * tanhf(x / softcap);
-        x = (page_ok && t >= lo && t < len) ? x * kLog2e : -INFINITY;
-        s[n][k] = x;
-        row_max[k >> 1] = fmaxf(row_max[k >> 1], x);
+        const float acc = sacc[nt][0][k] + sacc[nt][1][k];
+        float v = acc * qk_mul;
+        if constexpr (T::kFold)
+          v = fmaf(sc[k >> 1], acc, fmaf(qsum_fed[nt][k & 1], shb[k >> 1], qsum[nt][k & 1] * sho[k >> 1]));
+        if (capped) v = cap_log2 * tanhf(v);
+        x[nt][k] = tok_ok[k >> 1] ? v : -INFINITY;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        lmax[nt][h] = fmaxf(x[nt][h], x[nt][h + 2]);
+        grow = grow || lmax[nt][h] > m_run[nt][h];
       }
     }
-    float alpha[2], base[2];
+    // The max only moves now and then; while no lane's tile exceeds it, the old base stands (no reduction, no
+    // rescale).
+    if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
-      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
-      const float m_new = fmaxf(m_run[h], row_max[h]);
-      base[h] = m_new == -INFINITY ? 0.0f : m_new;  // an all-masked row so far stays at zero weight
-      alpha[h] = ptx::ex2_approx_ftz(m_run[h] - base[h]);
-      m_run[h] = m_new;
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float m = lmax[nt][h];
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+          const float m_new = fmaxf(m_run[nt][h], m);
+          const float base = m_new == -INFINITY ? 0.0f : m_new;  // an all-masked head so far stays at zero weight
+          const float alpha = ptx::ex2_approx_ftz(m_run[nt][h] - base);
+          m_run[nt][h] = m_new;
+          base_run[nt][h] = base;
+          l_run[nt][h] *= alpha;
+          corr[nt][h] *= alpha;
+#pragma unroll
+          for (int f = 0; f < kMTiles; ++f) {
+            o_acc[nt][f][h] *= alpha;
+            o_acc[nt][f][h + 2] *= alpha;
+          }
+        }
     }
-    float p[2][4];
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) p[n][k] = ptx::ex2_approx_ftz(s[n][k] - base[k >> 1]);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      l_run[h] = l_run[h] * alpha[h] + p[0][2 * h] + p[0][2 * h + 1] + p[1][2 * h] + p[1][2 * h + 1];
-    // alpha is exactly 1 while a row's max stands still (the common case after the first tiles): skip the
-    // D/2 multiplies per lane unless some row of the warp moved.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f))
-#pragma unroll
-    for (int f = 0; f < kNTiles; ++f) {
-      o_acc[f][0] *= alpha[0];
-      o_acc[f][1] *= alpha[0];
-      o_acc[f][2] *= alpha[1];
-      o_acc[f][3] *= alpha[1];
-    }
-    const uint32_t pa[4] = {pack2<kF16>(p[0][0], p[0][1]), pack2<kF16>(p[0][2], p[0][3]),
-                            pack2<kF16>(p[1][0], p[1][1]), pack2<kF16>(p[1][2], p[1][3])};
 
-    // O += P V. Value row u of this lane: 2c, 2c+1, 2c+8, 2c+9 (the B fragment's k rows).
+    // P, scaled per token by the value scale for folded formats; packed, then transposed into P^T's B fragments.
+    float vs[2] = {1.0f, 1.0f}, vo[2] = {0.0f, 0.0f};
+    if constexpr (T::kFold) {
+      const uint2 vp = *reinterpret_cast<const uint2*>(pairs + (16 + 2 * r) * T::kPairRowBytes);
+      const float2 p0 = half2_to_float2(vp.x), p1 = half2_to_float2(vp.y);
+      vs[0] = p0.x;
+      vo[0] = p0.y;
+      vs[1] = p1.x;
+      vo[1] = p1.y;
+    }
+    uint32_t pb[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      float p[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) p[k] = ptx::ex2_approx_ftz(x[nt][k] - base_run[nt][k & 1]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) l_run[nt][h] += p[h] + p[h + 2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {  // token r + 8n
+        const uint32_t packed = pack2<kF16>(p[2 * n] * vs[n], p[2 * n + 1] * vs[n]);
+        if constexpr (T::kFold) {
+          const float2 pr = half2_to_float2(packed);  // the rounded operand the tensor cores see
+          corr[nt][0] = fmaf(p[2 * n], vo[n], fmaf(-T::kVCodeBias, pr.x, corr[nt][0]));
+          corr[nt][1] = fmaf(p[2 * n + 1], vo[n], fmaf(-T::kVCodeBias, pr.y, corr[nt][1]));
+        }
+        pb[nt][n] = ptx::movmatrix_trans(packed);  // → P[head r][tokens 2c, 2c + 1 (+ 8n)]
+      }
+    }
+
+    // O^T += V^T P^T. Value rows of this lane: 2c, 2c+1 (k 2c..2c+1) and 2c+8, 2c+9 (k 2c+8..2c+9).
 #pragma unroll
     for (int j = 0; j < T::kVChunks; ++j) {
-      uint32_t vf[4][T::kVChunkElems / 2];
+      uint32_t vlo[T::kVChunkElems], vhi[T::kVChunkElems];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        uint32_t w[T::kVChunk / 4];
-        lds_words<T::kVChunk>(st + T::kVDataOff * 32 + (u * T::kVChunks + j) * T::kVChunk * 32 + lane * T::kVChunk, w);
-        uint32_t pair = 0;
-        if constexpr (T::kPairs)
-          pair = *reinterpret_cast<const uint32_t*>(st + T::kVPairOff * 32 +
-                                                    (u * T::kVPairs + (T::kGrouped ? j : 0)) * 128 + lane * 4);
-        dequant_words<T, T::kVChunk / 4>(w, pair, vf[u]);
+      for (int hi = 0; hi < 2; ++hi) {
+        uint32_t w0[T::kVChunk / 4], w1[T::kVChunk / 4];
+        lds_words<T::kVChunk>(st + T::kVDataOff * 32 + ((2 * hi) * T::kVChunks + j) * T::kVChunk * 32 + lane * T::kVChunk, w0);
+        lds_words<T::kVChunk>(st + T::kVDataOff * 32 + ((2 * hi + 1) * T::kVChunks + j) * T::kVChunk * 32 + lane * T::kVChunk, w1);
+        uint32_t pair0 = 0, pair1 = 0;
+        if constexpr (T::kGrouped) {
+          const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;
+          const int t0 = 2 * c + 8 * hi;
+          pair0 = *reinterpret_cast<const uint32_t*>(pairs + (16 + pair_pos(t0)) * T::kPairRowBytes + 4 * g);
+          pair1 = *reinterpret_cast<const uint32_t*>(pairs + (16 + pair_pos(t0 + 1)) * T::kPairRowBytes + 4 * g);
+        }
+        decode_v<T, T::kVChunk / 4>(w0, w1, pair0, pair1, hi ? vhi : vlo);
       }
 #pragma unroll
       for (int i2 = 0; i2 < T::kVChunkElems / 2; ++i2) {
+        const int f = j * (T::kVChunkElems / 2) + i2;
+        const uint32_t va[4] = {vlo[2 * i2], vlo[2 * i2 + 1], vhi[2 * i2], vhi[2 * i2 + 1]};
 #pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int f = j * T::kVChunkElems + 2 * i2 + hi;
-          const uint32_t sel = hi ? 0x7632u : 0x5410u;
-          ptx::mma_m16n8k16<kF16>(o_acc[f], pa, __byte_perm(vf[0][i2], vf[1][i2], sel),
-                                  __byte_perm(vf[2][i2], vf[3][i2], sel));
-        }
+        for (int nt = 0; nt < kNT; ++nt) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][0], pb[nt][1]);
       }
     }
   }
@@ -390,49 +475,62 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeArgs
 
   // ---- merge the 4 warps ------------------------------------------------------------------------------------
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
-    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
-  }
-  __syncthreads();  // every warp is done with its staging (the merge area overlaps it)
-  float* m_o = reinterpret_cast<float*>(staging);                   // [warp][16][D]
-  float* m_ml = m_o + kDecodeWarps * kHeadTile * kD;                // [warp][16][2]: (m, l)
-  {
-    float* ow = m_o + warp * kHeadTile * kD;
+  for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-    for (int f = 0; f < kNTiles; ++f) {
-      const int d0 = v_dim<T>(2 * c, f), d1 = v_dim<T>(2 * c + 1, f);
-      ow[r * kD + d0] = o_acc[f][0];
-      ow[r * kD + d1] = o_acc[f][1];
-      ow[(r + 8) * kD + d0] = o_acc[f][2];
-      ow[(r + 8) * kD + d1] = o_acc[f][3];
-    }
-    if (c == 0) {
-      float* ml = m_ml + warp * kHeadTile * 2;
-      ml[r * 2] = m_run[0];
-      ml[r * 2 + 1] = l_run[0];
-      ml[(r + 8) * 2] = m_run[1];
-      ml[(r + 8) * 2 + 1] = l_run[1];
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        l_run[nt][h] += __shfl_xor_sync(0xffffffffu, l_run[nt][h], off);
+        if constexpr (T::kFold) corr[nt][h] += __shfl_xor_sync(0xffffffffu, corr[nt][h], off);
+      }
+  __syncthreads();  // every warp is done with its staging (the merge area overlaps it)
+  float* m_o = reinterpret_cast<float*>(staging);  // [warp][head][D]
+  float* m_ml = m_o + kDecodeWarps * kHeads * kD;  // [warp][head][2]: (m, l)
+  {
+    float* ow = m_o + warp * kHeads * kD;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int f = 0; f < kMTiles; ++f) {
+        const int j = f / (T::kVChunkElems / 2), i2 = f % (T::kVChunkElems / 2);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int head = nt * 8 + 2 * c + (k & 1);
+          const int d = o_dim<T>(r, j, 2 * i2 + (k >> 1));
+          // O^T's odd rows of folded int4 carry the code unit 16 (w = 2 * i2 + 1 is odd exactly for k >= 2).
+          const float unit = (T::kOddUnit && k >= 2) ? 1.0f / kInt4OddUnit : 1.0f;
+          ow[head * kD + d] = fmaf(o_acc[nt][f][k], unit, corr[nt][k & 1]);
+        }
+      }
+    if (r == 0) {
+      float* ml = m_ml + warp * kHeads * 2;
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ml[(nt * 8 + 2 * c + h) * 2] = m_run[nt][h];
+          ml[(nt * 8 + 2 * c + h) * 2 + 1] = l_run[nt][h];
+        }
     }
   }
   __syncthreads();
 
   const bool final_out = a.num_splits == 1;
-  for (int e = threadIdx.x; e < kHeadTile * kD; e += kDecodeThreads) {
+  for (int e = threadIdx.x; e < kHeads * kD; e += kDecodeThreads) {
     const int row = e / kD, d = e % kD;
-    const int j = ht * kHeadTile + row;
+    const int j = ht * kHeads + row;
     if (j >= a.group) continue;
     float m_all = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, m_ml[(w * kHeadTile + row) * 2]);
+    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, m_ml[(w * kHeads + row) * 2]);
     float l_all = 0.0f, o_all = 0.0f;
     if (m_all != -INFINITY) {
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) {
-        const float wm = m_ml[(w * kHeadTile + row) * 2];
+        const float wm = m_ml[(w * kHeads + row) * 2];
         const float sc = ptx::ex2_approx_ftz(wm - m_all);  // -inf → 0
-        l_all += m_ml[(w * kHeadTile + row) * 2 + 1] * sc;
-        o_all += m_o[(w * kHeadTile + row) * kD + d] * sc;
+        l_all += m_ml[(w * kHeads + row) * 2 + 1] * sc;
+        o_all += m_o[(w * kHeads + row) * kD + d] * sc;
       }
     }
     const bool any = l_all > 0.0f;

@@ -1,17 +1,25 @@
 // Decode: what each KV-cache format looks like to one thread of the decode kernel, and how it becomes tensor-core
 // operands.
 //
-// The kernel feeds mma.m16n8k16 straight from per-thread staging: a thread copies exactly the bytes its own
-// fragments need (no other thread reads them), so the copies need no barrier and no shared-memory transpose.
-// That works because the order of D inside a dot product is free:
-//   S = Q·Kᵀ: lane (r, c) supplies key rows r and r+8 (the n index) and, for each k-step, 4 of the D values.
-//     It takes the 16-byte chunks c, c+4, c+8, ... of each key row, so one copy instruction of the warp reads
-//     whole 64-byte row segments; the query fragment is built from the same D positions (k_dim below).
-//   O = P·V: lane (r, c) supplies value rows 2c, 2c+1, 2c+8, 2c+9 (the k index, fixed by P's layout) at the
-//     D positions of n index r: chunks r, r+8, ... of each value row (v_dim below); the output is written back
-//     through the same map.
-// Within a 32-bit word of int4 codes the dequantizer emits elements in the order 0,4,1,5,2,6,3,7 (one lop3 per
-// pair); the maps include that order.
+// The kernel computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16: 16 cached tokens are M of the first
+// product and K of the second, the query heads of one KV head are N (8 per n-tile). Operands come straight from
+// per-thread staging: a thread copies exactly the bytes of its own fragments (no other thread reads them), so the
+// copies need no barrier and no shared-memory transpose. That works because the order of D inside a dot product
+// is free, and the order of D along O^T's rows only decides where the output is written:
+//   S^T: lane (r, c) supplies key rows r and r+8 (the M index) and, for each k-step, 4 of the D values. It takes
+//     the 16-byte chunks c, c+4, c+8, ... of each key row, so one copy instruction of the warp reads whole 64-byte
+//     row segments; the query fragments are built from the same D positions (k_dim below).
+//   O^T: lane (r, c) supplies value rows 2c, 2c+1, 2c+8, 2c+9 (the K index, fixed by P^T's layout) at the D
+//     positions of M rows r and r+8: chunks r, r+8, ... of each value row (o_dim below).
+// Within a 32-bit word of int4 key codes the decoder emits elements in the order 0,4,1,5,2,6,3,7 (one shift and one
+// lop3 per pair); k_dim includes that order. Value pairs pair two tokens at one D position, in D order.
+//
+// Row-wise integer scales are not applied per element: a code c goes to the tensor cores as the fp16 value
+// bias + c (a bit pattern, exact), and the kernel applies scale and offset per token (kFold below):
+//   S[t][h] = s_t (Σ_d q_hd (bias + c_td)) + (o_t - bias s_t) Σ_d q_hd
+//   O[h][d] = Σ_t fp16(P_ht s_t) (vbias + c_td) + Σ_t (P_ht o_t - vbias fp16(P_ht s_t))
+// Group-wise scales (kInt4Group32) change along D inside one dot product, so those codes are dequantized in
+// registers (code * scale + offset in one fp16 fma).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,11 +41,20 @@ struct KVTraits {
   static constexpr bool kInt4 = kFormat == KVFormat::kInt4 || kFormat == KVFormat::kInt4Group32;
   static constexpr bool kPairs = kFormat == KVFormat::kInt8 || kInt4;  // fp16 (scale, offset) per row or group
   static constexpr bool kGrouped = kFormat == KVFormat::kInt4Group32;
+  static constexpr bool kFold = kPairs && !kGrouped;  // row-wise scales applied per token, not per element
+  // fp16 value of code 0 as the folded formats feed it (in units of the code; int4 odd D positions carry a unit
+  // of 16, see int4_pattern). Keys: 1024 + c. Values are centred (c - 128, c - 8: one more hsub2 per pair): O^T
+  // accumulates over the whole split in the tensor cores, where a large common bias would cancel against the
+  // offsets only after hundreds of truncating fp32 adds.
+  static constexpr float kCodeBias = 1024.0f;
+  static constexpr float kVCodeBias = kInt4 ? -8.0f : -128.0f;
+  static constexpr bool kOddUnit = kFold && kInt4;  // odd D positions reach the tensor cores as 16 * code
   // Tensor-core input type: the cache's own type for kNative, fp16 for every quantized format (codes and fp8
   // values are exact in fp16, and its 10-bit mantissa keeps dequantized values closer than bf16 would).
   static constexpr bool kMmaFP16 = kNative ? kNativeFP16 : true;
   static constexpr int kElemBits = kNative ? 16 : (kInt4 ? 4 : 8);
   static constexpr int kRowBytes = kD * kElemBits / 8;
+  static constexpr int kGroups = kGrouped ? kD / kInt4GroupSize : 1;  // scale pairs per row
 
   // Key rows: each lane holds D/4 values of each of its 2 rows, in chunks of kKChunk bytes.
   static constexpr int kKBytes = kRowBytes / 4;
@@ -49,25 +66,27 @@ struct KVTraits {
   static constexpr int kVChunk = kVBytes < 16 ? kVBytes : 16;
   static constexpr int kVChunks = kVBytes / kVChunk;
   static constexpr int kVChunkElems = kVChunk * 8 / kElemBits;
-  // (scale, offset) words per row a lane needs: one per row, or one per chunk (a chunk never spans two groups).
-  static constexpr int kKPairs = !kPairs ? 0 : (kGrouped ? kKChunks : 1);
-  static constexpr int kVPairs = !kPairs ? 0 : (kGrouped ? kVChunks : 1);
   static_assert(!kGrouped || (kKChunkElems <= kInt4GroupSize && kVChunkElems <= kInt4GroupSize),
                 "a chunk must lie inside one scale group");
 
-  // Per-lane staging bytes of one 16-token tile, and their offsets (slot-major, lane-minor: slot s of size z
-  // sits at off_s * 32 + lane * z, so a warp's 32 reads of one slot are contiguous).
+  // One warp's staging of one 16-token tile. Per-lane data first (slot-major, lane-minor: slot s of size z sits
+  // at off_s * 32 + lane * z, so a warp's 32 reads of one slot are contiguous), then the tile's scale pairs, shared
+  // by the warp: 16 key rows then 16 value rows of kGroups 4-byte pairs, row t at pair_pos(t).
   static constexpr int kKDataOff = 0;
   static constexpr int kVDataOff = kKDataOff + 2 * kKBytes;
-  static constexpr int kKPairOff = kVDataOff + 4 * kVBytes;
-  static constexpr int kVPairOff = kKPairOff + 2 * kKPairs * 4;
-  static constexpr int kLaneBytes = kVPairOff + 4 * kVPairs * 4;
-  static constexpr int kStageBytes = 32 * kLaneBytes;  // per warp
+  static constexpr int kLaneBytes = kVDataOff + 4 * kVBytes;
+  static constexpr int kPairRowBytes = 4 * kGroups;
+  static constexpr int kPairOff = 32 * kLaneBytes;
+  static constexpr int kStageBytes = kPairOff + (kPairs ? 32 * kPairRowBytes : 0);
 };
 
-// Position within a chunk of the i-th value the dequantizer emits.
+// Row order of the shared scale pairs: rows t and t+8 side by side, so that the lane holding tokens r and r+8 of
+// S^T reads both with one 8-byte load.
+__device__ __forceinline__ constexpr int pair_pos(int t) { return 2 * (t & 7) + (t >> 3); }
+
+// Position within a key chunk of the i-th value the key decoder emits.
 template <class T>
-__device__ __forceinline__ constexpr int emit_order(int i) {
+__device__ __forceinline__ constexpr int k_emit_order(int i) {
   if constexpr (T::kInt4) return (i & ~7) + ((i & 1) ? ((i & 7) >> 1) + 4 : (i & 7) >> 1);
   return i;
 }
@@ -76,55 +95,126 @@ __device__ __forceinline__ constexpr int emit_order(int i) {
 template <class T>
 __device__ __forceinline__ int k_dim(int c, int e) {
   const int j = e / T::kKChunkElems, w = e % T::kKChunkElems;
-  return (c + 4 * j) * T::kKChunkElems + emit_order<T>(w);
+  return (c + 4 * j) * T::kKChunkElems + k_emit_order<T>(w);
 }
 
-// D index of the f-th value column lane row r holds (f in [0, D/8)); also the output column of PV n-tile f, n = r.
+// D index of element w of value chunk j of lane row r; O^T m-tile F = j * (kVChunkElems / 2) + i holds elements
+// 2i (row r) and 2i + 1 (row r + 8).
 template <class T>
-__device__ __forceinline__ int v_dim(int r, int f) {
-  const int j = f / T::kVChunkElems, w = f % T::kVChunkElems;
-  return (r + 8 * j) * T::kVChunkElems + emit_order<T>(w);
+__device__ __forceinline__ int o_dim(int r, int j, int w) {
+  return (r + 8 * j) * T::kVChunkElems + w;
 }
 
 __device__ __forceinline__ uint32_t fp16_bits2(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 as_half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
-// Dequantizes one chunk (kWords 32-bit words of codes) into pairs of the tensor-core type, in emit order.
-// pair = (fp16 scale in the low half, fp16 offset in the high half), used by integer formats only.
+// int4 pair p of a word (bits 4p..4p+3 of each 16-bit half) as fp16 bit patterns 1024 + u_p * code, where
+// u_p = 1 for the low nibble of a byte (p even) and 16 for the high one: one lop3 per pair, one shift per two
+// pairs (x8 = x >> 8 serves p = 2, 3). Exact in fp16; the kernel divides u out of the dot products (the query's
+// odd D positions are pre-scaled by 1/16, O^T's odd rows are scaled back at the end).
+template <int p>
+__device__ __forceinline__ uint32_t int4_pattern(uint32_t x, uint32_t x8) {
+  const uint32_t src = p < 2 ? x : x8;
+  return (src & ((p & 1) ? 0x00f000f0u : 0x000f000fu)) | 0x64006400u;
+}
+inline constexpr float kInt4OddUnit = 16.0f;
+
+// int4 pair p of word x as code * scale + offset (one hsub2, one fp16 fma); scale16 = scale / 16 for odd p.
+template <int p>
+__device__ __forceinline__ uint32_t int4_dequant(uint32_t x, uint32_t x8, __half2 scale, __half2 scale16,
+                                                 __half2 offset) {
+  const __half2 magic = __half2half2(__ushort_as_half(0x6400));
+  const __half2 uc = __hsub2(as_half2(int4_pattern<p>(x, x8)), magic);  // u_p * code, exact
+  return fp16_bits2(__hfma2(uc, (p & 1) ? scale16 : scale, offset));
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x16) {
+  uint32_t out;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(static_cast<uint16_t>(x16)));
+  return out;
+}
+
+// Key chunk (kWords words of one row) → pairs of tensor-core values in k emit order. pair = (fp16 scale low,
+// fp16 offset high), used by the group-wise format only.
 template <class T, int kWords>
-__device__ __forceinline__ void dequant_words(const uint32_t (&w)[kWords], uint32_t pair,
-                                              uint32_t (&out)[kWords * 32 / T::kElemBits / 2]) {
-  if constexpr (T::kNative) {
+__device__ __forceinline__ void decode_k(const uint32_t (&w)[kWords], uint32_t pair,
+                                         uint32_t (&out)[kWords * 16 / T::kElemBits]) {
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) out[i] = w[i];
-  } else if constexpr (T::kFP8) {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      uint32_t lo, hi;
-      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(lo) : "h"(static_cast<uint16_t>(w[i] & 0xffffu)));
-      asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(hi) : "h"(static_cast<uint16_t>(w[i] >> 16)));
-      out[2 * i] = lo;
-      out[2 * i + 1] = hi;
+  for (int i = 0; i < kWords; ++i) {
+    if constexpr (T::kNative) {
+      out[i] = w[i];
+    } else if constexpr (T::kFP8) {
+      out[2 * i] = e4m3x2_to_f16x2(w[i] & 0xffffu);
+      out[2 * i + 1] = e4m3x2_to_f16x2(w[i] >> 16);
+    } else if constexpr (T::kFold && !T::kInt4) {  // int8: 1024 + code
+      out[2 * i] = __byte_perm(w[i], 0x64u, 0x4140);
+      out[2 * i + 1] = __byte_perm(w[i], 0x64u, 0x4342);
+    } else if constexpr (T::kFold) {  // int4 per row: 1024 + u * code
+      const uint32_t x8 = w[i] >> 8;
+      out[4 * i + 0] = int4_pattern<0>(w[i], x8);
+      out[4 * i + 1] = int4_pattern<1>(w[i], x8);
+      out[4 * i + 2] = int4_pattern<2>(w[i], x8);
+      out[4 * i + 3] = int4_pattern<3>(w[i], x8);
+    } else {  // int4 groups: dequantized
+      const __half2 scale = as_half2(__byte_perm(pair, 0, 0x1010));
+      const __half2 scale16 = __hmul2(scale, __float2half2_rn(1.0f / kInt4OddUnit));
+      const __half2 offset = as_half2(__byte_perm(pair, 0, 0x3232));
+      const uint32_t x8 = w[i] >> 8;
+      out[4 * i + 0] = int4_dequant<0>(w[i], x8, scale, scale16, offset);
+      out[4 * i + 1] = int4_dequant<1>(w[i], x8, scale, scale16, offset);
+      out[4 * i + 2] = int4_dequant<2>(w[i], x8, scale, scale16, offset);
+      out[4 * i + 3] = int4_dequant<3>(w[i], x8, scale, scale16, offset);
     }
-  } else {
-    // Codes become exact fp16 integers through the 1024 + code bit pattern, then code * scale + offset in one
-    // fp16 fma (a single rounding).
-    const __half2 magic = __half2half2(__ushort_as_half(0x6400));
-    const __half2 scale = as_half2(__byte_perm(pair, 0, 0x1010));
-    const __half2 offset = as_half2(__byte_perm(pair, 0, 0x3232));
+  }
+}
+
+// Value chunks of two token rows t0, t1 (kWords words each) → pairs (t0's value, t1's value) at each D position of
+// the chunk, in D order: the A operand of O^T = V^T P^T. pair0 / pair1 = (scale, offset) of t0 / t1 (group-wise
+// format only).
+template <class T, int kWords>
+__device__ __forceinline__ void decode_v(const uint32_t (&w0)[kWords], const uint32_t (&w1)[kWords], uint32_t pair0,
+                                         uint32_t pair1, uint32_t (&out)[kWords * 32 / T::kElemBits]) {
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      if constexpr (T::kInt4) {
+  for (int i = 0; i < kWords; ++i) {
+    if constexpr (T::kNative) {
+      out[2 * i] = __byte_perm(w0[i], w1[i], 0x5410);
+      out[2 * i + 1] = __byte_perm(w0[i], w1[i], 0x7632);
+    } else if constexpr (T::kFP8) {
+      const uint32_t x = __byte_perm(w0[i], w1[i], 0x5140), y = __byte_perm(w0[i], w1[i], 0x7362);
+      out[4 * i + 0] = e4m3x2_to_f16x2(x & 0xffffu);
+      out[4 * i + 1] = e4m3x2_to_f16x2(x >> 16);
+      out[4 * i + 2] = e4m3x2_to_f16x2(y & 0xffffu);
+      out[4 * i + 3] = e4m3x2_to_f16x2(y >> 16);
+    } else if constexpr (!T::kInt4) {  // int8 (folded): 1024 + code
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          const uint32_t x = ((w[i] >> (4 * p)) & 0x000f000fu) | 0x64006400u;
-          out[4 * i + p] = fp16_bits2(__hfma2(__hsub2(as_half2(x), magic), scale, offset));
-        }
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t x = (__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11) & 0x00ff00ffu) | 0x64006400u;
+        out[4 * i + b] = fp16_bits2(__hsub2(as_half2(x), __half2half2(__ushort_as_half(0x6480))));  // - 1152
+      }
+    } else {
+      // x: elements 0..3 of t0 (low half) and t1 (high half); y: elements 4..7. Pair p of x is element p.
+      const uint32_t x = __byte_perm(w0[i], w1[i], 0x5410), y = __byte_perm(w0[i], w1[i], 0x7632);
+      const uint32_t x8 = x >> 8, y8 = y >> 8;
+      if constexpr (T::kFold) {  // u * (code - 8): centred, exact
+        const __half2 centre_lo = __half2half2(__ushort_as_half(0x6408));  // 1024 + 8
+        const __half2 centre_hi = __half2half2(__ushort_as_half(0x6480));  // 1024 + 128
+        const uint32_t bits[8] = {int4_pattern<0>(x, x8), int4_pattern<1>(x, x8), int4_pattern<2>(x, x8),
+                                  int4_pattern<3>(x, x8), int4_pattern<0>(y, y8), int4_pattern<1>(y, y8),
+                                  int4_pattern<2>(y, y8), int4_pattern<3>(y, y8)};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[8 * i + e] = fp16_bits2(__hsub2(as_half2(bits[e]), (e & 1) ? centre_hi : centre_lo));
       } else {
-        const uint32_t x0 = __byte_perm(w[i], 0x64u, 0x4140);
-        const uint32_t x1 = __byte_perm(w[i], 0x64u, 0x4342);
-        out[2 * i] = fp16_bits2(__hfma2(__hsub2(as_half2(x0), magic), scale, offset));
-        out[2 * i + 1] = fp16_bits2(__hfma2(__hsub2(as_half2(x1), magic), scale, offset));
+        const __half2 scale = as_half2(__byte_perm(pair0, pair1, 0x5410));
+        const __half2 scale16 = __hmul2(scale, __float2half2_rn(1.0f / kInt4OddUnit));
+        const __half2 offset = as_half2(__byte_perm(pair0, pair1, 0x7632));
+        out[8 * i + 0] = int4_dequant<0>(x, x8, scale, scale16, offset);
+        out[8 * i + 1] = int4_dequant<1>(x, x8, scale, scale16, offset);
+        out[8 * i + 2] = int4_dequant<2>(x, x8, scale, scale16, offset);
+        out[8 * i + 3] = int4_dequant<3>(x, x8, scale, scale16, offset);
+        out[8 * i + 4] = int4_dequant<0>(y, y8, scale, scale16, offset);
+        out[8 * i + 5] = int4_dequant<1>(y, y8, scale, scale16, offset);
+        out[8 * i + 6] = int4_dequant<2>(y, y8, scale, scale16, offset);
+        out[8 * i + 7] = int4_dequant<3>(y, y8, scale, scale16, offset);
       }
     }
   }

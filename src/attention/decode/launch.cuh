@@ -16,34 +16,40 @@
 namespace tessera::attention::detail {
 
 // One kernel instantiation: raise its shared-memory limit, launch, check.
-template <KVFormat kFormat, int kHeadDim, bool kNativeFP16>
+template <KVFormat kFormat, int kHeadDim, bool kNativeFP16, int kNT>
 void launch_decode_kernel(const DecodeArgs& args, int grid, cudaStream_t stream) {
   using T = KVTraits<kFormat, kHeadDim, kNativeFP16>;
-  auto kernel = decode_kernel<T>;
-  constexpr int kSmem = DecodeSmem<T>::kBytes;
+  auto kernel = decode_kernel<T, kNT>;
+  constexpr int kSmem = DecodeLayout<T, kNT>::kBytes;
   // Raises the dynamic shared-memory limit (once per device); the answer itself is not needed.
   (void)::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDecodeThreads, kSmem);
   kernel<<<grid, kDecodeThreads, kSmem, stream>>>(args);
   TESSERA_CHECK_LAUNCH();
 }
 
-// Dispatches head_dim (and the 16-bit type for kNative) to the instantiations of one format.
+// Dispatches head_dim, the n-tiles of query heads (1 for groups up to 8, else 2) and the 16-bit type for kNative
+// to the instantiations of one format.
 template <KVFormat kFormat>
 void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream) {
   const CacheDesc& cd = args.cache;
-  auto by_dim = [&](auto native_fp16) {
+  auto by_dim = [&](auto native_fp16, auto n_tiles) {
     constexpr bool kF16 = decltype(native_fp16)::value;
+    constexpr int kNT = decltype(n_tiles)::value;
     switch (cd.head_dim) {
-      case 64: return launch_decode_kernel<kFormat, 64, kF16>(args, grid, stream);
-      case 128: return launch_decode_kernel<kFormat, 128, kF16>(args, grid, stream);
-      case 256: return launch_decode_kernel<kFormat, 256, kF16>(args, grid, stream);
+      case 64: return launch_decode_kernel<kFormat, 64, kF16, kNT>(args, grid, stream);
+      case 128: return launch_decode_kernel<kFormat, 128, kF16, kNT>(args, grid, stream);
+      case 256: return launch_decode_kernel<kFormat, 256, kF16, kNT>(args, grid, stream);
       default: throw Error("tessera::attention::decode: no kernel for head_dim " + std::to_string(cd.head_dim));
     }
   };
+  auto by_tiles = [&](auto native_fp16) {
+    if (decode_n_tiles(args.group) == 2) return by_dim(native_fp16, std::integral_constant<int, 2>{});
+    by_dim(native_fp16, std::integral_constant<int, 1>{});
+  };
   if constexpr (kFormat == KVFormat::kNative) {
-    if (cd.fp16) return by_dim(std::true_type{});
+    if (cd.fp16) return by_tiles(std::true_type{});
   }
-  by_dim(std::false_type{});  // quantized formats always compute in fp16 (the flag selects kNative's type only)
+  by_tiles(std::false_type{});  // quantized formats always compute in fp16 (the flag selects kNative's type only)
 }
 
 }  // namespace tessera::attention::detail

@@ -94,7 +94,7 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.q_fp16 = pb.fp16;
   a.num_q_heads = pb.num_q_heads;
   a.group = pb.num_q_heads / pb.cache.num_kv_heads;
-  a.head_tiles = (a.group + kHeadTile - 1) / kHeadTile;
+  a.head_tiles = decode_head_tiles(a.group);
   a.num_splits = pb.num_splits;
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;

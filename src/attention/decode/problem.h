@@ -89,7 +89,8 @@ AppendProblem check_append(const char* op, const TensorView& k_new, const Tensor
                            const TensorView& positions, const KVCache& cache);
 
 // Split selection (config.h) and workspace size: pure functions of shapes, params and the SM count.
-int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms);
+int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
+                      KVFormat format, int64_t head_dim);
 std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_q_heads, int64_t head_dim, int num_splits);
 
 void launch_decode(const DecodeProblem& problem, cudaStream_t stream);

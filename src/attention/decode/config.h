@@ -1,0 +1,59 @@
+// Decode kernel shape: head tile, pipeline depth, resident CTAs per SM. Plain constexpr C++ so that the host-side
+// split choice (api.cpp) and the kernel (kernel.cuh) read the same numbers.
+#pragma once
+
+#include "tessera/attention.h"
+
+namespace tessera::attention::detail {
+
+inline constexpr int kDecodeWarps = 4;
+inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
+inline constexpr int kDecodeTileTokens = 16;  // tokens one warp takes per step (the mma M of S^T = K Q^T)
+
+// Query heads of one KV head go to the tensor cores' N: n-tiles of 8 heads, one or two per CTA.
+constexpr int decode_n_tiles(int group) { return group > 8 ? 2 : 1; }
+constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(group) - 1) / (8 * decode_n_tiles(group)); }
+
+struct DecodeConfig {
+  int stage_bytes;   // one warp's staging for one 16-token tile: per-lane data, then the tile's scale pairs
+  int q_bytes;       // query fragments
+  int stages;        // tiles in flight per warp (ring depth)
+  int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
+  int smem_bytes;    // dynamic shared memory per CTA
+};
+
+constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles) {
+  const bool int4 = format == KVFormat::kInt4 || format == KVFormat::kInt4Group32;
+  const int bits = format == KVFormat::kNative ? 16 : (int4 ? 4 : 8);
+  const bool pairs = format == KVFormat::kInt8 || int4;
+  const int groups = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
+  DecodeConfig c{};
+  // Per warp and tile: 16 key rows and 16 value rows of head_dim * bits / 8 bytes, plus 32 rows of scale pairs.
+  c.stage_bytes = 32 * (head_dim * bits / 8) + (pairs ? 32 * 4 * groups : 0);
+  c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
+  const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
+  // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
+  // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
+  // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
+  int ctas = bits == 16 ? 2 : (bits == 8 ? 3 : 4);
+  const int regs = 80 + n_tiles * head_dim / 4;
+  const int by_regs = 65536 / (kDecodeThreads * regs);
+  if (ctas > by_regs) ctas = by_regs < 1 ? 1 : by_regs;
+  constexpr int kSmemPerSm = 228 * 1024, kReservedPerCta = 1024, kMaxPerCta = 227 * 1024;
+  for (;; --ctas) {
+    int budget = kSmemPerSm / ctas - kReservedPerCta;
+    if (budget > kMaxPerCta) budget = kMaxPerCta;
+    int stages = (budget - c.q_bytes) / (kDecodeWarps * c.stage_bytes);
+    if (stages > 8) stages = 8;
+    if (stages >= 2 || ctas == 1) {
+      c.stages = stages < 2 ? 2 : stages;
+      c.ctas_per_sm = ctas;
+      break;
+    }
+  }
+  const int staging = kDecodeWarps * c.stages * c.stage_bytes;
+  c.smem_bytes = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
+  return c;
+}
+
+}  // namespace tessera::attention::detail
