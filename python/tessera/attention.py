@@ -138,6 +138,16 @@ class _Cache:
                 to_capsule(self.block_table))
 
 
+def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
+    """The checks both decode entry points start with: format and params, then q (a CUDA tensor, not fp8)."""
+    _choice(op, "format", format, FORMATS)
+    params = _params(op, softmax_scale, softcap, window, num_splits)
+    torch = torch_module()
+    q = as_tensor(q, op, "q")
+    _not_fp8(op, "q", q)
+    return torch, q, cuda_device_of(q, op, "q"), params
+
+
 def _workspace_bytes(cache, q, params):
     return _C.decode_workspace_bytes(to_capsule(q), *cache.capsules(), cache.format, *params)
 
@@ -156,12 +166,7 @@ def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None,
     workspace and stream are accepted so that one keyword dict serves both calls, and are ignored.
     """
     op = "tessera.decode_workspace_size"
-    _choice(op, "format", format, FORMATS)
-    params = _params(op, softmax_scale, softcap, window, num_splits)
-    torch = torch_module()
-    q = as_tensor(q, op, "q")
-    _not_fp8(op, "q", q)
-    device = cuda_device_of(q, op, "q")
+    torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
     return int(_on_device(torch, device, lambda index: _workspace_bytes(cache, q, params)))
 
@@ -196,13 +201,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     Returns out, or (out, lse) when return_lse.
     """
     op = "tessera.attention_decode"
-    _choice(op, "format", format, FORMATS)
-    params = _params(op, softmax_scale, softcap, window, num_splits)
-
-    torch = torch_module()
-    q = as_tensor(q, op, "q")
-    _not_fp8(op, "q", q)
-    device = cuda_device_of(q, op, "q")
+    torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     _rank(op, "q", q, 3, "[B, HQ, D]")
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
     cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
