@@ -16,4 +16,10 @@ enum class TmaElement : int { kU8 = 0, kBF16 = 1 };
 CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
                                   int64_t stride1, int64_t stride2, int box_rows);
 
+// A tiled map of rank 1..5 over bytes: dims[i] and box[i] innermost first, strides_bytes[i - 1] the stride of
+// dim i >= 1 (multiples of 16, in any order), swizzle_bytes 0 (none), 32, 64 or 128 (box[0] must not exceed it). Elements
+// outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
+CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,
+                               const int* box, int swizzle_bytes);
+
 }  // namespace tessera::detail

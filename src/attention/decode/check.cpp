@@ -35,8 +35,9 @@ constexpr int64_t kMaxPositions = int64_t{1} << 31;  // token positions are int3
 constexpr int64_t kMaxInt = INT32_MAX;               // counts the problem structs hold as int
 constexpr int64_t kMinPageSize = 16, kMaxPageSize = 256;
 constexpr int64_t kMaxGroupSize = 256;       // query heads per KV head
-constexpr int64_t kMinTokensPerSplit = 16;
-constexpr int64_t kMaxTokenStrideBytes = int64_t{1} << 26;  // x 16 rows stays inside int32   // a split over fewer tokens costs more in merging than it saves
+constexpr int64_t kMinTokensPerSplit = 16;  // a split over fewer tokens costs more in merging than it saves
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;    // cuTensorMapEncodeTiled's stride limit
+constexpr int64_t kMaxTokenStrideBytes = int64_t{1} << 26;  // x 16 rows stays inside int32
 
 std::string str(int64_t v) { return std::to_string(v); }
 
@@ -345,6 +346,14 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
   c.stride_outer = k.strides[0] * elem;
   c.stride_token = k.strides[1] * elem;
   c.stride_head = k.strides[2] * elem;
+  // Decode reads the rows through TMA tensor maps: int32 coordinates, strides below 2^40 bytes.
+  if (c.num_pages > kMaxInt)
+    check.fail("cache.k", "must have at most " + str(kMaxInt) + " pages (dim 0; tile coordinates are int32), got "
+                          "shape " + k.shape_str());
+  for (int d = 0; d < 3; ++d)
+    if (k.strides[d] * elem >= kMaxTmaStrideBytes)
+      check.fail("cache.k", "must have strides below 2^40 bytes (the TMA limit), got " + str(k.strides[d]) +
+                            " elements in dim " + str(d));
 
   check_scales(check, cache, k, head_dim, c);
   return c;

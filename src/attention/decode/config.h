@@ -14,9 +14,12 @@ inline constexpr int kDecodeTileTokens = 16;  // tokens one warp takes per step 
 constexpr int decode_n_tiles(int group) { return group > 8 ? 2 : 1; }
 constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(group) - 1) / (8 * decode_n_tiles(group)); }
 
+inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes
+
 struct DecodeConfig {
-  int stage_bytes;   // one warp's staging for one 16-token tile: per-lane data, then the tile's scale pairs
-  int q_bytes;       // query fragments
+  int stage_bytes;   // one warp's staging for one 16-token tile: key and value rows, and the tile's scale pairs
+  int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
+  int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
   int stages;        // tiles in flight per warp (ring depth)
   int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
   int smem_bytes;    // dynamic shared memory per CTA
@@ -32,6 +35,8 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   c.stage_bytes = 32 * (head_dim * bits / 8) + (pairs ? 32 * 4 * groups : 0);
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
+  // Besides the ring: the alignment slack of the dynamic base and the mbarriers (8 stages at most).
+  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8;
   // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
   // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
   // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
@@ -43,7 +48,7 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   for (;; --ctas) {
     int budget = kSmemPerSm / ctas - kReservedPerCta;
     if (budget > kMaxPerCta) budget = kMaxPerCta;
-    int stages = (budget - c.q_bytes) / (kDecodeWarps * c.stage_bytes);
+    int stages = (budget - fixed) / (kDecodeWarps * c.stage_bytes);
     if (stages > 8) stages = 8;
     if (stages >= 2 || ctas == 1) {
       c.stages = stages < 2 ? 2 : stages;
@@ -52,7 +57,8 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
     }
   }
   const int staging = kDecodeWarps * c.stages * c.stage_bytes;
-  c.smem_bytes = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
+  c.bar_off = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
+  c.smem_bytes = kDecodeSmemAlign + c.bar_off + kDecodeWarps * c.stages * 8;
   return c;
 }
 

@@ -5,13 +5,15 @@
 //   S^T (16 tokens × 8 heads per n-tile) = K · Q^T on tensor cores, P = exp2(S - m), O^T += V^T · P^T,
 // with P^T moved from S^T's accumulator layout to a B operand by movmatrix. Tokens are the mma's M, so a group of
 // 8 query heads fills N without padding.
-// Keys and values travel by cp.async into per-lane staging (see kv_format.cuh: each lane copies exactly the
-// bytes of its own fragments), a ring of kStages tiles per warp; the tile's scale pairs go to a warp-shared row
-// block (one 4-byte copy per lane and group), read after a __syncwarp. No CTA barrier in the main loop.
+// Keys and values travel by TMA: lane 0 of each warp loads a tile's key block and value block (one 5-D box each,
+// swizzled; see kv_format.cuh) into a ring of kStages tiles per warp that completes on an mbarrier per stage; each
+// lane then reads the bytes of its own fragments. The tile's scale pairs go by cp.async to a warp-shared row block
+// (one 4-byte copy per lane and group). No CTA barrier in the main loop.
 // At the end the 4 warps merge through shared memory; with one split the CTA writes o (and lse), otherwise a
 // normalized partial O and its log2-sum-exp go to the workspace for the merge kernel.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,8 +24,10 @@
 #include "attention/decode/problem.h"
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
 #include "ptx/mma.cuh"
 #include "ptx/smem.cuh"
+#include "ptx/tma.cuh"
 
 namespace tessera::attention::detail {
 
@@ -32,6 +36,11 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
 struct DecodeArgs {
+  // TMA maps of the key and value rows (bytes), built by launch_decode:
+  //   keys   dims (W, rowB / W, HKV, tokens, outer), box (W, rowB / W, 1, 16, 1)
+  //   values dims (W, tokens, rowB / W, HKV, outer), box (W, 16, rowB / W, 1, 1)
+  // with W = min(rowB, 128) the swizzle span, tokens = T_max or the page size, outer = B or the pages.
+  CUtensorMap k_map, v_map;
   CacheDesc cache;
   const void* q = nullptr;
   int64_t q_stride_b = 0, q_stride_h = 0;
@@ -58,7 +67,9 @@ struct DecodeLayout {
   static_assert(kCfg.stage_bytes == T::kStageBytes, "config.h and kv_format.cuh disagree on the staging size");
   static constexpr int kStages = kCfg.stages;
   static constexpr int kQBytes = kCfg.q_bytes;  // query fragments: [n-tile][k-step][lane] uint2
-  static constexpr int kBytes = kCfg.smem_bytes;
+  static constexpr int kPairRingOff = kQBytes + kDecodeWarps * kStages * T::kDataBytes;
+  static constexpr int kBarOff = kCfg.bar_off;
+  static constexpr int kBytes = kCfg.smem_bytes;  // with kDecodeSmemAlign of slack for aligning the base
 };
 
 template <bool kFP16>
@@ -88,11 +99,12 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
 
 __device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
-// Where one 16-token tile of (b, kv head) lives: byte offset of its first row and the scale-row offset, or
-// page_ok = false when the block table names no valid page (the tile's tokens are then masked out).
+// Where one 16-token tile of (b, kv head) lives: the outer index (sequence or page) and the slot of its first
+// token, or page_ok = false when the block table names no valid page (outer is then -1, outside every tensor map,
+// so TMA reads zeros; the tile's tokens are masked out).
 struct TileSource {
-  int64_t data = 0;   // bytes
-  int64_t scale = 0;  // fp16 elements
+  int32_t outer = 0;
+  int32_t slot = 0;
   bool page_ok = true;
 };
 
@@ -102,25 +114,22 @@ __device__ __forceinline__ int32_t tile_page(const CacheDesc& cd, int b, int64_t
   return cd.paged ? __ldg(cd.block_table + b * cd.block_table_stride + (tok0 >> cd.log2_page_size)) : 0;
 }
 
-__device__ __forceinline__ TileSource tile_source(const CacheDesc& cd, int b, int kvh, int64_t tok0, int32_t page) {
+__device__ __forceinline__ TileSource tile_source(const CacheDesc& cd, int b, int64_t tok0, int32_t page) {
   TileSource s;
-  int64_t outer, slot;
   if (cd.paged) {
     s.page_ok = page >= 0 && page < cd.num_pages;
-    outer = s.page_ok ? page : 0;
-    slot = tok0 & (cd.page_size - 1);
+    s.outer = s.page_ok ? page : -1;
+    s.slot = static_cast<int32_t>(tok0 & (cd.page_size - 1));
   } else {
-    outer = b;
-    slot = tok0;
+    s.outer = b;
+    s.slot = static_cast<int32_t>(tok0);
   }
-  s.data = outer * cd.stride_outer + slot * cd.stride_token + kvh * cd.stride_head;
-  s.scale = outer * cd.scale_stride_outer + slot * cd.scale_stride_token + kvh * cd.scale_stride_head;
   return s;
 }
 
 template <class T, int kNT>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.ctas_per_sm)
-    decode_kernel(const DecodeArgs a) {
+    decode_kernel(const __grid_constant__ DecodeArgs a) {
   using L = DecodeLayout<T, kNT>;
   constexpr int kD = T::kD;
   constexpr int kStages = L::kStages;
@@ -128,9 +137,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   constexpr int kKSteps = kD / 16;
   constexpr int kMTiles = kD / 16;  // O^T m-tiles of 16 output columns
   constexpr int kHeads = 8 * kNT;   // query heads per CTA
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  // TMA's swizzle pattern follows the address bits: start the layout on its repeat.
+  uint8_t* smem = smem_raw + ((kDecodeSmemAlign - (ptx::smem_u32(smem_raw) & (kDecodeSmemAlign - 1))) &
+                              (kDecodeSmemAlign - 1));
   uint2* q_frag = reinterpret_cast<uint2*>(smem);
-  uint8_t* staging = smem + L::kQBytes;
+  uint8_t* staging = smem + L::kQBytes;  // the data ring; the merge area at the end overlaps it
 
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
@@ -156,64 +168,44 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       split_tiles > warp ? static_cast<int>((split_tiles - warp + kDecodeWarps - 1) / kDecodeWarps) : 0;
 
   // ---- per-warp pipeline over this warp's tiles -------------------------------------------------------------
-  uint8_t* my_staging = staging + warp * kStages * T::kStageBytes;
-  const uint8_t* kbase = cd.k;
-  const uint8_t* vbase = cd.v;
+  uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
+  uint8_t* my_pairs = smem + L::kPairRingOff + warp * kStages * T::kPairBytes;
+  uint64_t* my_bars = reinterpret_cast<uint64_t*>(smem + L::kBarOff) + warp * kStages;
+  if (lane == 0) {
+    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&my_bars[s], 1);
+    ptx::fence_mbarrier_init();
+  }
+  __syncwarp();
   auto tile_tok0 = [&](int i) -> int64_t {
     return tile_base + (first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i) * kTileTokens;
   };
   uint32_t page_ok_bits = 0;  // bit s: the tile in stage s has a valid page
 
-  // Per-lane parts of the copy addresses, fixed for the whole loop: byte offsets of this lane's first chunk in its
-  // key rows r, r + 8 and value rows 2c, 2c+1, 2c+8, 2c+9 from a tile's first row, and of its scale row.
-  // check_cache keeps 16 token strides inside int32.
-  const int stride_token = static_cast<int>(cd.stride_token);
-  int k_off[2], v_off[4];
-#pragma unroll
-  for (int n = 0; n < 2; ++n) k_off[n] = (r + 8 * n) * stride_token + c * T::kKChunk;
-#pragma unroll
-  for (int u = 0; u < 4; ++u) v_off[u] = (2 * c + (u & 1) + 8 * (u >> 1)) * stride_token + r * T::kVChunk;
+  // Scale pairs: lane l copies those of key row l (l < 16) or value row l - 16. check_cache keeps 16 token strides
+  // inside int32.
   const int s_off = (lane & 15) * static_cast<int>(cd.scale_stride_token);
 
   auto issue = [&](int i, int stage, int32_t page) {
     const int64_t tok0 = tile_tok0(i);
-    const TileSource src = tile_source(cd, b, kvh, tok0, page);
+    const TileSource src = tile_source(cd, b, tok0, page);
     page_ok_bits = (page_ok_bits & ~(1u << stage)) | (src.page_ok ? 1u << stage : 0u);
-    uint8_t* st = my_staging + stage * T::kStageBytes;
-    // Rows [row_lo, row_hi) of the tile are attended (all 16 but at the ends of the range); others read nothing.
-    const int row_hi = static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens);
-    const int row_lo = static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0);
-    auto valid = [&](int row) { return src.page_ok && row >= row_lo && row < row_hi; };
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {  // key rows r and r + 8
-      const bool ok = valid(r + 8 * n);
-      const uint8_t* g = kbase + src.data + k_off[n];
-#pragma unroll
-      for (int j = 0; j < T::kKChunks; ++j) {
-        const int slot = n * T::kKChunks + j;
-        ptx::cp_async_zfill<T::kKChunk>(
-            ptx::smem_u32(st + T::kKDataOff * 32 + slot * T::kKChunk * 32 + lane * T::kKChunk),
-            g + 4 * j * T::kKChunk, ok ? T::kKChunk : 0);
-      }
+    if (lane == 0) {  // whole 16-row blocks; rows past the tensor (capacity, invalid page) arrive as zeros
+      uint8_t* st = my_data + stage * T::kDataBytes;
+      ptx::mbarrier_arrive_expect_tx(&my_bars[stage], T::kDataBytes);
+      ptx::tma_load_5d(st, &a.k_map, &my_bars[stage], 0, 0, kvh, src.slot, src.outer);
+      ptx::tma_load_5d(st + T::kTileBytes, &a.v_map, &my_bars[stage], 0, src.slot, 0, kvh, src.outer);
     }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {  // value rows 2c, 2c+1, 2c+8, 2c+9
-      const bool ok = valid(2 * c + (u & 1) + 8 * (u >> 1));
-      const uint8_t* g = vbase + src.data + v_off[u];
-#pragma unroll
-      for (int j = 0; j < T::kVChunks; ++j) {
-        const int slot = u * T::kVChunks + j;
-        ptx::cp_async_zfill<T::kVChunk>(
-            ptx::smem_u32(st + T::kVDataOff * 32 + slot * T::kVChunk * 32 + lane * T::kVChunk),
-            g + 8 * j * T::kVChunk, ok ? T::kVChunk : 0);
-      }
-    }
-    if constexpr (T::kPairs) {  // lane l copies the pairs of key row l (l < 16) or value row l - 16
+    if constexpr (T::kPairs) {
+      // Rows [row_lo, row_hi) of the tile are attended (all 16 but at the ends of the range); others read nothing.
+      const int row_hi = static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens);
+      const int row_lo = static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0);
       const int row = lane & 15;
-      const bool ok = valid(row);
-      const uint16_t* base = lane < 16 ? cd.k_scale : cd.v_scale;
-      const uint16_t* gs = base + src.scale + s_off;
-      uint8_t* dst = st + T::kPairOff + ((lane & 16) + pair_pos(row)) * T::kPairRowBytes;
+      const bool ok = src.page_ok && row >= row_lo && row < row_hi;
+      const int64_t scale = src.page_ok ? src.outer * cd.scale_stride_outer + src.slot * cd.scale_stride_token +
+                                              kvh * cd.scale_stride_head
+                                        : 0;
+      const uint16_t* gs = (lane < 16 ? cd.k_scale : cd.v_scale) + scale + s_off;
+      uint8_t* dst = my_pairs + stage * T::kPairBytes + ((lane & 16) + pair_pos(row)) * T::kPairRowBytes;
 #pragma unroll
       for (int g = 0; g < T::kGroups; ++g)
         ptx::cp_async_zfill<4>(ptx::smem_u32(dst + 4 * g), gs + 2 * g, ok ? 4 : 0);  // 0: reads nothing
@@ -223,7 +215,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
     if (i < my_tiles) issue(i, i, tile_page(cd, b, tile_tok0(i)));
-    ptx::cp_async_commit();
+    if constexpr (T::kPairs) ptx::cp_async_commit();
   }
   int32_t next_page = kStages - 1 < my_tiles ? tile_page(cd, b, tile_tok0(kStages - 1)) : 0;
 
@@ -306,20 +298,26 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       corr[nt][h] = 0.0f;
     }
 
-  int stage = 0;  // i % kStages
+  int stage = 0;         // i % kStages
+  uint32_t parity = 0;   // (i / kStages) & 1: the phase of the stage's barrier that tile i completes
 #pragma unroll 1
-  for (int i = 0; i < my_tiles; ++i, stage = stage + 1 == kStages ? 0 : stage + 1) {
-    ptx::cp_async_wait<kStages - 2>();
-    if constexpr (T::kPairs) __syncwarp();  // the shared pairs: other lanes' copies, and the stage re-filled next
+  for (int i = 0; i < my_tiles; ++i) {
+    if constexpr (T::kPairs) ptx::cp_async_wait<kStages - 2>();
+    ptx::mbarrier_wait_parity(&my_bars[stage], parity);
+    // Every lane is past its reads of the previous stage (re-filled next), and sees the other lanes' pairs.
+    __syncwarp();
     if (i + kStages - 1 < my_tiles) {
       issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1, next_page);
       if (i + kStages < my_tiles) next_page = tile_page(cd, b, tile_tok0(i + kStages));
     }
-    ptx::cp_async_commit();
-    const uint8_t* st = my_staging + stage * T::kStageBytes;
-    const uint8_t* pairs = st + T::kPairOff;
+    if constexpr (T::kPairs) ptx::cp_async_commit();
+    const uint8_t* st = my_data + stage * T::kDataBytes;
+    const uint8_t* pairs = my_pairs + stage * T::kPairBytes;
     const bool page_ok = (page_ok_bits >> stage) & 1u;
     const int64_t tok0 = tile_tok0(i);
+    // Rows outside [lo, len) are in the blocks too (TMA copies whole tiles): their keys become -inf logits by
+    // selection below, and 16-bit / fp8 values (which may hold NaN or Inf) are zeroed in the fragments.
+    const bool partial = tok0 < lo || tok0 + kTileTokens > len;
 
     // S^T = K Q^T for key rows r, r + 8 (M) and heads (N); even and odd k-steps accumulate apart so that two
     // independent mma chains per n-tile hide each other's latency.
@@ -330,10 +328,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t w[T::kKChunk / 4];
-        lds_words<T::kKChunk>(st + T::kKDataOff * 32 + (n * T::kKChunks + j) * T::kKChunk * 32 + lane * T::kKChunk, w);
+        lds_words<T::kKChunk>(st + k_smem<T>(r + 8 * n, (T::kKChunks * c + j) * T::kKChunk), w);
         uint32_t pair = 0;
         if constexpr (T::kGrouped) {
-          const int g = (c + 4 * j) * T::kKChunkElems / kInt4GroupSize;
+          const int g = (T::kKChunks * c + j) * T::kKChunkElems / kInt4GroupSize;
           pair = *reinterpret_cast<const uint32_t*>(pairs + pair_pos(r + 8 * n) * T::kPairRowBytes + 4 * g);
         }
         decode_k<T, T::kKChunk / 4>(w, pair, kf[n]);
@@ -445,14 +443,26 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
 
     // O^T += V^T P^T. Value rows of this lane: 2c, 2c+1 (k 2c..2c+1) and 2c+8, 2c+9 (k 2c+8..2c+9).
+    // vmask[hi]: the halves of the value pairs (tokens 2c + 8 hi, 2c + 1 + 8 hi) that are attended.
+    constexpr bool kMaskValues = T::kNative || T::kFP8;  // integer codes are finite (their pairs are zero-filled)
+    uint32_t vmask[2] = {~0u, ~0u};
+    if (kMaskValues && partial) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int64_t t = tok0 + 2 * c + 8 * hi;
+        const bool ok0 = page_ok && t >= lo && t < len, ok1 = page_ok && t + 1 >= lo && t + 1 < len;
+        vmask[hi] = (ok0 ? 0x0000ffffu : 0u) | (ok1 ? 0xffff0000u : 0u);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < T::kVChunks; ++j) {
       uint32_t vlo[T::kVChunkElems], vhi[T::kVChunkElems];
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         uint32_t w0[T::kVChunk / 4], w1[T::kVChunk / 4];
-        lds_words<T::kVChunk>(st + T::kVDataOff * 32 + ((2 * hi) * T::kVChunks + j) * T::kVChunk * 32 + lane * T::kVChunk, w0);
-        lds_words<T::kVChunk>(st + T::kVDataOff * 32 + ((2 * hi + 1) * T::kVChunks + j) * T::kVChunk * 32 + lane * T::kVChunk, w1);
+        const uint8_t* vb = st + T::kTileBytes;
+        lds_words<T::kVChunk>(vb + v_smem<T>(2 * c + 8 * hi, (r + 8 * j) * T::kVChunk), w0);
+        lds_words<T::kVChunk>(vb + v_smem<T>(2 * c + 1 + 8 * hi, (r + 8 * j) * T::kVChunk), w1);
         uint32_t pair0 = 0, pair1 = 0;
         if constexpr (T::kGrouped) {
           const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;
@@ -462,6 +472,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
         }
         decode_v<T, T::kVChunk / 4>(w0, w1, pair0, pair1, hi ? vhi : vlo);
       }
+      if (kMaskValues && partial) {
+#pragma unroll
+        for (int e = 0; e < T::kVChunkElems; ++e) {
+          vlo[e] &= vmask[0];
+          vhi[e] &= vmask[1];
+        }
+      }
 #pragma unroll
       for (int i2 = 0; i2 < T::kVChunkElems / 2; ++i2) {
         const int f = j * (T::kVChunkElems / 2) + i2;
@@ -470,8 +487,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
         for (int nt = 0; nt < kNT; ++nt) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][0], pb[nt][1]);
       }
     }
+    if (++stage == kStages) {
+      stage = 0;
+      parity ^= 1u;
+    }
   }
-  ptx::cp_async_wait<0>();
+  if constexpr (T::kPairs) ptx::cp_async_wait<0>();
 
   // ---- merge the 4 warps ------------------------------------------------------------------------------------
 #pragma unroll

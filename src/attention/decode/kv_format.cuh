@@ -2,15 +2,18 @@
 // operands.
 //
 // The kernel computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16: 16 cached tokens are M of the first
-// product and K of the second, the query heads of one KV head are N (8 per n-tile). Operands come straight from
-// per-thread staging: a thread copies exactly the bytes of its own fragments (no other thread reads them), so the
-// copies need no barrier and no shared-memory transpose. That works because the order of D inside a dot product
-// is free, and the order of D along O^T's rows only decides where the output is written:
-//   S^T: lane (r, c) supplies key rows r and r+8 (the M index) and, for each k-step, 4 of the D values. It takes
-//     the 16-byte chunks c, c+4, c+8, ... of each key row, so one copy instruction of the warp reads whole 64-byte
-//     row segments; the query fragments are built from the same D positions (k_dim below).
+// product and K of the second, the query heads of one KV head are N (8 per n-tile). A tile's key and value rows
+// arrive by TMA as swizzled row blocks in shared memory (k_smem / v_smem below); each lane then reads exactly the
+// bytes of its own fragments with plain shared loads. That works because the order of D inside a dot product is
+// free, and the order of D along O^T's rows only decides where the output is written:
+//   S^T: lane (r, c) supplies key rows r and r+8 (the M index) and, for each k-step, 4 of the D values: the
+//     kKChunks consecutive chunks from chunk kKChunks * c of each key row; the query fragments are built from the
+//     same D positions (k_dim below).
 //   O^T: lane (r, c) supplies value rows 2c, 2c+1, 2c+8, 2c+9 (the K index, fixed by P^T's layout) at the D
 //     positions of M rows r and r+8: chunks r, r+8, ... of each value row (o_dim below).
+// With the swizzles below, the warp's shared loads of one chunk are free of bank conflicts for 128-byte swizzle
+// rows (16-bit rows, 8-bit rows of D >= 128, 4-bit rows of D = 256); rows of 32 or 64 bytes take two wavefronts
+// for the value loads.
 // Within a 32-bit word of int4 key codes the decoder emits elements in the order 0,4,1,5,2,6,3,7 (one shift and one
 // lop3 per pair); k_dim includes that order. Value pairs pair two tokens at one D position, in D order.
 //
@@ -69,16 +72,39 @@ struct KVTraits {
   static_assert(!kGrouped || (kKChunkElems <= kInt4GroupSize && kVChunkElems <= kInt4GroupSize),
                 "a chunk must lie inside one scale group");
 
-  // One warp's staging of one 16-token tile. Per-lane data first (slot-major, lane-minor: slot s of size z sits
-  // at off_s * 32 + lane * z, so a warp's 32 reads of one slot are contiguous), then the tile's scale pairs, shared
-  // by the warp: 16 key rows then 16 value rows of kGroups 4-byte pairs, row t at pair_pos(t).
-  static constexpr int kKDataOff = 0;
-  static constexpr int kVDataOff = kKDataOff + 2 * kKBytes;
-  static constexpr int kLaneBytes = kVDataOff + 4 * kVBytes;
+  // One warp's staging of one 16-token tile: the key block, then the value block (kTileBytes each, TMA boxes);
+  // the tile's scale pairs live in a ring of their own (kPairBytes per tile): 16 key rows then 16 value rows of
+  // kGroups 4-byte pairs, row t at pair_pos(t).
+  static constexpr int kSwizzle = kRowBytes < 128 ? kRowBytes : 128;  // TMA swizzle span = the box's inner bytes
+  static constexpr int kParts = kRowBytes / kSwizzle;                  // swizzle rows per cache row
+  static constexpr int kTileBytes = 16 * kRowBytes;
+  static constexpr int kDataBytes = 2 * kTileBytes;
   static constexpr int kPairRowBytes = 4 * kGroups;
-  static constexpr int kPairOff = 32 * kLaneBytes;
-  static constexpr int kStageBytes = kPairOff + (kPairs ? 32 * kPairRowBytes : 0);
+  static constexpr int kPairBytes = kPairs ? 32 * kPairRowBytes : 0;
+  static constexpr int kStageBytes = kDataBytes + kPairBytes;
+  static_assert(kTileBytes % (8 * kSwizzle) == 0, "each block must start on its swizzle pattern's repeat");
 };
+
+// TMA's swizzle of a byte offset inside a block that starts on the pattern's repeat (8 swizzle rows): the 16-byte
+// chunk index (bits 4..) is XORed with the swizzle row index mod kSwizzle / 16 (bits 7..).
+template <class T>
+__device__ __forceinline__ constexpr int swizzled(int lin) {
+  return lin ^ (((lin >> 7) & (T::kSwizzle / 16 - 1)) << 4);
+}
+
+// Shared-memory offset of byte `byte` of key row `row` in a key block: rows of kParts swizzle rows each
+// (the box (kSwizzle, kParts, 1, 16, 1) of the key tensor map).
+template <class T>
+__device__ __forceinline__ constexpr int k_smem(int row, int byte) {
+  return swizzled<T>(row * T::kRowBytes + byte);
+}
+
+// The same for a value block, stored part-major: 16 rows of part 0, then of part 1, ... (the box (kSwizzle, 16,
+// kParts, 1, 1) of the value tensor map), so that the value rows 2c of one load fall on distinct swizzle phases.
+template <class T>
+__device__ __forceinline__ constexpr int v_smem(int row, int byte) {
+  return swizzled<T>((byte / T::kSwizzle) * 16 * T::kSwizzle + row * T::kSwizzle + byte % T::kSwizzle);
+}
 
 // Row order of the shared scale pairs: rows t and t+8 side by side, so that the lane holding tokens r and r+8 of
 // S^T reads both with one 8-byte load.
@@ -91,11 +117,11 @@ __device__ __forceinline__ constexpr int k_emit_order(int i) {
   return i;
 }
 
-// D index of the e-th key value lane column c holds (e in [0, D/4)).
+// D index of the e-th key value lane column c holds (e in [0, D/4)): chunk kKChunks * c + j of the row.
 template <class T>
 __device__ __forceinline__ int k_dim(int c, int e) {
   const int j = e / T::kKChunkElems, w = e % T::kKChunkElems;
-  return (c + 4 * j) * T::kKChunkElems + k_emit_order<T>(w);
+  return (T::kKChunks * c + j) * T::kKChunkElems + k_emit_order<T>(w);
 }
 
 // D index of element w of value chunk j of lane row r; O^T m-tile F = j * (kVChunkElems / 2) + i holds elements

@@ -6,6 +6,7 @@
 #include "attention/decode/kernel.cuh"
 #include "attention/decode/problem.h"
 #include "common/check.h"
+#include "common/tensor_map.h"
 #include "ptx/math.cuh"
 
 namespace tessera::attention::detail {
@@ -76,10 +77,28 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
   }
 }
 
+// The key and value tensor maps (see DecodeArgs): 16-row boxes of whole rows, swizzled by min(rowB, 128).
+void make_cache_maps(const CacheDesc& cd, int64_t batch, DecodeArgs& a) {
+  if (cd.capacity == 0) return;  // nothing can be attended: the kernel issues no copy
+  const int64_t w = cd.row_bytes < 128 ? cd.row_bytes : 128, parts = cd.row_bytes / w;
+  const int64_t tokens = cd.paged ? cd.page_size : cd.capacity;  // of a sequence (contiguous) or a page
+  const int64_t outer = cd.paged ? cd.num_pages : batch;
+  const int64_t k_dims[5] = {w, parts, cd.num_kv_heads, tokens, outer};
+  const int64_t k_strides[4] = {w, cd.stride_head, cd.stride_token, cd.stride_outer};
+  const int k_box[5] = {static_cast<int>(w), static_cast<int>(parts), 1, kDecodeTileTokens, 1};
+  const int64_t v_dims[5] = {w, tokens, parts, cd.num_kv_heads, outer};
+  const int64_t v_strides[4] = {cd.stride_token, w, cd.stride_head, cd.stride_outer};
+  const int v_box[5] = {static_cast<int>(w), kDecodeTileTokens, static_cast<int>(parts), 1, 1};
+  using ::tessera::detail::make_tensor_map_u8;
+  a.k_map = make_tensor_map_u8(cd.k, 5, k_dims, k_strides, k_box, static_cast<int>(w));
+  a.v_map = make_tensor_map_u8(cd.v, 5, v_dims, v_strides, v_box, static_cast<int>(w));
+}
+
 }  // namespace
 
 void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   DecodeArgs a;
+  make_cache_maps(pb.cache, pb.batch, a);
   a.cache = pb.cache;
   a.q = pb.q;
   a.q_stride_b = pb.q_stride_b;
