@@ -179,6 +179,11 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   auto tile_tok0 = [&](int i) -> int64_t {
     return tile_base + (first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i) * kTileTokens;
   };
+  // Rows [lo, hi) of the tile at tok0 are attended (all 16 but at the ends of the range).
+  auto tile_rows = [&](int64_t tok0) -> int2 {
+    return make_int2(static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0),
+                     static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens));
+  };
   uint32_t page_ok_bits = 0;  // bit s: the tile in stage s has a valid page
 
   // Scale pairs: lane l copies those of key row l (l < 16) or value row l - 16. check_cache keeps 16 token strides
@@ -195,12 +200,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       ptx::tma_load_5d(st, &a.k_map, &my_bars[stage], 0, 0, kvh, src.slot, src.outer);
       ptx::tma_load_5d(st + T::kTileBytes, &a.v_map, &my_bars[stage], 0, src.slot, 0, kvh, src.outer);
     }
-    if constexpr (T::kPairs) {
-      // Rows [row_lo, row_hi) of the tile are attended (all 16 but at the ends of the range); others read nothing.
-      const int row_hi = static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens);
-      const int row_lo = static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0);
+    if constexpr (T::kPairs) {  // pairs of rows outside the attended ones read nothing (zeros)
+      const int2 rows = tile_rows(tok0);
       const int row = lane & 15;
-      const bool ok = src.page_ok && row >= row_lo && row < row_hi;
+      const bool ok = src.page_ok && row >= rows.x && row < rows.y;
       const int64_t scale = src.page_ok ? src.outer * cd.scale_stride_outer + src.slot * cd.scale_stride_token +
                                               kvh * cd.scale_stride_head
                                         : 0;
@@ -298,6 +301,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       corr[nt][h] = 0.0f;
     }
 
+  // This lane's fragment bytes in a stage's blocks (kv_format.cuh): key row r from chunk kKChunks * c (row + 8:
+  // + 8 rows of bytes; chunk + j: XOR 16 j), value rows 2c and 2c + 1 at chunk r (row + 8: + 8 swizzle rows;
+  // chunk + 8 j: + 16 j swizzle rows, the next part). The same offsets as k_smem / v_smem, kept in registers.
+  const int k_lane = k_smem<T>(r, T::kKChunks * c * T::kKChunk);
+  const int v_lane[2] = {T::kTileBytes + v_smem<T>(2 * c, r * T::kVChunk),
+                         T::kTileBytes + v_smem<T>(2 * c + 1, r * T::kVChunk)};
+
   int stage = 0;         // i % kStages
   uint32_t parity = 0;   // (i / kStages) & 1: the phase of the stage's barrier that tile i completes
 #pragma unroll 1
@@ -314,10 +324,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const uint8_t* st = my_data + stage * T::kDataBytes;
     const uint8_t* pairs = my_pairs + stage * T::kPairBytes;
     const bool page_ok = (page_ok_bits >> stage) & 1u;
-    const int64_t tok0 = tile_tok0(i);
-    // Rows outside [lo, len) are in the blocks too (TMA copies whole tiles): their keys become -inf logits by
-    // selection below, and 16-bit / fp8 values (which may hold NaN or Inf) are zeroed in the fragments.
-    const bool partial = tok0 < lo || tok0 + kTileTokens > len;
+    // Rows outside the attended ones are in the blocks too (TMA copies whole tiles): their keys become -inf logits
+    // by selection below, and 16-bit / fp8 values (which may hold NaN or Inf) are zeroed in the fragments.
+    const int2 rows = tile_rows(tile_tok0(i));
+    const bool partial = rows.x > 0 || rows.y < kTileTokens;
 
     // S^T = K Q^T for key rows r, r + 8 (M) and heads (N); even and odd k-steps accumulate apart so that two
     // independent mma chains per n-tile hide each other's latency.
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
         uint32_t w[T::kKChunk / 4];
-        lds_words<T::kKChunk>(st + k_smem<T>(r + 8 * n, (T::kKChunks * c + j) * T::kKChunk), w);
+        lds_words<T::kKChunk>(st + ((k_lane + n * 8 * T::kRowBytes) ^ (j * T::kKChunk)), w);
         uint32_t pair = 0;
         if constexpr (T::kGrouped) {
           const int g = (T::kKChunks * c + j) * T::kKChunkElems / kInt4GroupSize;
@@ -363,10 +373,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
     bool tok_ok[2];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const int64_t t = tok0 + r + 8 * n;
-      tok_ok[n] = page_ok && t >= lo && t < len;
-    }
+    for (int n = 0; n < 2; ++n) tok_ok[n] = page_ok && r + 8 * n >= rows.x && r + 8 * n < rows.y;
     float x[kNT][4], lmax[kNT][2];
     bool grow = false;
 #pragma unroll
@@ -449,8 +456,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     if (kMaskValues && partial) {
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        const int64_t t = tok0 + 2 * c + 8 * hi;
-        const bool ok0 = page_ok && t >= lo && t < len, ok1 = page_ok && t + 1 >= lo && t + 1 < len;
+        const int t = 2 * c + 8 * hi;
+        const bool ok0 = page_ok && t >= rows.x && t < rows.y, ok1 = page_ok && t + 1 >= rows.x && t + 1 < rows.y;
         vmask[hi] = (ok0 ? 0x0000ffffu : 0u) | (ok1 ? 0xffff0000u : 0u);
       }
     }
@@ -460,9 +467,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         uint32_t w0[T::kVChunk / 4], w1[T::kVChunk / 4];
-        const uint8_t* vb = st + T::kTileBytes;
-        lds_words<T::kVChunk>(vb + v_smem<T>(2 * c + 8 * hi, (r + 8 * j) * T::kVChunk), w0);
-        lds_words<T::kVChunk>(vb + v_smem<T>(2 * c + 1 + 8 * hi, (r + 8 * j) * T::kVChunk), w1);
+        const int step = (8 * hi + 16 * j) * T::kSwizzle;
+        lds_words<T::kVChunk>(st + v_lane[0] + step, w0);
+        lds_words<T::kVChunk>(st + v_lane[1] + step, w1);
         uint32_t pair0 = 0, pair1 = 0;
         if constexpr (T::kGrouped) {
           const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;

@@ -134,14 +134,21 @@ __device__ __forceinline__ int o_dim(int r, int j, int w) {
 __device__ __forceinline__ uint32_t fp16_bits2(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 as_half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 
+// (x & kMask) | bits as one lop3: with both constants as immediates the compiler emits two (a LOP3 takes one).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t bits) {
+  uint32_t out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(out) : "r"(x), "n"(kMask), "r"(bits));
+  return out;
+}
+
 // int4 pair p of a word (bits 4p..4p+3 of each 16-bit half) as fp16 bit patterns 1024 + u_p * code, where
 // u_p = 1 for the low nibble of a byte (p even) and 16 for the high one: one lop3 per pair, one shift per two
 // pairs (x8 = x >> 8 serves p = 2, 3). Exact in fp16; the kernel divides u out of the dot products (the query's
 // odd D positions are pre-scaled by 1/16, O^T's odd rows are scaled back at the end).
 template <int p>
 __device__ __forceinline__ uint32_t int4_pattern(uint32_t x, uint32_t x8) {
-  const uint32_t src = p < 2 ? x : x8;
-  return (src & ((p & 1) ? 0x00f000f0u : 0x000f000fu)) | 0x64006400u;
+  return and_or<(p & 1) ? 0x00f000f0u : 0x000f000fu>(p < 2 ? x : x8, 0x64006400u);
 }
 inline constexpr float kInt4OddUnit = 16.0f;
 
@@ -214,7 +221,7 @@ __device__ __forceinline__ void decode_v(const uint32_t (&w0)[kWords], const uin
     } else if constexpr (!T::kInt4) {  // int8 (folded): 1024 + code
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const uint32_t x = (__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11) & 0x00ff00ffu) | 0x64006400u;
+        const uint32_t x = and_or<0x00ff00ffu>(__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11), 0x64006400u);
         out[4 * i + b] = fp16_bits2(__hsub2(as_half2(x), __half2half2(__ushort_as_half(0x6480))));  // - 1152
       }
     } else {
