@@ -144,6 +144,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   uint2* q_frag = reinterpret_cast<uint2*>(smem);
   uint8_t* staging = smem + L::kQBytes;  // the data ring; the merge area at the end overlaps it
 
+  // The merge kernel (a programmatic dependent launch) may be scheduled once every CTA of this grid has started;
+  // it waits for this grid's completion before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   int idx = blockIdx.x;

@@ -23,7 +23,10 @@ constexpr int kMergeThreads = 256;
 // The split weights go through shared memory once; the threads then cover (column, split-slice) pairs so that
 // each thread has only num_splits / slices loads in flight (a serial chain over all splits costs an L2 round trip
 // per split).
+// Launched as a programmatic dependent of the decode kernel: its CTAs may start while the decode grid's last CTAs
+// run, and wait here until that grid has completed and its writes are visible.
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const DecodeArgs a, int head_dim) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   __shared__ float weight[kDecodeMaxSplits];
   __shared__ float partial[kMergeThreads];
   __shared__ float stats[2];  // max, total
@@ -134,8 +137,16 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
     case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
   }
   if (pb.num_splits > 1) {
-    decode_merge_kernel<<<pb.batch * pb.num_q_heads, kMergeThreads, 0, stream>>>(a, pb.cache.head_dim);
-    TESSERA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(pb.batch * pb.num_q_heads));
+    cfg.blockDim = dim3(kMergeThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel, a, pb.cache.head_dim));
   }
 }
 
