@@ -220,6 +220,13 @@ const std::vector<DecodeCase>& decode_cases() {
        {"dim 1", "multiple of 16 bytes"}},
       {"k huge token stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[1] = (int64_t{1} << 26) / elem(a.cache); },
        "cache.k", {"token stride", "2^26 bytes"}},
+      {"k outer stride 2^40 bytes", kAll,  // v moved far away, so that the overlap rules pass
+       [](DecodeArgs& a) {
+         const int64_t stride = (int64_t{1} << 40) / elem(a.cache);
+         both(a.cache, [stride](TensorView& t) { t.strides[0] = stride; });
+         a.cache.v.data = shift(a.cache.k.data, int64_t{1} << 44);
+       },
+       "cache.k", {"strides below 2^40 bytes", "dim 0"}},
       {"k head stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[2] += 8 / elem(a.cache); }, "cache.k",
        {"dim 2", "multiple of 16 bytes"}},
       {"k outer stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[0] += 8 / elem(a.cache); }, "cache.k",
@@ -242,6 +249,12 @@ const std::vector<DecodeCase>& decode_cases() {
        "cache.k", {"[16, 256]"}},
       {"page size 512", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = 512; }); },
        "cache.k", {"[16, 256]"}},
+      {"2^31 pages", kAll | kPaged,
+       [](DecodeArgs& a) {
+         both(a.cache, [](TensorView& t) { t.shape[0] = int64_t{1} << 31; });
+         a.cache.v.data = shift(a.cache.k.data, int64_t{1} << 50);
+       },
+       "cache.k", {"at most 2147483647 pages"}},
       {"no pages", kAll | kPaged, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[0] = 0; }); },
        "cache.k", {"at least one page"}},
       {"block table int64", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->dtype = DType::kInt64; },
