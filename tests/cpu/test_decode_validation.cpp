@@ -218,8 +218,6 @@ const std::vector<DecodeCase>& decode_cases() {
        {"16-byte aligned"}},
       {"k token stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[1] += 8 / elem(a.cache); }, "cache.k",
        {"dim 1", "multiple of 16 bytes"}},
-      {"k huge token stride", kAll, [](DecodeArgs& a) { a.cache.k.strides[1] = (int64_t{1} << 26) / elem(a.cache); },
-       "cache.k", {"token stride", "2^26 bytes"}},
       {"k outer stride 2^40 bytes", kAll,  // v moved far away, so that the overlap rules pass
        [](DecodeArgs& a) {
          const int64_t stride = (int64_t{1} << 40) / elem(a.cache);
