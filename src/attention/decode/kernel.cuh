@@ -83,6 +83,18 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// Writes o[b, h, d] in q's dtype and, from the d = 0 thread, lse[b, h] (natural log; lse2 is in the log2 domain,
+// -inf when nothing was attended). Shared by the single-split epilogue and the merge kernel.
+__device__ __forceinline__ void store_output(const DecodeArgs& a, int b, int h, int d, float out, float lse2,
+                                             bool any) {
+  const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
+  if (a.q_fp16)
+    static_cast<__half*>(a.o)[at] = __float2half_rn(out);
+  else
+    static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
+  if (a.lse != nullptr && d == 0) a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
+}
+
 template <int kBytes>
 __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes / 4]) {
   if constexpr (kBytes == 16) {
@@ -569,13 +581,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const float lse2 = any ? m_all + __log2f(l_all) : -INFINITY;  // log2 domain
     const int h = kvh * a.group + j;
     if (final_out) {
-      const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
-      if (a.q_fp16)
-        static_cast<__half*>(a.o)[at] = __float2half_rn(out);
-      else
-        static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
-      if (a.lse != nullptr && d == 0)
-        a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
+      store_output(a, b, h, d, out, lse2, any);
     } else {
       const int64_t row_idx = (static_cast<int64_t>(b) * a.num_q_heads + h) * a.num_splits + split;
       a.ws_o[row_idx * kD + d] = out;

@@ -68,15 +68,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
   __syncthreads();
   if (slice == 0) {
     for (int k = 1; k < slices; ++k) acc += partial[k * head_dim + d];
-    const float out = any ? acc / total : 0.0f;
-    const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
-    if (a.q_fp16)
-      static_cast<__half*>(a.o)[at] = __float2half_rn(out);
-    else
-      static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
-    if (a.lse != nullptr && d == 0)
-      a.lse[b * a.lse_stride_b + h * a.lse_stride_h] =
-          any ? (stats[0] + __log2f(total)) * kLn2 : -INFINITY;
+    store_output(a, b, h, d, any ? acc / total : 0.0f, any ? stats[0] + __log2f(total) : -INFINITY, any);
   }
 }
 
