@@ -21,9 +21,10 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   const int ctas_per_sm = decode_config(format, static_cast<int>(head_dim), decode_n_tiles(group)).ctas_per_sm;
   const int64_t base = std::max<int64_t>(1, batch * num_kv_heads * head_tiles);
   const int64_t slots = std::max<int64_t>(1, int64_t{ctas_per_sm} * std::max(num_sms, 1));
-  // Each split keeps at least 4 tiles (one per warp) of capacity.
-  const int64_t max_splits =
-      std::max<int64_t>(1, std::min<int64_t>(kDecodeMaxSplits, (std::max<int64_t>(capacity, 1) + 63) / 64));
+  // Each split keeps at least one stage per warp of capacity.
+  const int64_t split_tokens = int64_t{kDecodeWarps} * decode_stage_rows(format, static_cast<int>(head_dim));
+  const int64_t max_splits = std::max<int64_t>(
+      1, std::min<int64_t>(kDecodeMaxSplits, (std::max<int64_t>(capacity, 1) + split_tokens - 1) / split_tokens));
   int best = 1;
   double best_cost = 0;
   for (int64_t s = 1; s <= max_splits; ++s) {

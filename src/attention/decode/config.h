@@ -8,7 +8,16 @@ namespace tessera::attention::detail {
 
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
-inline constexpr int kDecodeTileTokens = 16;  // tokens one warp takes per step (the mma M of S^T = K Q^T)
+inline constexpr int kDecodeMmaTokens = 16;  // tokens of one mma tile (the M of S^T = K Q^T)
+
+// Tokens one warp takes per pipeline step (one TMA box of key rows and one of value rows, one barrier wait, one
+// softmax update): 32 where a row is at most 128 bytes (8-bit rows of D <= 128, every 4-bit row, 16-bit rows of
+// D = 64), so that the per-step work (copy issue, waits, max reduction) is spread over two mma tiles; 16 for wider
+// rows, whose 32-row stages would not leave two stages per warp in shared memory.
+constexpr int decode_stage_rows(KVFormat format, int head_dim) {
+  const int bits = format == KVFormat::kNative ? 16 : (format == KVFormat::kFP8 || format == KVFormat::kInt8 ? 8 : 4);
+  return head_dim * bits / 8 <= 128 ? 32 : 16;
+}
 
 // Query heads of one KV head go to the tensor cores' N: n-tiles of 8 heads, one or two per CTA.
 constexpr int decode_n_tiles(int group) { return group > 8 ? 2 : 1; }
@@ -17,7 +26,8 @@ constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(
 inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes
 
 struct DecodeConfig {
-  int stage_bytes;   // one warp's staging for one 16-token tile: key and value rows, and the tile's scale pairs
+  int stage_rows;    // tokens per warp stage (decode_stage_rows)
+  int stage_bytes;   // one warp's staging for one stage: key and value rows, and the stage's scale pairs
   int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
   int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
   int stages;        // tiles in flight per warp (ring depth)
@@ -31,8 +41,9 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   const bool pairs = format == KVFormat::kInt8 || int4;
   const int groups = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
   DecodeConfig c{};
-  // Per warp and tile: 16 key rows and 16 value rows of head_dim * bits / 8 bytes, plus 32 rows of scale pairs.
-  c.stage_bytes = 32 * (head_dim * bits / 8) + (pairs ? 32 * 4 * groups : 0);
+  // Per warp and stage: key rows and value rows of head_dim * bits / 8 bytes, and their scale pairs.
+  c.stage_rows = decode_stage_rows(format, head_dim);
+  c.stage_bytes = 2 * c.stage_rows * (head_dim * bits / 8) + (pairs ? 2 * c.stage_rows * 4 * groups : 0);
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
   // Besides the ring: the alignment slack of the dynamic base and the mbarriers (8 stages at most).

@@ -1,14 +1,15 @@
 // Decode kernel (split-K flash-decoding over a low-precision KV cache), sm_80+ mma.sync path.
 //
 // One CTA = (sequence b, KV head, split of the sequence, tile of 8 or 16 query heads of that KV head). Its 4 warps
-// take the split's 16-token tiles round-robin; each warp keeps its own online-softmax state over its tiles:
+// take the split's stages of 16 or 32 tokens (kv_format.cuh: kRows) round-robin; each warp keeps its own
+// online-softmax state over its stages, per 16-token mma tile:
 //   S^T (16 tokens × 8 heads per n-tile) = K · Q^T on tensor cores, P = exp2(S - m), O^T += V^T · P^T,
 // with P^T moved from S^T's accumulator layout to a B operand by movmatrix. Tokens are the mma's M, so a group of
 // 8 query heads fills N without padding.
-// Keys and values travel by TMA: lane 0 of each warp loads a tile's key block and value block (one 5-D box each,
-// swizzled; see kv_format.cuh) into a ring of kStages tiles per warp that completes on an mbarrier per stage; each
-// lane then reads the bytes of its own fragments. The tile's scale pairs go by cp.async to a warp-shared row block
-// (one 4-byte copy per lane and group). No CTA barrier in the main loop.
+// Keys and values travel by TMA: lane 0 of each warp loads a stage's key block and value block (one 5-D box each,
+// or one per page for 16-token pages; swizzled, see kv_format.cuh) into a ring of kStages stages per warp that
+// completes on an mbarrier per stage; each lane then reads the bytes of its own fragments. The stage's scale pairs
+// go by cp.async to a warp-shared row block (4-byte copies). No CTA barrier in the main loop.
 // At the end the 4 warps merge through shared memory; with one split the CTA writes o (and lse), otherwise a
 // normalized partial O and its log2-sum-exp go to the workspace for the merge kernel.
 #pragma once
@@ -31,7 +32,6 @@
 
 namespace tessera::attention::detail {
 
-inline constexpr int kTileTokens = kDecodeTileTokens;
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.69314718055994531f;
 
@@ -145,6 +145,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   using L = DecodeLayout<T, kNT>;
   constexpr int kD = T::kD;
   constexpr int kStages = L::kStages;
+  constexpr int kRows = T::kRows;      // tokens per stage
+  constexpr int kHalves = T::kHalves;  // 16-token mma tiles per stage
   constexpr bool kF16 = T::kMmaFP16;
   constexpr int kKSteps = kD / 16;
   constexpr int kMTiles = kD / 16;  // O^T m-tiles of 16 output columns
@@ -169,20 +171,20 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   const int kvh = idx % cd.num_kv_heads;
   const int b = idx / cd.num_kv_heads;
 
-  // Keys [lo, len) of this sequence, in 16-aligned tiles counted from tile_base; this split owns a contiguous run.
-  int64_t len = a.seqlens[b];
-  len = len < 0 ? 0 : (len > cd.capacity ? cd.capacity : len);
-  const int64_t lo = (a.window > 0 && len > a.window) ? len - a.window : 0;
-  const int64_t tile_base = lo & ~int64_t{kTileTokens - 1};
-  const int64_t num_tiles = len > lo ? (len - tile_base + kTileTokens - 1) / kTileTokens : 0;
-  const int64_t per_split = (num_tiles + a.num_splits - 1) / a.num_splits;
-  const int64_t first_tile = split * per_split;
-  int64_t split_tiles = num_tiles - first_tile;
+  // Keys [lo, len) of this sequence, in stages of kRows tokens counted from tile_base (kRows-aligned); this split
+  // owns a contiguous run of stages. Positions are int32: check_cache keeps the capacity below 2^31.
+  int len = a.seqlens[b];
+  len = len < 0 ? 0 : (len > cd.capacity ? static_cast<int>(cd.capacity) : len);
+  const int lo = (a.window > 0 && len > a.window) ? len - a.window : 0;
+  const int tile_base = lo & ~(kRows - 1);
+  const int num_tiles = len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
+  const int per_split = (num_tiles + a.num_splits - 1) / a.num_splits;
+  const int first_tile = split * per_split;
+  int split_tiles = num_tiles - first_tile;
   split_tiles = split_tiles < 0 ? 0 : (split_tiles > per_split ? per_split : split_tiles);
-  const int my_tiles =
-      split_tiles > warp ? static_cast<int>((split_tiles - warp + kDecodeWarps - 1) / kDecodeWarps) : 0;
+  const int my_tiles = split_tiles > warp ? (split_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
-  // ---- per-warp pipeline over this warp's tiles -------------------------------------------------------------
+  // ---- per-warp pipeline over this warp's stages -------------------------------------------------------------
   uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
   uint8_t* my_pairs = smem + L::kPairRingOff + warp * kStages * T::kPairBytes;
   uint64_t* my_bars = reinterpret_cast<uint64_t*>(smem + L::kBarOff) + warp * kStages;
@@ -191,51 +193,91 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     ptx::fence_mbarrier_init();
   }
   __syncwarp();
-  auto tile_tok0 = [&](int i) -> int64_t {
-    return tile_base + (first_tile + warp + static_cast<int64_t>(kDecodeWarps) * i) * kTileTokens;
-  };
-  // Rows [lo, hi) of the tile at tok0 are attended (all 16 but at the ends of the range).
-  auto tile_rows = [&](int64_t tok0) -> int2 {
-    return make_int2(static_cast<int>(lo - tok0 > 0 ? lo - tok0 : 0),
-                     static_cast<int>(len - tok0 < kTileTokens ? len - tok0 : kTileTokens));
-  };
-  uint32_t page_ok_bits = 0;  // bit s: the tile in stage s has a valid page
+  // First token of this warp's stage i (only taken for stages that start below len, so it fits int32).
+  auto tile_tok0 = [&](int i) { return tile_base + (first_tile + warp + kDecodeWarps * i) * kRows; };
 
-  // Scale pairs: lane l copies those of key row l (l < 16) or value row l - 16. check_cache keeps 16 token strides
-  // inside int32.
-  const int s_off = (lane & 15) * static_cast<int>(cd.scale_stride_token);
+  // Block-table entries of a stage, fetched a stage ahead of its copy: one per 16 tokens where pages are shorter
+  // than a stage (16-token pages under 32-row stages), else one. Entries of tokens at or past len are not read.
+  const bool split_pages = kHalves > 1 && cd.paged && cd.page_size < kRows;
+  const int32_t* bt_row = cd.paged ? cd.block_table + b * cd.block_table_stride : nullptr;
+  auto stage_pages = [&](int i, int32_t (&pg)[kHalves]) {
+    const int tok0 = tile_tok0(i);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      const int tok = tok0 + 16 * h;
+      pg[h] = cd.paged && (h == 0 || (split_pages && tok < len)) ? __ldg(bt_row + (tok >> cd.log2_page_size)) : -1;
+    }
+  };
+  constexpr uint32_t kHalfMask = (1u << kHalves) - 1;
+  uint32_t page_ok_bits = 0;  // bit kHalves * s + h: half h of the stage in ring slot s lies on a valid page
 
-  auto issue = [&](int i, int stage, int32_t page) {
-    const int64_t tok0 = tile_tok0(i);
-    const TileSource src = tile_source(cd, b, tok0, page);
-    page_ok_bits = (page_ok_bits & ~(1u << stage)) | (src.page_ok ? 1u << stage : 0u);
-    if (lane == 0) {  // whole 16-row blocks; rows past the tensor (capacity, invalid page) arrive as zeros
+  // Scale pairs: lane l copies those of key row l and value row l (32-row stages), or of key row l (l < 16) or
+  // value row l - 16 (16-row stages), kGroups 4-byte words each.
+  const int64_t scale_base = kvh * cd.scale_stride_head + (cd.paged ? 0 : b * cd.scale_stride_outer);
+
+  auto issue = [&](int i, int stage, const int32_t (&pg)[kHalves]) {
+    const int tok0 = tile_tok0(i);
+    int32_t outer[kHalves];
+    uint32_t ok = 0;
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      const int32_t page = split_pages ? pg[h] : pg[0];
+      const bool valid = !cd.paged || (page >= 0 && page < cd.num_pages);
+      outer[h] = cd.paged ? (valid ? page : -1) : b;  // -1: outside the maps, TMA reads zeros
+      ok |= valid ? 1u << h : 0u;
+    }
+    page_ok_bits = (page_ok_bits & ~(kHalfMask << (kHalves * stage))) | (ok << (kHalves * stage));
+    const int slot = cd.paged ? tok0 & (cd.page_size - 1) : tok0;
+    if (lane == 0) {  // whole blocks; rows past the tensor (capacity, invalid page) arrive as zeros
       uint8_t* st = my_data + stage * T::kDataBytes;
       ptx::mbarrier_arrive_expect_tx(&my_bars[stage], T::kDataBytes);
-      ptx::tma_load_5d(st, &a.k_map, &my_bars[stage], 0, 0, kvh, src.slot, src.outer);
-      ptx::tma_load_5d(st + T::kTileBytes, &a.v_map, &my_bars[stage], 0, src.slot, 0, kvh, src.outer);
+      if (split_pages) {  // a 16-row box per page (slot 0: stages are 32-aligned)
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          ptx::tma_load_5d(st + 16 * h * T::kRowBytes, &a.k_map, &my_bars[stage], 0, 0, kvh, 0, outer[h]);
+          ptx::tma_load_5d(st + T::kTileBytes + 16 * h * T::kRowBytes, &a.v_map, &my_bars[stage], 0, 0, 0, kvh,
+                           outer[h]);
+        }
+      } else {
+        ptx::tma_load_5d(st, &a.k_map, &my_bars[stage], 0, 0, kvh, slot, outer[0]);
+        ptx::tma_load_5d(st + T::kTileBytes, &a.v_map, &my_bars[stage], 0, slot, 0, kvh, outer[0]);
+      }
     }
     if constexpr (T::kPairs) {  // pairs of rows outside the attended ones read nothing (zeros)
-      const int2 rows = tile_rows(tok0);
-      const int row = lane & 15;
-      const bool ok = src.page_ok && row >= rows.x && row < rows.y;
-      const int64_t scale = src.page_ok ? src.outer * cd.scale_stride_outer + src.slot * cd.scale_stride_token +
-                                              kvh * cd.scale_stride_head
-                                        : 0;
-      const uint16_t* gs = (lane < 16 ? cd.k_scale : cd.v_scale) + scale + s_off;
-      uint8_t* dst = my_pairs + stage * T::kPairBytes + ((lane & 16) + pair_pos(row)) * T::kPairRowBytes;
+      const int row = lane % kRows;
+      const bool copy = ((ok >> (row >> 4)) & 1u) && row >= lo - tok0 && row < len - tok0;
+      const int tok = tok0 + row;
+      const int32_t row_outer = kHalves > 1 && row >= 16 ? outer[kHalves - 1] : outer[0];
+      const int64_t at = !copy ? 0
+                         : cd.paged ? scale_base + row_outer * cd.scale_stride_outer +
+                                          (tok & (cd.page_size - 1)) * cd.scale_stride_token
+                                    : scale_base + tok * cd.scale_stride_token;
+      uint8_t* dst = my_pairs + stage * T::kPairBytes + pair_pos(row) * T::kPairRowBytes;
 #pragma unroll
-      for (int g = 0; g < T::kGroups; ++g)
-        ptx::cp_async_zfill<4>(ptx::smem_u32(dst + 4 * g), gs + 2 * g, ok ? 4 : 0);  // 0: reads nothing
+      for (int kv = 0; kv < 2 * kRows / 32; ++kv) {  // 0: keys, 1: values (32-row stages)
+        const bool values = kRows == 32 ? kv == 1 : lane >= 16;
+        const uint16_t* gs = (values ? cd.v_scale : cd.k_scale) + at;
+        uint8_t* d = dst + (values ? kRows * T::kPairRowBytes : 0);
+#pragma unroll
+        for (int g = 0; g < T::kGroups; ++g)
+          ptx::cp_async_zfill<4>(ptx::smem_u32(d + 4 * g), gs + 2 * g, copy ? 4 : 0);  // 0: reads nothing
+      }
     }
   };
 
 #pragma unroll 1
   for (int i = 0; i < kStages - 1; ++i) {
-    if (i < my_tiles) issue(i, i, tile_page(cd, b, tile_tok0(i)));
+    if (i < my_tiles) {
+      int32_t pg[kHalves];
+      stage_pages(i, pg);
+      issue(i, i, pg);
+    }
     if constexpr (T::kPairs) ptx::cp_async_commit();
   }
-  int32_t next_page = kStages - 1 < my_tiles ? tile_page(cd, b, tile_tok0(kStages - 1)) : 0;
+  int32_t next_pages[kHalves];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) next_pages[h] = -1;
+  if (kStages - 1 < my_tiles) stage_pages(kStages - 1, next_pages);
 
   float k_scale = 1.0f, v_scale = 1.0f;
   if constexpr (T::kFP8) {
@@ -324,7 +366,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
                          T::kTileBytes + v_smem<T>(2 * c + 1, r * T::kVChunk)};
 
   int stage = 0;         // i % kStages
-  uint32_t parity = 0;   // (i / kStages) & 1: the phase of the stage's barrier that tile i completes
+  uint32_t parity = 0;   // (i / kStages) & 1: the phase of the stage's barrier that stage i completes
 #pragma unroll 1
   for (int i = 0; i < my_tiles; ++i) {
     if constexpr (T::kPairs) ptx::cp_async_wait<kStages - 2>();
@@ -332,94 +374,117 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     // Every lane is past its reads of the previous stage (re-filled next), and sees the other lanes' pairs.
     __syncwarp();
     if (i + kStages - 1 < my_tiles) {
-      issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1, next_page);
-      if (i + kStages < my_tiles) next_page = tile_page(cd, b, tile_tok0(i + kStages));
+      issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1, next_pages);
+      if (i + kStages < my_tiles) stage_pages(i + kStages, next_pages);
     }
     if constexpr (T::kPairs) ptx::cp_async_commit();
     const uint8_t* st = my_data + stage * T::kDataBytes;
     const uint8_t* pairs = my_pairs + stage * T::kPairBytes;
-    const bool page_ok = (page_ok_bits >> stage) & 1u;
-    // Rows outside the attended ones are in the blocks too (TMA copies whole tiles): their keys become -inf logits
-    // by selection below, and 16-bit / fp8 values (which may hold NaN or Inf) are zeroed in the fragments.
-    const int2 rows = tile_rows(tile_tok0(i));
-    const bool partial = rows.x > 0 || rows.y < kTileTokens;
+    // Rows [rel_lo, rel_hi) of the stage are attended, on the halves whose page is valid. Rows outside them are in
+    // the blocks too (TMA copies whole boxes): their keys become -inf logits by selection below, and 16-bit / fp8
+    // values (which may hold NaN or Inf) are zeroed in the fragments.
+    const int tok0 = tile_tok0(i);
+    const int rel_lo = lo - tok0, rel_hi = len - tok0;
+    const uint32_t halves_ok = (page_ok_bits >> (kHalves * stage)) & kHalfMask;
+    const bool partial = rel_lo > 0 || rel_hi < kRows || halves_ok != kHalfMask;
+    auto row_ok = [&](int row) { return row >= rel_lo && row < rel_hi && ((halves_ok >> (row >> 4)) & 1u); };
 
-    // S^T = K Q^T for key rows r, r + 8 (M) and heads (N); even and odd k-steps accumulate apart so that two
-    // independent mma chains per n-tile hide each other's latency.
+    // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). Two independent mma chains per
+    // n-tile hide each other's latency: the two halves, or (16-row stages) the even and odd k-steps.
     float sacc[kNT][2][4] = {};
 #pragma unroll
     for (int j = 0; j < T::kKChunks; ++j) {
-      uint32_t kf[2][T::kKChunkElems / 2];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t w[T::kKChunk / 4];
-        lds_words<T::kKChunk>(st + ((k_lane + n * 8 * T::kRowBytes) ^ (j * T::kKChunk)), w);
-        uint32_t pair = 0;
-        if constexpr (T::kGrouped) {
-          const int g = (T::kKChunks * c + j) * T::kKChunkElems / kInt4GroupSize;
-          pair = *reinterpret_cast<const uint32_t*>(pairs + pair_pos(r + 8 * n) * T::kPairRowBytes + 4 * g);
+      for (int m = 0; m < kHalves; ++m) {
+        uint32_t kf[2][T::kKChunkElems / 2];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          uint32_t w[T::kKChunk / 4];
+          lds_words<T::kKChunk>(st + 16 * m * T::kRowBytes + ((k_lane + n * 8 * T::kRowBytes) ^ (j * T::kKChunk)), w);
+          uint32_t pair = 0;
+          if constexpr (T::kGrouped) {
+            const int g = (T::kKChunks * c + j) * T::kKChunkElems / kInt4GroupSize;
+            pair = *reinterpret_cast<const uint32_t*>(pairs + pair_pos(16 * m + r + 8 * n) * T::kPairRowBytes + 4 * g);
+          }
+          decode_k<T, T::kKChunk / 4>(w, pair, kf[n]);
         }
-        decode_k<T, T::kKChunk / 4>(w, pair, kf[n]);
-      }
 #pragma unroll
-      for (int sub = 0; sub < T::kKChunkElems / 4; ++sub) {
-        const int ks = j * (T::kKChunkElems / 4) + sub;
-        const uint32_t ka[4] = {kf[0][2 * sub], kf[1][2 * sub], kf[0][2 * sub + 1], kf[1][2 * sub + 1]};
+        for (int sub = 0; sub < T::kKChunkElems / 4; ++sub) {
+          const int ks = j * (T::kKChunkElems / 4) + sub;
+          const uint32_t ka[4] = {kf[0][2 * sub], kf[1][2 * sub], kf[0][2 * sub + 1], kf[1][2 * sub + 1]};
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const uint2 qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
-          ptx::mma_m16n8k16<kF16>(sacc[nt][ks & 1], ka, qb.x, qb.y);
+          for (int nt = 0; nt < kNT; ++nt) {
+            const uint2 qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
+            ptx::mma_m16n8k16<kF16>(sacc[nt][kHalves == 2 ? m : ks & 1], ka, qb.x, qb.y);
+          }
         }
       }
     }
 
-    // Logits. x[nt][k]: token tok0 + r + 8 (k >> 1), head 2c + (k & 1) of n-tile nt.
+    // Logits. x[nt][m][k]: token tok0 + 16 m + r + 8 (k >> 1), head 2c + (k & 1) of n-tile nt.
     // Per token: x = sc * acc + qsum_fed * shb + qsum * sho (the folded scale, bias and offset).
-    float sc[2] = {qk_mul, qk_mul}, shb[2] = {0.0f, 0.0f}, sho[2] = {0.0f, 0.0f};
-    if constexpr (T::kFold) {
-      const uint2 kp = *reinterpret_cast<const uint2*>(pairs + 2 * r * T::kPairRowBytes);
-      const float2 p0 = half2_to_float2(kp.x), p1 = half2_to_float2(kp.y);  // (scale, offset) of tokens r, r + 8
-      sc[0] = p0.x * qk_mul;
-      sc[1] = p1.x * qk_mul;
-      shb[0] = -T::kCodeBias * sc[0];
-      shb[1] = -T::kCodeBias * sc[1];
-      sho[0] = p0.y * qk_mul;
-      sho[1] = p1.y * qk_mul;
-    }
-    bool tok_ok[2];
+    float x[kNT][kHalves][4], lmax[kNT][2];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) tok_ok[n] = page_ok && r + 8 * n >= rows.x && r + 8 * n < rows.y;
-    float x[kNT][4], lmax[kNT][2];
+    for (int m = 0; m < kHalves; ++m) {
+      float sc[2] = {qk_mul, qk_mul}, shb[2] = {0.0f, 0.0f}, sho[2] = {0.0f, 0.0f};
+      if constexpr (T::kFold) {
+        const uint2 kp = *reinterpret_cast<const uint2*>(pairs + (16 * m + 2 * r) * T::kPairRowBytes);
+        const float2 p0 = half2_to_float2(kp.x), p1 = half2_to_float2(kp.y);  // (scale, offset) of rows r, r + 8
+        sc[0] = p0.x * qk_mul;
+        sc[1] = p1.x * qk_mul;
+        shb[0] = -T::kCodeBias * sc[0];
+        shb[1] = -T::kCodeBias * sc[1];
+        sho[0] = p0.y * qk_mul;
+        sho[1] = p1.y * qk_mul;
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float acc = kHalves == 2 ? sacc[nt][m][k] : sacc[nt][0][k] + sacc[nt][1][k];
+          float v = acc * qk_mul;
+          if constexpr (T::kFold)
+            v = fmaf(sc[k >> 1], acc, fmaf(qsum_fed[nt][k & 1], shb[k >> 1], qsum[nt][k & 1] * sho[k >> 1]));
+          if (capped) v = cap_log2 * tanhf(v);
+          x[nt][m][k] = v;
+        }
+    }
+    if (partial) {
+#pragma unroll
+      for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const bool ok = row_ok(16 * m + r + 8 * n);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            x[nt][m][2 * n] = ok ? x[nt][m][2 * n] : -INFINITY;
+            x[nt][m][2 * n + 1] = ok ? x[nt][m][2 * n + 1] : -INFINITY;
+          }
+        }
+    }
     bool grow = false;
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float acc = sacc[nt][0][k] + sacc[nt][1][k];
-        float v = acc * qk_mul;
-        if constexpr (T::kFold)
-          v = fmaf(sc[k >> 1], acc, fmaf(qsum_fed[nt][k & 1], shb[k >> 1], qsum[nt][k & 1] * sho[k >> 1]));
-        if (capped) v = cap_log2 * tanhf(v);
-        x[nt][k] = tok_ok[k >> 1] ? v : -INFINITY;
-      }
+    for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        lmax[nt][h] = fmaxf(x[nt][h], x[nt][h + 2]);
-        grow = grow || lmax[nt][h] > m_run[nt][h];
+        float mx = fmaxf(x[nt][0][h], x[nt][0][h + 2]);
+#pragma unroll
+        for (int m = 1; m < kHalves; ++m) mx = fmaxf(mx, fmaxf(x[nt][m][h], x[nt][m][h + 2]));
+        lmax[nt][h] = mx;
+        grow = grow || mx > m_run[nt][h];
       }
-    }
-    // The max only moves now and then; while no lane's tile exceeds it, the old base stands (no reduction, no
+    // The max only moves now and then; while no lane's stage exceeds it, the old base stands (no reduction, no
     // rescale).
     if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float m = lmax[nt][h];
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-          m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-          const float m_new = fmaxf(m_run[nt][h], m);
+          float mx = lmax[nt][h];
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          const float m_new = fmaxf(m_run[nt][h], mx);
           const float base = m_new == -INFINITY ? 0.0f : m_new;  // an all-masked head so far stays at zero weight
           const float alpha = ptx::ex2_approx_ftz(m_run[nt][h] - base);
           m_run[nt][h] = m_new;
@@ -435,78 +500,83 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
 
     // P, scaled per token by the value scale for folded formats; packed, then transposed into P^T's B fragments.
-    float vs[2] = {1.0f, 1.0f}, vo[2] = {0.0f, 0.0f};
-    if constexpr (T::kFold) {
-      const uint2 vp = *reinterpret_cast<const uint2*>(pairs + (16 + 2 * r) * T::kPairRowBytes);
-      const float2 p0 = half2_to_float2(vp.x), p1 = half2_to_float2(vp.y);
-      vs[0] = p0.x;
-      vo[0] = p0.y;
-      vs[1] = p1.x;
-      vo[1] = p1.y;
-    }
-    uint32_t pb[kNT][2];
+    uint32_t pb[kNT][kHalves][2];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      float p[4];
+    for (int m = 0; m < kHalves; ++m) {
+      float vs[2] = {1.0f, 1.0f}, vo[2] = {0.0f, 0.0f};
+      if constexpr (T::kFold) {
+        const uint2 vp = *reinterpret_cast<const uint2*>(pairs + (kRows + 16 * m + 2 * r) * T::kPairRowBytes);
+        const float2 p0 = half2_to_float2(vp.x), p1 = half2_to_float2(vp.y);
+        vs[0] = p0.x;
+        vo[0] = p0.y;
+        vs[1] = p1.x;
+        vo[1] = p1.y;
+      }
 #pragma unroll
-      for (int k = 0; k < 4; ++k) p[k] = ptx::ex2_approx_ftz(x[nt][k] - base_run[nt][k & 1]);
+      for (int nt = 0; nt < kNT; ++nt) {
+        float p[4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) l_run[nt][h] += p[h] + p[h + 2];
+        for (int k = 0; k < 4; ++k) p[k] = ptx::ex2_approx_ftz(x[nt][m][k] - base_run[nt][k & 1]);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {  // token r + 8n
-        const uint32_t packed = pack2<kF16>(p[2 * n] * vs[n], p[2 * n + 1] * vs[n]);
-        if constexpr (T::kFold) {
-          const float2 pr = half2_to_float2(packed);  // the rounded operand the tensor cores see
-          corr[nt][0] = fmaf(p[2 * n], vo[n], fmaf(-T::kVCodeBias, pr.x, corr[nt][0]));
-          corr[nt][1] = fmaf(p[2 * n + 1], vo[n], fmaf(-T::kVCodeBias, pr.y, corr[nt][1]));
+        for (int h = 0; h < 2; ++h) l_run[nt][h] += p[h] + p[h + 2];
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {  // token r + 8n of half m
+          const uint32_t packed = pack2<kF16>(p[2 * n] * vs[n], p[2 * n + 1] * vs[n]);
+          if constexpr (T::kFold) {
+            const float2 pr = half2_to_float2(packed);  // the rounded operand the tensor cores see
+            corr[nt][0] = fmaf(p[2 * n], vo[n], fmaf(-T::kVCodeBias, pr.x, corr[nt][0]));
+            corr[nt][1] = fmaf(p[2 * n + 1], vo[n], fmaf(-T::kVCodeBias, pr.y, corr[nt][1]));
+          }
+          pb[nt][m][n] = ptx::movmatrix_trans(packed);  // → P[head r][tokens 2c, 2c + 1 (+ 8n)]
         }
-        pb[nt][n] = ptx::movmatrix_trans(packed);  // → P[head r][tokens 2c, 2c + 1 (+ 8n)]
       }
     }
 
-    // O^T += V^T P^T. Value rows of this lane: 2c, 2c+1 (k 2c..2c+1) and 2c+8, 2c+9 (k 2c+8..2c+9).
+    // O^T += V^T P^T per half m. Value rows of this lane: 2c, 2c+1 (k 2c..2c+1) and 2c+8, 2c+9 (k 2c+8..2c+9).
     // vmask[hi]: the halves of the value pairs (tokens 2c + 8 hi, 2c + 1 + 8 hi) that are attended.
     constexpr bool kMaskValues = T::kNative || T::kFP8;  // integer codes are finite (their pairs are zero-filled)
-    uint32_t vmask[2] = {~0u, ~0u};
-    if (kMaskValues && partial) {
 #pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int t = 2 * c + 8 * hi;
-        const bool ok0 = page_ok && t >= rows.x && t < rows.y, ok1 = page_ok && t + 1 >= rows.x && t + 1 < rows.y;
-        vmask[hi] = (ok0 ? 0x0000ffffu : 0u) | (ok1 ? 0xffff0000u : 0u);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < T::kVChunks; ++j) {
-      uint32_t vlo[T::kVChunkElems], vhi[T::kVChunkElems];
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        uint32_t w0[T::kVChunk / 4], w1[T::kVChunk / 4];
-        const int step = (8 * hi + 16 * j) * T::kSwizzle;
-        lds_words<T::kVChunk>(st + v_lane[0] + step, w0);
-        lds_words<T::kVChunk>(st + v_lane[1] + step, w1);
-        uint32_t pair0 = 0, pair1 = 0;
-        if constexpr (T::kGrouped) {
-          const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;
-          const int t0 = 2 * c + 8 * hi;
-          pair0 = *reinterpret_cast<const uint32_t*>(pairs + (16 + pair_pos(t0)) * T::kPairRowBytes + 4 * g);
-          pair1 = *reinterpret_cast<const uint32_t*>(pairs + (16 + pair_pos(t0 + 1)) * T::kPairRowBytes + 4 * g);
-        }
-        decode_v<T, T::kVChunk / 4>(w0, w1, pair0, pair1, hi ? vhi : vlo);
-      }
+    for (int m = 0; m < kHalves; ++m) {
+      uint32_t vmask[2] = {~0u, ~0u};
       if (kMaskValues && partial) {
 #pragma unroll
-        for (int e = 0; e < T::kVChunkElems; ++e) {
-          vlo[e] &= vmask[0];
-          vhi[e] &= vmask[1];
+        for (int hi = 0; hi < 2; ++hi) {
+          const int t = 16 * m + 2 * c + 8 * hi;
+          vmask[hi] = (row_ok(t) ? 0x0000ffffu : 0u) | (row_ok(t + 1) ? 0xffff0000u : 0u);
         }
       }
 #pragma unroll
-      for (int i2 = 0; i2 < T::kVChunkElems / 2; ++i2) {
-        const int f = j * (T::kVChunkElems / 2) + i2;
-        const uint32_t va[4] = {vlo[2 * i2], vlo[2 * i2 + 1], vhi[2 * i2], vhi[2 * i2 + 1]};
+      for (int j = 0; j < T::kVChunks; ++j) {
+        uint32_t vlo[T::kVChunkElems], vhi[T::kVChunkElems];
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][0], pb[nt][1]);
+        for (int hi = 0; hi < 2; ++hi) {
+          uint32_t w0[T::kVChunk / 4], w1[T::kVChunk / 4];
+          const int step = (8 * hi + 16 * m + kRows * j) * T::kSwizzle;
+          lds_words<T::kVChunk>(st + v_lane[0] + step, w0);
+          lds_words<T::kVChunk>(st + v_lane[1] + step, w1);
+          uint32_t pair0 = 0, pair1 = 0;
+          if constexpr (T::kGrouped) {
+            const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;
+            const int t0 = 16 * m + 2 * c + 8 * hi;
+            pair0 = *reinterpret_cast<const uint32_t*>(pairs + (kRows + pair_pos(t0)) * T::kPairRowBytes + 4 * g);
+            pair1 = *reinterpret_cast<const uint32_t*>(pairs + (kRows + pair_pos(t0 + 1)) * T::kPairRowBytes + 4 * g);
+          }
+          decode_v<T, T::kVChunk / 4>(w0, w1, pair0, pair1, hi ? vhi : vlo);
+        }
+        if (kMaskValues && partial) {
+#pragma unroll
+          for (int e = 0; e < T::kVChunkElems; ++e) {
+            vlo[e] &= vmask[0];
+            vhi[e] &= vmask[1];
+          }
+        }
+#pragma unroll
+        for (int i2 = 0; i2 < T::kVChunkElems / 2; ++i2) {
+          const int f = j * (T::kVChunkElems / 2) + i2;
+          const uint32_t va[4] = {vlo[2 * i2], vlo[2 * i2 + 1], vhi[2 * i2], vhi[2 * i2 + 1]};
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][m][0], pb[nt][m][1]);
+        }
       }
     }
     if (++stage == kStages) {

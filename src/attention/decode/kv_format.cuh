@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "attention/decode/config.h"
 #include "tessera/attention.h"
 
 namespace tessera::attention::detail {
@@ -72,15 +73,18 @@ struct KVTraits {
   static_assert(!kGrouped || (kKChunkElems <= kInt4GroupSize && kVChunkElems <= kInt4GroupSize),
                 "a chunk must lie inside one scale group");
 
-  // One warp's staging of one 16-token tile: the key block, then the value block (kTileBytes each, TMA boxes);
-  // the tile's scale pairs live in a ring of their own (kPairBytes per tile): 16 key rows then 16 value rows of
-  // kGroups 4-byte pairs, row t at pair_pos(t).
+  // One warp's staging of one stage of kRows tokens (kHalves mma tiles of 16): the key block, then the value block
+  // (kTileBytes each, TMA boxes); the stage's scale pairs live in a ring of their own (kPairBytes per stage): kRows
+  // key rows then kRows value rows of kGroups 4-byte pairs, row t at pair_pos(t).
+  static constexpr int kRows = decode_stage_rows(kFormat, kHeadDim);
+  static constexpr int kHalves = kRows / 16;
   static constexpr int kSwizzle = kRowBytes < 128 ? kRowBytes : 128;  // TMA swizzle span = the box's inner bytes
   static constexpr int kParts = kRowBytes / kSwizzle;                  // swizzle rows per cache row
-  static constexpr int kTileBytes = 16 * kRowBytes;
+  static_assert(kParts == 1 || kRows == 16, "32-row stages hold rows of one swizzle span");
+  static constexpr int kTileBytes = kRows * kRowBytes;
   static constexpr int kDataBytes = 2 * kTileBytes;
   static constexpr int kPairRowBytes = 4 * kGroups;
-  static constexpr int kPairBytes = kPairs ? 32 * kPairRowBytes : 0;
+  static constexpr int kPairBytes = kPairs ? 2 * kRows * kPairRowBytes : 0;
   static constexpr int kStageBytes = kDataBytes + kPairBytes;
   static_assert(kTileBytes % (8 * kSwizzle) == 0, "each block must start on its swizzle pattern's repeat");
 };
@@ -99,16 +103,18 @@ __device__ __forceinline__ constexpr int k_smem(int row, int byte) {
   return swizzled<T>(row * T::kRowBytes + byte);
 }
 
-// The same for a value block, stored part-major: 16 rows of part 0, then of part 1, ... (the box (kSwizzle, 16,
-// kParts, 1, 1) of the value tensor map), so that the value rows 2c of one load fall on distinct swizzle phases.
+// The same for a value block, stored part-major: kRows rows of part 0, then of part 1, ... (the box (kSwizzle,
+// kRows, kParts, 1, 1) of the value tensor map), so that the value rows 2c of one load fall on distinct swizzle
+// phases. (Rows of several parts come in 16-row stages only; a 32-row stage of 16-token pages arrives as two boxes
+// of 16 rows, which is the same layout for rows of one part.)
 template <class T>
 __device__ __forceinline__ constexpr int v_smem(int row, int byte) {
-  return swizzled<T>((byte / T::kSwizzle) * 16 * T::kSwizzle + row * T::kSwizzle + byte % T::kSwizzle);
+  return swizzled<T>((byte / T::kSwizzle) * T::kRows * T::kSwizzle + row * T::kSwizzle + byte % T::kSwizzle);
 }
 
-// Row order of the shared scale pairs: rows t and t+8 side by side, so that the lane holding tokens r and r+8 of
-// S^T reads both with one 8-byte load.
-__device__ __forceinline__ constexpr int pair_pos(int t) { return 2 * (t & 7) + (t >> 3); }
+// Row order of the shared scale pairs: within each 16-row half, rows t and t+8 side by side, so that the lane
+// holding tokens r and r+8 of an S^T tile reads both with one 8-byte load.
+__device__ __forceinline__ constexpr int pair_pos(int t) { return (t & 16) + 2 * (t & 7) + ((t >> 3) & 1); }
 
 // Position within a key chunk of the i-th value the key decoder emits.
 template <class T>

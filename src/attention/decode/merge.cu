@@ -72,18 +72,21 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
   }
 }
 
-// The key and value tensor maps (see DecodeArgs): 16-row boxes of whole rows, swizzled by min(rowB, 128).
+// The key and value tensor maps (see DecodeArgs): boxes of whole rows, swizzled by min(rowB, 128), of the kernel's
+// stage rows, or of one page where pages are shorter (16-token pages under 32-row stages: two boxes per stage).
 void make_cache_maps(const CacheDesc& cd, int64_t batch, DecodeArgs& a) {
   if (cd.capacity == 0) return;  // nothing can be attended: the kernel issues no copy
   const int64_t w = cd.row_bytes < 128 ? cd.row_bytes : 128, parts = cd.row_bytes / w;
   const int64_t tokens = cd.paged ? cd.page_size : cd.capacity;  // of a sequence (contiguous) or a page
   const int64_t outer = cd.paged ? cd.num_pages : batch;
+  const int stage_rows = decode_stage_rows(cd.format, cd.head_dim);
+  const int rows = cd.paged && cd.page_size < stage_rows ? cd.page_size : stage_rows;
   const int64_t k_dims[5] = {w, parts, cd.num_kv_heads, tokens, outer};
   const int64_t k_strides[4] = {w, cd.stride_head, cd.stride_token, cd.stride_outer};
-  const int k_box[5] = {static_cast<int>(w), static_cast<int>(parts), 1, kDecodeTileTokens, 1};
+  const int k_box[5] = {static_cast<int>(w), static_cast<int>(parts), 1, rows, 1};
   const int64_t v_dims[5] = {w, tokens, parts, cd.num_kv_heads, outer};
   const int64_t v_strides[4] = {cd.stride_token, w, cd.stride_head, cd.stride_outer};
-  const int v_box[5] = {static_cast<int>(w), kDecodeTileTokens, static_cast<int>(parts), 1, 1};
+  const int v_box[5] = {static_cast<int>(w), rows, static_cast<int>(parts), 1, 1};
   using ::tessera::detail::make_tensor_map_u8;
   a.k_map = make_tensor_map_u8(cd.k, 5, k_dims, k_strides, k_box, static_cast<int>(w));
   a.v_map = make_tensor_map_u8(cd.v, 5, v_dims, v_strides, v_box, static_cast<int>(w));
