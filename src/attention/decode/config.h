@@ -30,6 +30,7 @@ struct DecodeConfig {
   int stage_bytes;   // one warp's staging for one stage: key and value rows, and the stage's scale pairs
   int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
   int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
+  int const_off;     // 16 bytes of constants after the barriers (the value-centring mma operand)
   int stages;        // tiles in flight per warp (ring depth)
   int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
   int smem_bytes;    // dynamic shared memory per CTA
@@ -46,8 +47,8 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   c.stage_bytes = 2 * c.stage_rows * (head_dim * bits / 8) + (pairs ? 2 * c.stage_rows * 4 * groups : 0);
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
-  // Besides the ring: the alignment slack of the dynamic base and the mbarriers (8 stages at most).
-  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8;
+  // Besides the ring: the alignment slack of the dynamic base, the mbarriers (8 stages at most), the constants.
+  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + 16;
   // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
   // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
   // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
@@ -69,7 +70,8 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   }
   const int staging = kDecodeWarps * c.stages * c.stage_bytes;
   c.bar_off = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
-  c.smem_bytes = kDecodeSmemAlign + c.bar_off + kDecodeWarps * c.stages * 8;
+  c.const_off = c.bar_off + kDecodeWarps * c.stages * 8;
+  c.smem_bytes = kDecodeSmemAlign + c.const_off + 16;
   return c;
 }
 

@@ -69,6 +69,7 @@ struct DecodeLayout {
   static constexpr int kQBytes = kCfg.q_bytes;  // query fragments: [n-tile][k-step][lane] uint2
   static constexpr int kPairRingOff = kQBytes + kDecodeWarps * kStages * T::kDataBytes;
   static constexpr int kBarOff = kCfg.bar_off;
+  static constexpr int kConstOff = kCfg.const_off;
   static constexpr int kBytes = kCfg.smem_bytes;  // with kDecodeSmemAlign of slack for aligning the base
 };
 
@@ -305,6 +306,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
     q_frag[e] = make_uint2(pack2<kF16>(v[0], v[1]), pack2<kF16>(v[2], v[3]));
   }
+  if (threadIdx.x == 0)
+    *reinterpret_cast<uint4*>(smem + L::kConstOff) =
+        make_uint4(T::kVCentreEven, T::kVCentreOdd, T::kVCentreEven, T::kVCentreOdd);
   __syncthreads();
 
   // Folded formats: Σ_d q_hd of the fp16 query values (qsum), and of the values as fed (qsum_fed: with int4's
@@ -503,14 +507,16 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     uint32_t pb[kNT][kHalves][2];
 #pragma unroll
     for (int m = 0; m < kHalves; ++m) {
-      float vs[2] = {1.0f, 1.0f}, vo[2] = {0.0f, 0.0f};
+      // Folded formats: per token the value scale (into P) and vo + centre · scale (into corr; the tensor cores
+      // see the centred codes).
+      float vs[2] = {1.0f, 1.0f}, vw[2] = {0.0f, 0.0f};
       if constexpr (T::kFold) {
         const uint2 vp = *reinterpret_cast<const uint2*>(pairs + (kRows + 16 * m + 2 * r) * T::kPairRowBytes);
         const float2 p0 = half2_to_float2(vp.x), p1 = half2_to_float2(vp.y);
         vs[0] = p0.x;
-        vo[0] = p0.y;
         vs[1] = p1.x;
-        vo[1] = p1.y;
+        vw[0] = fmaf(-T::kVCodeBias, p0.x, p0.y);
+        vw[1] = fmaf(-T::kVCodeBias, p1.x, p1.y);
       }
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -523,9 +529,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
         for (int n = 0; n < 2; ++n) {  // token r + 8n of half m
           const uint32_t packed = pack2<kF16>(p[2 * n] * vs[n], p[2 * n + 1] * vs[n]);
           if constexpr (T::kFold) {
-            const float2 pr = half2_to_float2(packed);  // the rounded operand the tensor cores see
-            corr[nt][0] = fmaf(p[2 * n], vo[n], fmaf(-T::kVCodeBias, pr.x, corr[nt][0]));
-            corr[nt][1] = fmaf(p[2 * n + 1], vo[n], fmaf(-T::kVCodeBias, pr.y, corr[nt][1]));
+            corr[nt][0] = fmaf(p[2 * n], vw[n], corr[nt][0]);
+            corr[nt][1] = fmaf(p[2 * n + 1], vw[n], corr[nt][1]);
           }
           pb[nt][m][n] = ptx::movmatrix_trans(packed);  // → P[head r][tokens 2c, 2c + 1 (+ 8n)]
         }
@@ -535,6 +540,16 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     // O^T += V^T P^T per half m. Value rows of this lane: 2c, 2c+1 (k 2c..2c+1) and 2c+8, 2c+9 (k 2c+8..2c+9).
     // vmask[hi]: the halves of the value pairs (tokens 2c + 8 hi, 2c + 1 + 8 hi) that are attended.
     constexpr bool kMaskValues = T::kNative || T::kFP8;  // integer codes are finite (their pairs are zero-filled)
+    // The A operand of the value-centring mma of folded formats, {even rows, odd rows, even, odd}, read from shared
+    // memory as one quad: built from constants, the compiler copies it into a fresh register quad before each mma.
+    uint32_t centre[4] = {0u, 0u, 0u, 0u};
+    if constexpr (T::kFold) {
+      const uint4 cq = *reinterpret_cast<const uint4*>(smem + L::kConstOff);
+      centre[0] = cq.x;
+      centre[1] = cq.y;
+      centre[2] = cq.z;
+      centre[3] = cq.w;
+    }
 #pragma unroll
     for (int m = 0; m < kHalves; ++m) {
       uint32_t vmask[2] = {~0u, ~0u};
@@ -575,7 +590,11 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
           const int f = j * (T::kVChunkElems / 2) + i2;
           const uint32_t va[4] = {vlo[2 * i2], vlo[2 * i2 + 1], vhi[2 * i2], vhi[2 * i2 + 1]};
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][m][0], pb[nt][m][1]);
+          for (int nt = 0; nt < kNT; ++nt) {
+            // - (1024 + u · centre) · P first: O^T never holds the codes' common bias.
+            if constexpr (T::kFold) ptx::mma_m16n8k16<kF16>(o_acc[nt][f], centre, pb[nt][m][0], pb[nt][m][1]);
+            ptx::mma_m16n8k16<kF16>(o_acc[nt][f], va, pb[nt][m][0], pb[nt][m][1]);
+          }
         }
       }
     }

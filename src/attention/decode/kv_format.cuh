@@ -20,7 +20,8 @@
 // Row-wise integer scales are not applied per element: a code c goes to the tensor cores as the fp16 value
 // bias + c (a bit pattern, exact), and the kernel applies scale and offset per token (kFold below):
 //   S[t][h] = s_t (Σ_d q_hd (bias + c_td)) + (o_t - bias s_t) Σ_d q_hd
-//   O[h][d] = Σ_t fp16(P_ht s_t) (vbias + c_td) + Σ_t (P_ht o_t - vbias fp16(P_ht s_t))
+//   O[h][d] = Σ_t fp16(P_ht s_t) ((bias + c_td) - (bias + m)) + Σ_t P_ht (o_t + m s_t)
+// with m the centre (8 or 128; the second term of the first sum is a constant-A mma, see kVCentreEven).
 // Group-wise scales (kInt4Group32) change along D inside one dot product, so those codes are dequantized in
 // registers (code * scale + offset in one fp16 fma).
 #pragma once
@@ -47,11 +48,14 @@ struct KVTraits {
   static constexpr bool kGrouped = kFormat == KVFormat::kInt4Group32;
   static constexpr bool kFold = kPairs && !kGrouped;  // row-wise scales applied per token, not per element
   // fp16 value of code 0 as the folded formats feed it (in units of the code; int4 odd D positions carry a unit
-  // of 16, see int4_pattern). Keys: 1024 + c. Values are centred (c - 128, c - 8: one more hsub2 per pair): O^T
-  // accumulates over the whole split in the tensor cores, where a large common bias would cancel against the
-  // offsets only after hundreds of truncating fp32 adds.
+  // of 16, see int4_pattern). Keys: 1024 + c. Values go in as 1024 + u c too, but are centred (u (c - 8),
+  // c - 128) inside the tensor cores: before each 16-token value mma the kernel issues one with the constant
+  // A = -(1024 + u · centre) (kVCentreEven / kVCentreOdd: fp16x2 for O^T's even / odd D rows), so no common bias
+  // builds up in O^T, where it would cancel against the offsets only after hundreds of truncating fp32 adds.
   static constexpr float kCodeBias = 1024.0f;
-  static constexpr float kVCodeBias = kInt4 ? -8.0f : -128.0f;
+  static constexpr float kVCodeBias = kInt4 ? -8.0f : -128.0f;  // the centre, in code units
+  static constexpr uint32_t kVCentreEven = kInt4 ? 0xe408e408u : 0xe480e480u;  // -1032 / -1152
+  static constexpr uint32_t kVCentreOdd = 0xe480e480u;                        // -(1024 + 16 · 8) / -1152
   static constexpr bool kOddUnit = kFold && kInt4;  // odd D positions reach the tensor cores as 16 * code
   // Tensor-core input type: the cache's own type for kNative, fp16 for every quantized format (codes and fp8
   // values are exact in fp16, and its 10-bit mantissa keeps dequantized values closer than bf16 would).
@@ -224,24 +228,23 @@ __device__ __forceinline__ void decode_v(const uint32_t (&w0)[kWords], const uin
       out[4 * i + 1] = e4m3x2_to_f16x2(x >> 16);
       out[4 * i + 2] = e4m3x2_to_f16x2(y & 0xffffu);
       out[4 * i + 3] = e4m3x2_to_f16x2(y >> 16);
-    } else if constexpr (!T::kInt4) {  // int8 (folded): 1024 + code
+    } else if constexpr (!T::kInt4) {  // int8 (folded): 1024 + code (centred by the kernel's kVCentre mma)
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const uint32_t x = and_or<0x00ff00ffu>(__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11), 0x64006400u);
-        out[4 * i + b] = fp16_bits2(__hsub2(as_half2(x), __half2half2(__ushort_as_half(0x6480))));  // - 1152
-      }
+      for (int b = 0; b < 4; ++b)
+        out[4 * i + b] = and_or<0x00ff00ffu>(__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11), 0x64006400u);
     } else {
       // x: elements 0..3 of t0 (low half) and t1 (high half); y: elements 4..7. Pair p of x is element p.
       const uint32_t x = __byte_perm(w0[i], w1[i], 0x5410), y = __byte_perm(w0[i], w1[i], 0x7632);
       const uint32_t x8 = x >> 8, y8 = y >> 8;
-      if constexpr (T::kFold) {  // u * (code - 8): centred, exact
-        const __half2 centre_lo = __half2half2(__ushort_as_half(0x6408));  // 1024 + 8
-        const __half2 centre_hi = __half2half2(__ushort_as_half(0x6480));  // 1024 + 128
-        const uint32_t bits[8] = {int4_pattern<0>(x, x8), int4_pattern<1>(x, x8), int4_pattern<2>(x, x8),
-                                  int4_pattern<3>(x, x8), int4_pattern<0>(y, y8), int4_pattern<1>(y, y8),
-                                  int4_pattern<2>(y, y8), int4_pattern<3>(y, y8)};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) out[8 * i + e] = fp16_bits2(__hsub2(as_half2(bits[e]), (e & 1) ? centre_hi : centre_lo));
+      if constexpr (T::kFold) {  // 1024 + u * code (centred by the kernel's kVCentre mma)
+        out[8 * i + 0] = int4_pattern<0>(x, x8);
+        out[8 * i + 1] = int4_pattern<1>(x, x8);
+        out[8 * i + 2] = int4_pattern<2>(x, x8);
+        out[8 * i + 3] = int4_pattern<3>(x, x8);
+        out[8 * i + 4] = int4_pattern<0>(y, y8);
+        out[8 * i + 5] = int4_pattern<1>(y, y8);
+        out[8 * i + 6] = int4_pattern<2>(y, y8);
+        out[8 * i + 7] = int4_pattern<3>(y, y8);
       } else {
         const __half2 scale = as_half2(__byte_perm(pair0, pair1, 0x5410));
         const __half2 scale16 = __hmul2(scale, __float2half2_rn(1.0f / kInt4OddUnit));
