@@ -315,8 +315,6 @@ const std::vector<DecodeCase>& decode_cases() {
        {"unit stride"}},
       {"int scale odd head stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[2] += 1; },
        "cache.k_scale", {"dim 2", "multiple of 4 bytes (2 elements of fp16)"}},
-      {"int scale huge token stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[1] = int64_t{1} << 25; },
-       "cache.k_scale", {"token stride", "2^26 bytes"}},
       {"int scale address", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->data = shift(a.cache.k_scale->data, 2); },
        "cache.k_scale", {"4-byte"}},
       {"int scale negative stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[0] *= -1; },

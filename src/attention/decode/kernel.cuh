@@ -393,9 +393,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const bool partial = rel_lo > 0 || rel_hi < kRows || halves_ok != kHalfMask;
     auto row_ok = [&](int row) { return row >= rel_lo && row < rel_hi && ((halves_ok >> (row >> 4)) & 1u); };
 
-    // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). Two independent mma chains per
-    // n-tile hide each other's latency: the two halves, or (16-row stages) the even and odd k-steps.
-    float sacc[kNT][2][4] = {};
+    // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). At least four independent mma chains
+    // hide each other's latency: n-tiles, halves, and kSplitK interleaved runs of k-steps per half.
+    constexpr int kSplitK = kHalves * kNT >= 4 ? 1 : 4 / (kHalves * kNT);
+    float sacc[kNT][kHalves * kSplitK][4] = {};
 #pragma unroll
     for (int j = 0; j < T::kKChunks; ++j) {
 #pragma unroll
@@ -419,7 +420,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
             const uint2 qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
-            ptx::mma_m16n8k16<kF16>(sacc[nt][kHalves == 2 ? m : ks & 1], ka, qb.x, qb.y);
+            ptx::mma_m16n8k16<kF16>(sacc[nt][m * kSplitK + (ks & (kSplitK - 1))], ka, qb.x, qb.y);
           }
         }
       }
@@ -445,7 +446,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const float acc = kHalves == 2 ? sacc[nt][m][k] : sacc[nt][0][k] + sacc[nt][1][k];
+          float acc = sacc[nt][m * kSplitK][k];
+#pragma unroll
+          for (int e = 1; e < kSplitK; ++e) acc += sacc[nt][m * kSplitK + e][k];
           float v = acc * qk_mul;
           if constexpr (T::kFold)
             v = fmaf(sc[k >> 1], acc, fmaf(qsum_fed[nt][k & 1], shb[k >> 1], qsum[nt][k & 1] * sho[k >> 1]));
