@@ -229,9 +229,13 @@ __device__ __forceinline__ void decode_v(const uint32_t (&w0)[kWords], const uin
       out[4 * i + 2] = e4m3x2_to_f16x2(y & 0xffffu);
       out[4 * i + 3] = e4m3x2_to_f16x2(y >> 16);
     } else if constexpr (!T::kInt4) {  // int8 (folded): 1024 + code (centred by the kernel's kVCentre mma)
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-        out[4 * i + b] = and_or<0x00ff00ffu>(__byte_perm(w0[i], w1[i], (b | ((b + 4) << 8)) * 0x11), 0x64006400u);
+      // Interleave the two rows' bytes ([t0 c0, t1 c0, t0 c1, t1 c1], then c2, c3), then put the 0x64 exponent byte
+      // above each code: three byte permutes per two pairs.
+      const uint32_t lo = __byte_perm(w0[i], w1[i], 0x5140), hi = __byte_perm(w0[i], w1[i], 0x7362);
+      out[4 * i + 0] = __byte_perm(lo, 0x64646464u, 0x4140);
+      out[4 * i + 1] = __byte_perm(lo, 0x64646464u, 0x4342);
+      out[4 * i + 2] = __byte_perm(hi, 0x64646464u, 0x4140);
+      out[4 * i + 3] = __byte_perm(hi, 0x64646464u, 0x4342);
     } else {
       // x: elements 0..3 of t0 (low half) and t1 (high half); y: elements 4..7. Pair p of x is element p.
       const uint32_t x = __byte_perm(w0[i], w1[i], 0x5410), y = __byte_perm(w0[i], w1[i], 0x7632);
