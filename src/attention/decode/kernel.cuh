@@ -393,9 +393,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const bool partial = rel_lo > 0 || rel_hi < kRows || halves_ok != kHalfMask;
     auto row_ok = [&](int row) { return row >= rel_lo && row < rel_hi && ((halves_ok >> (row >> 4)) & 1u); };
 
-    // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). At least four independent mma chains
-    // hide each other's latency: n-tiles, halves, and kSplitK interleaved runs of k-steps per half.
-    constexpr int kSplitK = kHalves * kNT >= 4 ? 1 : 4 / (kHalves * kNT);
+    // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). Two independent mma chains per n-tile
+    // hide each other's latency: the two halves, or (16-row stages) the even and odd k-steps. (Four chains, two per
+    // half, measured no better in an interleaved A/B: v8c in docs/perf/decode.md.)
+    constexpr int kSplitK = kHalves == 2 ? 1 : 2;
     float sacc[kNT][kHalves * kSplitK][4] = {};
 #pragma unroll
     for (int j = 0; j < T::kKChunks; ++j) {
