@@ -8,15 +8,17 @@ namespace tessera::attention::detail {
 
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
-inline constexpr int kDecodeMmaTokens = 16;  // tokens of one mma tile (the M of S^T = K Q^T)
+// Bits per cached element: 16 (bf16/fp16), 8 (fp8, int8), 4 (both int4 formats).
+constexpr int decode_elem_bits(KVFormat format) {
+  return format == KVFormat::kNative ? 16 : (format == KVFormat::kFP8 || format == KVFormat::kInt8 ? 8 : 4);
+}
 
 // Tokens one warp takes per pipeline step (one TMA box of key rows and one of value rows, one barrier wait, one
 // softmax update): 32 where a row is at most 128 bytes (8-bit rows of D <= 128, every 4-bit row, 16-bit rows of
 // D = 64), so that the per-step work (copy issue, waits, max reduction) is spread over two mma tiles; 16 for wider
 // rows, whose 32-row stages would not leave two stages per warp in shared memory.
 constexpr int decode_stage_rows(KVFormat format, int head_dim) {
-  const int bits = format == KVFormat::kNative ? 16 : (format == KVFormat::kFP8 || format == KVFormat::kInt8 ? 8 : 4);
-  return head_dim * bits / 8 <= 128 ? 32 : 16;
+  return head_dim * decode_elem_bits(format) / 8 <= 128 ? 32 : 16;
 }
 
 // Query heads of one KV head go to the tensor cores' N: n-tiles of 8 heads, one or two per CTA.
@@ -24,31 +26,30 @@ constexpr int decode_n_tiles(int group) { return group > 8 ? 2 : 1; }
 constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(group) - 1) / (8 * decode_n_tiles(group)); }
 
 inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes
+inline constexpr int kDecodeConstBytes = 16;   // shared constants: one uint4
 
 struct DecodeConfig {
-  int stage_rows;    // tokens per warp stage (decode_stage_rows)
   int stage_bytes;   // one warp's staging for one stage: key and value rows, and the stage's scale pairs
   int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
   int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
-  int const_off;     // 16 bytes of constants after the barriers (the value-centring mma operand)
+  int const_off;     // kDecodeConstBytes of constants after the barriers (the value-centring mma operand)
   int stages;        // tiles in flight per warp (ring depth)
   int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
   int smem_bytes;    // dynamic shared memory per CTA
 };
 
 constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles) {
-  const bool int4 = format == KVFormat::kInt4 || format == KVFormat::kInt4Group32;
-  const int bits = format == KVFormat::kNative ? 16 : (int4 ? 4 : 8);
-  const bool pairs = format == KVFormat::kInt8 || int4;
+  const int bits = decode_elem_bits(format);
+  const bool pairs = format == KVFormat::kInt8 || bits == 4;
   const int groups = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
   DecodeConfig c{};
   // Per warp and stage: key rows and value rows of head_dim * bits / 8 bytes, and their scale pairs.
-  c.stage_rows = decode_stage_rows(format, head_dim);
-  c.stage_bytes = 2 * c.stage_rows * (head_dim * bits / 8) + (pairs ? 2 * c.stage_rows * 4 * groups : 0);
+  const int rows = decode_stage_rows(format, head_dim);
+  c.stage_bytes = 2 * rows * (head_dim * bits / 8) + (pairs ? 2 * rows * 4 * groups : 0);
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
   // Besides the ring: the alignment slack of the dynamic base, the mbarriers (8 stages at most), the constants.
-  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + 16;
+  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + kDecodeConstBytes;
   // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
   // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
   // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
@@ -71,7 +72,7 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   const int staging = kDecodeWarps * c.stages * c.stage_bytes;
   c.bar_off = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
   c.const_off = c.bar_off + kDecodeWarps * c.stages * 8;
-  c.smem_bytes = kDecodeSmemAlign + c.const_off + 16;
+  c.smem_bytes = kDecodeSmemAlign + c.const_off + kDecodeConstBytes;
   return c;
 }
 

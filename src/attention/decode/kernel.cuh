@@ -112,34 +112,6 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
 
 __device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
-// Where one 16-token tile of (b, kv head) lives: the outer index (sequence or page) and the slot of its first
-// token, or page_ok = false when the block table names no valid page (outer is then -1, outside every tensor map,
-// so TMA reads zeros; the tile's tokens are masked out).
-struct TileSource {
-  int32_t outer = 0;
-  int32_t slot = 0;
-  bool page_ok = true;
-};
-
-// The block-table entry of the tile at tok0 (0 for the contiguous layout). Loaded a tile ahead of its use, so the
-// lookup's latency hides behind a tile of work.
-__device__ __forceinline__ int32_t tile_page(const CacheDesc& cd, int b, int64_t tok0) {
-  return cd.paged ? __ldg(cd.block_table + b * cd.block_table_stride + (tok0 >> cd.log2_page_size)) : 0;
-}
-
-__device__ __forceinline__ TileSource tile_source(const CacheDesc& cd, int b, int64_t tok0, int32_t page) {
-  TileSource s;
-  if (cd.paged) {
-    s.page_ok = page >= 0 && page < cd.num_pages;
-    s.outer = s.page_ok ? page : -1;
-    s.slot = static_cast<int32_t>(tok0 & (cd.page_size - 1));
-  } else {
-    s.outer = b;
-    s.slot = static_cast<int32_t>(tok0);
-  }
-  return s;
-}
-
 template <class T, int kNT>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.ctas_per_sm)
     decode_kernel(const __grid_constant__ DecodeArgs a) {
@@ -211,6 +183,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   };
   constexpr uint32_t kHalfMask = (1u << kHalves) - 1;
   uint32_t page_ok_bits = 0;  // bit kHalves * s + h: half h of the stage in ring slot s lies on a valid page
+  // Row `row` of the stage at tok0 is attended: inside [lo, len) and on a half whose page is valid (halves_ok).
+  auto attended = [&](int row, int tok0, uint32_t halves_ok) {
+    return row >= lo - tok0 && row < len - tok0 && ((halves_ok >> (row >> 4)) & 1u);
+  };
 
   // Scale pairs: lane l copies those of key row l and value row l (32-row stages), or of key row l (l < 16) or
   // value row l - 16 (16-row stages), kGroups 4-byte words each.
@@ -246,7 +222,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
     if constexpr (T::kPairs) {  // pairs of rows outside the attended ones read nothing (zeros)
       const int row = lane % kRows;
-      const bool copy = ((ok >> (row >> 4)) & 1u) && row >= lo - tok0 && row < len - tok0;
+      const bool copy = attended(row, tok0, ok);
       const int tok = tok0 + row;
       const int32_t row_outer = kHalves > 1 && row >= 16 ? outer[kHalves - 1] : outer[0];
       const int64_t at = !copy ? 0
@@ -306,7 +282,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
     q_frag[e] = make_uint2(pack2<kF16>(v[0], v[1]), pack2<kF16>(v[2], v[3]));
   }
-  if (threadIdx.x == 0)
+  if (T::kFold && threadIdx.x == 0)
     *reinterpret_cast<uint4*>(smem + L::kConstOff) =
         make_uint4(T::kVCentreEven, T::kVCentreOdd, T::kVCentreEven, T::kVCentreOdd);
   __syncthreads();
@@ -384,14 +360,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     if constexpr (T::kPairs) ptx::cp_async_commit();
     const uint8_t* st = my_data + stage * T::kDataBytes;
     const uint8_t* pairs = my_pairs + stage * T::kPairBytes;
-    // Rows [rel_lo, rel_hi) of the stage are attended, on the halves whose page is valid. Rows outside them are in
+    // Rows [lo - tok0, len - tok0) of the stage are attended, on the halves whose page is valid. Rows outside are in
     // the blocks too (TMA copies whole boxes): their keys become -inf logits by selection below, and 16-bit / fp8
     // values (which may hold NaN or Inf) are zeroed in the fragments.
     const int tok0 = tile_tok0(i);
-    const int rel_lo = lo - tok0, rel_hi = len - tok0;
     const uint32_t halves_ok = (page_ok_bits >> (kHalves * stage)) & kHalfMask;
-    const bool partial = rel_lo > 0 || rel_hi < kRows || halves_ok != kHalfMask;
-    auto row_ok = [&](int row) { return row >= rel_lo && row < rel_hi && ((halves_ok >> (row >> 4)) & 1u); };
+    const bool partial = lo > tok0 || len - tok0 < kRows || halves_ok != kHalfMask;
+    auto row_ok = [&](int row) { return attended(row, tok0, halves_ok); };
 
     // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). Two independent mma chains per n-tile
     // hide each other's latency: the two halves, or (16-row stages) the even and odd k-steps. (Four chains, two per

@@ -53,14 +53,15 @@ struct KVTraits {
   // A = -(1024 + u · centre) (kVCentreEven / kVCentreOdd: fp16x2 for O^T's even / odd D rows), so no common bias
   // builds up in O^T, where it would cancel against the offsets only after hundreds of truncating fp32 adds.
   static constexpr float kCodeBias = 1024.0f;
-  static constexpr float kVCodeBias = kInt4 ? -8.0f : -128.0f;  // the centre, in code units
+  static constexpr float kVCodeBias = kInt4 ? -8.0f : -128.0f;  // minus the centre, in code units
+  // fp16x2 bit patterns of -(1024 + u · centre): u = 1 (even rows, and every int8 row), u = 16 (odd int4 rows).
   static constexpr uint32_t kVCentreEven = kInt4 ? 0xe408e408u : 0xe480e480u;  // -1032 / -1152
   static constexpr uint32_t kVCentreOdd = 0xe480e480u;                        // -(1024 + 16 · 8) / -1152
   static constexpr bool kOddUnit = kFold && kInt4;  // odd D positions reach the tensor cores as 16 * code
   // Tensor-core input type: the cache's own type for kNative, fp16 for every quantized format (codes and fp8
   // values are exact in fp16, and its 10-bit mantissa keeps dequantized values closer than bf16 would).
   static constexpr bool kMmaFP16 = kNative ? kNativeFP16 : true;
-  static constexpr int kElemBits = kNative ? 16 : (kInt4 ? 4 : 8);
+  static constexpr int kElemBits = decode_elem_bits(kFormat);
   static constexpr int kRowBytes = kD * kElemBits / 8;
   static constexpr int kGroups = kGrouped ? kD / kInt4GroupSize : 1;  // scale pairs per row
 
