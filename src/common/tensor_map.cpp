@@ -30,12 +30,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 namespace {
 
 CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint64_t* dims, const cuuint64_t* strides,
-                   const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+                   const cuuint32_t* box, CUtensorMapSwizzle swizzle, L2Promotion promotion) {
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   CUtensorMap map;
   const CUresult r = tensor_map_encoder()(&map, type, static_cast<cuuint32_t>(rank), data, dims, strides, box,
                                           elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                          promotion == L2Promotion::k256B   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                          : promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                            : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     throw Error("tessera: cuTensorMapEncodeTiled rejected the tensor map (CUresult " +
                 std::to_string(static_cast<int>(r)) + ")");
@@ -55,11 +58,11 @@ CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t 
                               static_cast<cuuint64_t>(dim2)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem)};
   const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows), 1};
-  return encode(type, 3, const_cast<void*>(data), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  return encode(type, 3, const_cast<void*>(data), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, L2Promotion::k256B);
 }
 
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,
-                               const int* box, int swizzle_bytes) {
+                               const int* box, int swizzle_bytes, L2Promotion promotion) {
   if (rank < 1 || rank > 5) throw Error("tessera: a tensor map has rank 1 to 5, got " + std::to_string(rank));
   cuuint64_t d[5], s[4];
   cuuint32_t b[5];
@@ -77,7 +80,7 @@ CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, 
     default: throw Error("tessera: tensor map swizzle must be 0, 32, 64 or 128 bytes, got " +
                          std::to_string(swizzle_bytes));
   }
-  return encode(CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(data), d, s, b, swizzle);
+  return encode(CU_TENSOR_MAP_DATA_TYPE_UINT8, rank, const_cast<void*>(data), d, s, b, swizzle, promotion);
 }
 
 }  // namespace tessera::detail

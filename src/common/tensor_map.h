@@ -10,6 +10,12 @@ namespace tessera::detail {
 
 enum class TmaElement : int { kU8 = 0, kBF16 = 1 };
 
+// How far the L2 widens each TMA request (CUtensorMapL2promotion). 256 bytes suits tiles that neighbouring CTAs
+// re-read soon (GEMM operands); a one-pass stream reads at its full rate only with 128 bytes or less (measured on an
+// H200: a 16-row box of 256-byte rows, 256 CTAs, 4.02 TB/s with 256-byte promotion against 4.44 TB/s with 128,
+// equal to a plain 16-byte-load stream; docs/perf/decode.md, v9).
+enum class L2Promotion : int { kNone = 0, k128B = 128, k256B = 256 };
+
 // A 3-D tiled map over a [dim2][dim1][dim0] tensor (dim0 contiguous; strides in elements) whose box is
 // [1][box_rows][128 bytes], loaded with the 128-byte swizzle (the layout wgmma's K-major descriptors read).
 // Elements outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
@@ -20,6 +26,6 @@ CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t 
 // dim i >= 1 (multiples of 16, in any order), swizzle_bytes 0 (none), 32, 64 or 128 (box[0] must not exceed it). Elements
 // outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,
-                               const int* box, int swizzle_bytes);
+                               const int* box, int swizzle_bytes, L2Promotion promotion);
 
 }  // namespace tessera::detail
