@@ -1,5 +1,5 @@
 // tessera-bench: times every registered case (CUDA graph and plain stream launches), relates it to the measured
-// copy bandwidth, optionally checks it against the CPU reference, and prints a table (and optionally JSON).
+// copy and read bandwidths, optionally checks it against the CPU reference, and prints a table (and optionally JSON).
 //
 // Exit code: 0 all good, 1 a check failed or a case threw, 2 bad usage or no usable device.
 #include <cuda_runtime_api.h>
@@ -136,7 +136,8 @@ struct Device {
   int ordinal = 0;
   std::string name;
   DeviceContext ctx;
-  CopyBandwidth copy;
+  StreamCeiling copy;  // read + write
+  StreamCeiling read;  // read only
 };
 
 double gbps(const Row& r) {
@@ -184,14 +185,16 @@ size_t width_of(const std::string& s) {
 void print_table(const std::vector<Row>& rows, const Device& dev) {
   // The peer column appears only when a peer row was run, so tables without peers keep their shape.
   const bool peer_column = any_peers(rows);
-  std::vector<std::string> head = {"op", "case", "graph µs", "stream µs", "GB/s", "% copy BW", "TFLOP/s", "check"};
+  std::vector<std::string> head = {"op", "case", "graph µs", "stream µs", "GB/s", "% copy BW", "% read BW", "TFLOP/s",
+                                   "check"};
   if (peer_column) head.insert(head.end() - 1, "tessera/peer");
   std::vector<std::vector<std::string>> cells;
   for (const Row& r : rows) {
     const double bw = gbps(r);
     cells.push_back({r.spec->op, r.spec->name, r.graph.ok ? fmt("%.2f", r.graph.median_us) : "-",
                      r.stream.ok ? fmt("%.2f", r.stream.median_us) : "-", fmt("%.1f", bw),
-                     fmt("%.1f", 100.0 * bw * 1e9 / dev.copy.bytes_per_s), fmt("%.3f", tflops(r)),
+                     fmt("%.1f", 100.0 * bw * 1e9 / dev.copy.bytes_per_s),
+                     fmt("%.1f", 100.0 * bw * 1e9 / dev.read.bytes_per_s), fmt("%.3f", tflops(r)),
                      !r.unsupported.empty() ? "n/a" : r.error.empty() ? r.check : (r.check == "FAIL" ? "FAIL" : "ERROR")});
     if (peer_column) {
       std::string ratios;
@@ -218,7 +221,8 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   for (size_t c = 0; c < w.size(); ++c) rule += std::string(w[c], '-') + (c + 1 < w.size() ? "-|-" : "\n");
   std::fputs(rule.c_str(), stdout);
   for (const auto& row : cells) line(row);
-  std::printf("(GB/s, %% copy BW and TFLOP/s from the graph time, or the stream time where graph mode failed)\n");
+  std::printf("(GB/s, %% copy BW, %% read BW and TFLOP/s from the graph time, or the stream time where graph mode "
+              "failed)\n");
   if (peer_column) {
     std::vector<std::string> peer_ops;
     for (const Row& r : rows)
@@ -304,8 +308,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Dev
   f << "{\n  \"tool\": \"tessera-bench\",\n";
   f << "  \"device\": {\"name\": " << jstr(dev.name) << ", \"ordinal\": " << dev.ordinal
     << ", \"num_sms\": " << dev.ctx.num_sms << ", \"l2_bytes\": " << dev.ctx.l2_bytes
-    << ", \"copy_bw_gbps\": " << jnum(dev.copy.bytes_per_s / 1e9) << ", \"copy_bytes\": " << jnum(dev.copy.copy_bytes)
-    << "},\n";
+    << ", \"copy_bw_gbps\": " << jnum(dev.copy.bytes_per_s / 1e9) << ", \"copy_bytes\": " << jnum(dev.copy.buffer_bytes)
+    << ", \"read_bw_gbps\": " << jnum(dev.read.bytes_per_s / 1e9) << "},\n";
   f << "  \"settings\": {\"reps\": " << o.reps << ", \"warmup\": " << o.warmup
     << ", \"quick\": " << (o.quick ? "true" : "false") << ", \"check\": " << (o.check ? "true" : "false") << "},\n";
   f << "  \"rows\": [";
@@ -319,7 +323,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Dev
       << ", \"mode\": " << (h ? jstr(h == &r.graph ? "graph" : "stream") : "null")
       << ", \"graph_us\": " << jnum(r.graph.ok ? r.graph.median_us : NAN)
       << ", \"stream_us\": " << jnum(r.stream.ok ? r.stream.median_us : NAN) << ", \"gbps\": " << jnum(bw)
-      << ", \"pct_copy_bw\": " << jnum(100.0 * bw * 1e9 / dev.copy.bytes_per_s) << ", \"tflops\": " << jnum(tflops(r))
+      << ", \"pct_copy_bw\": " << jnum(100.0 * bw * 1e9 / dev.copy.bytes_per_s)
+      << ", \"pct_read_bw\": " << jnum(100.0 * bw * 1e9 / dev.read.bytes_per_s) << ", \"tflops\": " << jnum(tflops(r))
       << ", \"graph\": " << jtiming(r.graph) << ", \"stream\": " << jtiming(r.stream)
       << ", \"peer_of\": " << jlist(r.spec->peer_of) << ", \"peers\": " << jpeers(r, rows)
       << ", \"check\": " << (r.check == "-" ? "null" : jstr(r.check))
@@ -441,6 +446,7 @@ int main_impl(int argc, char** argv) {
     dev = open_device(o.device);
     TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     dev.copy = measure_copy_bandwidth(stream, o.quick ? 5 : 20);
+    dev.read = measure_read_bandwidth(stream, dev.ctx.num_sms, o.quick ? 5 : 20);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tessera-bench: cannot set up the device: %s\n", e.what());
     return 2;
@@ -448,7 +454,9 @@ int main_impl(int argc, char** argv) {
   std::printf("device %d: %s, %d SMs, L2 %.1f MiB\n", dev.ordinal, dev.name.c_str(), dev.ctx.num_sms,
               dev.ctx.l2_bytes / 1048576.0);
   std::printf("copy bandwidth: %.1f GB/s (cudaMemcpyAsync device-to-device of %.0f MiB, read + write, median %.1f us)\n",
-              dev.copy.bytes_per_s / 1e9, dev.copy.copy_bytes / 1048576.0, dev.copy.median_us);
+              dev.copy.bytes_per_s / 1e9, dev.copy.buffer_bytes / 1048576.0, dev.copy.median_us);
+  std::printf("read bandwidth: %.1f GB/s (16-byte streaming loads over %.0f MiB, read only, median %.1f us)\n",
+              dev.read.bytes_per_s / 1e9, dev.read.buffer_bytes / 1048576.0, dev.read.median_us);
   std::printf("reps %d, warmup %d%s\n\n", o.reps, o.warmup, o.check ? ", --check" : "");
   std::fflush(stdout);
 

@@ -122,36 +122,60 @@ int graph_calls_for(double est_call_us, int num_sets) {
   return calls;
 }
 
-CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, int reps) {
-  reps = std::max(reps, 3);
-  DeviceBuffer src, dst;
+namespace {
+
+// A buffer of 1 GiB, or 512 MiB where that does not fit.
+void allocate_ceiling_buffer(DeviceBuffer& buf) {
   std::size_t bytes = std::size_t(1) << 30;
   try {
-    src.allocate(bytes);
-    dst.allocate(bytes);
+    buf.allocate(bytes);
   } catch (const Error&) {
-    src.release();
-    dst.release();
-    bytes >>= 1;
-    src.allocate(bytes);
-    dst.allocate(bytes);
+    buf.release();
+    buf.allocate(bytes >> 1);
   }
-  src.fill_async(0x3C, stream);
-  for (int i = 0; i < 2; ++i)
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+}
+
+// `reps` timed passes of `pass` after two untimed ones; bytes moved per pass = `moved`.
+template <typename Pass>
+StreamCeiling time_ceiling(cudaStream_t stream, int reps, double buffer_bytes, double moved, Pass&& pass) {
+  reps = std::max(reps, 3);
+  for (int i = 0; i < 2; ++i) pass();
   Events ev(2 * reps);
   for (int i = 0; i < reps; ++i) {
     TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream));
-    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+    pass();
     TESSERA_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream));
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   const ModeTiming t = summarize(ev, reps, 1);
-  CopyBandwidth bw;
-  bw.copy_bytes = static_cast<double>(bytes);
-  bw.median_us = t.median_us;
-  bw.bytes_per_s = 2.0 * static_cast<double>(bytes) / (t.median_us * 1e-6);
-  return bw;
+  StreamCeiling c;
+  c.buffer_bytes = buffer_bytes;
+  c.median_us = t.median_us;
+  c.bytes_per_s = moved / (t.median_us * 1e-6);
+  return c;
+}
+
+}  // namespace
+
+StreamCeiling measure_copy_bandwidth(cudaStream_t stream, int reps) {
+  DeviceBuffer src, dst;
+  allocate_ceiling_buffer(src);
+  dst.allocate(src.bytes());
+  src.fill_async(0x3C, stream);
+  const std::size_t bytes = src.bytes();
+  return time_ceiling(stream, reps, static_cast<double>(bytes), 2.0 * static_cast<double>(bytes), [&] {
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+}
+
+StreamCeiling measure_read_bandwidth(cudaStream_t stream, int num_sms, int reps) {
+  DeviceBuffer data, sink(sizeof(uint32_t));
+  allocate_ceiling_buffer(data);
+  data.fill_async(0x3C, stream);  // every XOR of the kernel cancels: the sink is never written
+  const std::size_t bytes = data.bytes();
+  return time_ceiling(stream, reps, static_cast<double>(bytes), static_cast<double>(bytes), [&] {
+    launch_read_stream(data.get(), bytes, sink.as<uint32_t>(), num_sms, stream);
+  });
 }
 
 }  // namespace tessera::bench

@@ -1,8 +1,9 @@
-// tessera-bench: timing with CUDA events, in two modes, and the copy-bandwidth ceiling.
+// tessera-bench: timing with CUDA events, in two modes, and the bandwidth ceilings (copy, read).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,20 @@ ModeTiming time_graph(CaseInstance& c, cudaStream_t stream, int calls, int repla
 // a multiple of num_sets so every replay sees each set equally often.
 int graph_calls_for(double est_call_us, int num_sets);
 
-struct CopyBandwidth {
-  double bytes_per_s = 0;  // (bytes read + bytes written) / median time
-  double copy_bytes = 0;   // bytes of one cudaMemcpyAsync
+// A memory-bandwidth ceiling: one pass over a buffer of 1 GiB (512 MiB if that does not fit), median of `reps`.
+struct StreamCeiling {
+  double bytes_per_s = 0;   // bytes moved (read, plus written for a copy) / median time
+  double buffer_bytes = 0;  // bytes of the buffer passed over
   double median_us = 0;
 };
-// Device-to-device cudaMemcpyAsync of 1 GiB (512 MiB if that does not fit), median of `reps`.
-CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, int reps);
+// Device-to-device cudaMemcpyAsync: read + write.
+StreamCeiling measure_copy_bandwidth(cudaStream_t stream, int reps);
+// Read only: 16-byte streaming loads over the whole buffer (read_ceiling.cu), nothing written. The ceiling of
+// kernels that read far more than they write (decode over a KV cache, weight streams); on an H200 it runs 5-8 %
+// above the copy's (read + write) rate.
+StreamCeiling measure_read_bandwidth(cudaStream_t stream, int num_sms, int reps);
+// The kernel of measure_read_bandwidth; `sink` is written only if the data holds a value it never holds.
+void launch_read_stream(const void* data, std::size_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream);
 
 double median(std::vector<double> v);
 
