@@ -9,9 +9,15 @@
 namespace tessera::attention {
 namespace detail {
 
-// Split count from shapes only (the device lengths are unknown on the host): model each CTA as costing its share
-// of the capacity plus a fixed start-up, count the waves at the kernel's resident CTAs per SM (config.h), and
-// charge a split run the merge. Sequences shorter than the capacity only make the chosen splits finish early.
+// Split count from shapes only (the device lengths are unknown on the host). Each CTA costs its share of the
+// capacity plus a fixed start-up. An SM runs its CTAs in rounds of the kernel's resident CTAs per SM (config.h).
+// Over 8-bit and 4-bit rows, which are partly instruction-bound, the CTAs of a round run side by side: a round costs
+// one CTA. Over 16-bit rows one CTA already pulls an SM's share of DRAM bandwidth, so co-resident CTAs only share
+// it: the SM's cost is the sum of its CTAs. The busiest SM (ceil(CTAs / SMs) CTAs) sets the time; a split run pays
+// the merge. (Measured on an H200, bf16 B=128 T=8192 HQ8 HKV1: 126.8 µs at 1 split (128 CTAs), 130.1 at 2 and
+// 137.8 at 3; bf16 B=32: 39.9 at 4 splits, 42.7 at 6, where some SMs hold one CTA more. 8-bit rows keep the rounds
+// model: one split per CTA slot is 6 % slower for fp8 at B=512.) Sequences shorter than the capacity only make the
+// splits finish early.
 int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
                       KVFormat format, int64_t head_dim) {
   constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head
@@ -19,8 +25,9 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   const int group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(group_size, 1), 1 << 20));
   const int64_t head_tiles = decode_head_tiles(group);
   const int ctas_per_sm = decode_config(format, static_cast<int>(head_dim), decode_n_tiles(group)).ctas_per_sm;
+  const bool bandwidth_bound = decode_elem_bits(format) == 16;
   const int64_t base = std::max<int64_t>(1, batch * num_kv_heads * head_tiles);
-  const int64_t slots = std::max<int64_t>(1, int64_t{ctas_per_sm} * std::max(num_sms, 1));
+  const int64_t sms = std::max(num_sms, 1);
   // Each split keeps at least one stage per warp of capacity.
   const int64_t split_tokens = int64_t{kDecodeWarps} * decode_stage_rows(format, static_cast<int>(head_dim));
   const int64_t max_splits = std::max<int64_t>(
@@ -28,9 +35,11 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   int best = 1;
   double best_cost = 0;
   for (int64_t s = 1; s <= max_splits; ++s) {
-    const double waves = static_cast<double>((base * s + slots - 1) / slots);
-    const double cost =
-        waves * (static_cast<double>(capacity) / static_cast<double>(s) + kStartupTokens) + (s > 1 ? kMergeTokens : 0);
+    const int64_t per_sm = (base * s + sms - 1) / sms;  // CTAs on the busiest SM
+    const int64_t units = bandwidth_bound ? per_sm : (per_sm + ctas_per_sm - 1) / ctas_per_sm;
+    const double cost = static_cast<double>(units) *
+                            (static_cast<double>(capacity) / static_cast<double>(s) + kStartupTokens) +
+                        (s > 1 ? kMergeTokens : 0);
     if (s == 1 || cost < best_cost * 0.98) {  // more splits only for a clear gain
       best = static_cast<int>(s);
       best_cost = cost;
