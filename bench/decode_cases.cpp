@@ -5,7 +5,7 @@
 //   append_kv  B = 128 sequences, S = 1 new token, HKV = 8, D = 128, capacity 4096, contiguous: quantize the new
 //              bf16 K/V rows and write them at a random position per sequence
 //
-// Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform]/<format>
+// Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform][/S<new tokens>]/<format>
 //   hq8kv1      HQ 8, HKV 1 (the seed grid): B in {32, 64, 128, 256, 512}, T 8192, every format
 //   llama3_8b   HQ 32, HKV 8 (Llama-3-8B): B in {1, 16, 64}, T 4096, every format;
 //               long context B 1, T 131072 (native, int4)
@@ -13,8 +13,10 @@
 //               table): hq8kv1 B 128 and llama3_8b B 16 / 64 (native, int8, int4)
 //   zipf        hq8kv1 B 64, capacity 8192, lengths 8192 / r for the ranks r = 1..64 in a random order
 //   uniform     hq8kv1 B 64, capacity 8192, lengths uniform in [1, 8192]                       (native, int4)
+//   S<n>        n new query tokens per sequence, causal (speculative decoding): llama3_8b B 16 / 64 S 4 and
+//               hq8kv1 B 128 S 2 (native, int8, int4); compare.py has no peer row for them
 // Unless named, every sequence holds T tokens. Formats (kv_format_name): native (bf16), fp8 (e4m3, fp32 scale per
-// KV head), int8, int4, int4_group32. bench/compare.py --ops decode runs the same cases (and lengths) against
+// KV head), int8, int4, int4_group32. bench/compare.py --ops decode runs the same cases (and lengths), S<n> aside, against
 // torch SDPA (cuDNN, flash) on the dense bf16 cache.
 //
 // Bytes of a decode call = what it reads and writes: for every attended token, the K and V rows of each KV head
@@ -156,6 +158,7 @@ enum class Lengths { kFull, kZipf, kUniform };
 struct DecodeShape {
   std::string name;  // without the format: "llama3_8b/B16/T4096/paged16"
   int batch = 0, hq = 0, hkv = 0, d = 128;
+  int num_new = 1;       // S: new query tokens per sequence (q [B, S, HQ, D] when > 1)
   int64_t capacity = 0;  // T: tokens per sequence in the cache
   int page_size = 0;     // 0: contiguous
   Lengths lengths = Lengths::kFull;
@@ -190,7 +193,7 @@ double decode_bytes(const DecodeShape& sh, KVFormat f, const std::vector<int32_t
     tokens += n;
     if (sh.paged()) pages += (n + sh.page_size - 1) / sh.page_size;
   }
-  return tokens * per_token + 2.0 * (2.0 * sh.batch * sh.hq * sh.d) + 4.0 * sh.batch + 4.0 * pages +
+  return tokens * per_token + 2.0 * (2.0 * sh.batch * sh.num_new * sh.hq * sh.d) + 4.0 * sh.batch + 4.0 * pages +
          (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
 }
 
@@ -199,7 +202,7 @@ int check_sequences(const DecodeShape& sh, const std::vector<int32_t>& lengths) 
   double macs = 0, bytes = 0;
   int n = 0;
   for (int32_t len : lengths) {
-    macs += 2.0 * len * sh.hq * sh.d;
+    macs += 2.0 * len * sh.num_new * sh.hq * sh.d;
     bytes += 2.0 * len * sh.hkv * sh.d * 8.0;
     if (n > 0 && (macs > kCheckMacs || bytes > kCheckBytes)) break;
     ++n;
@@ -212,7 +215,7 @@ class DecodeCase final : public CaseInstance {
   DecodeCase(const DeviceContext& ctx, const std::string& op, const std::string& name, const DecodeShape& sh,
              KVFormat f)
       : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)) {
-    const int64_t B = sh.batch, HQ = sh.hq, D = sh.d;
+    const int64_t B = sh.batch, HQ = sh.num_new * sh.hq, D = sh.d;  // HQ: query rows per sequence (S·HQ)
     sets_ = rotating_sets(ctx, decode_bytes(sh, f, lengths_));
     check_seqs_ = check_sequences(sh, lengths_);
     seqlens_ = upload_new(lengths_);
@@ -268,19 +271,18 @@ class DecodeCase final : public CaseInstance {
   void run(cudaStream_t stream, int set) override {
     const Set& s = sets_data_[set];
     attention::decode(q_view(s), s.cache, TensorView::contiguous(seqlens_.get(), DType::kInt32, {sh_.batch}, device_),
-                      TensorView::contiguous(o_.get(), DType::kBF16, {sh_.batch, sh_.hq, sh_.d}, device_),
-                      std::nullopt, Workspace{workspace_.get(), workspace_bytes_}, params_, stream);
+                      qo_view(o_.get()), std::nullopt, Workspace{workspace_.get(), workspace_bytes_}, params_, stream);
   }
 
   CheckResult check(cudaStream_t stream) override {
-    const int64_t n = check_seqs_, HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d;
+    const int64_t n = check_seqs_, HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d, S = sh_.num_new;
     o_.fill_async(0xFF, stream);  // NaN
     run(stream, 0);
-    const auto o = o_.download<uint16_t>(n * HQ * D, stream);
+    const auto o = o_.download<uint16_t>(n * S * HQ * D, stream);
 
     // float64 K/V of sequences [0, n), capacity cut to their longest length (rows past a length are not read).
     const int64_t cap = *std::max_element(lengths_.begin(), lengths_.begin() + n);
-    std::vector<double> q(n * HQ * D), k(n * cap * HKV * D, 0.0), v(k.size(), 0.0);
+    std::vector<double> q(n * S * HQ * D), k(n * cap * HKV * D, 0.0), v(k.size(), 0.0);
     for (size_t i = 0; i < q.size(); ++i) q[i] = host::bf16_to_f32(host_q_[i]);
     const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
     parallel_chunks(n * cap * HKV, 1 << 14, 0, [&](int64_t first, int64_t last, Rng&) {
@@ -300,6 +302,7 @@ class DecodeCase final : public CaseInstance {
     rs.num_kv_heads = sh_.hkv;
     rs.head_dim = sh_.d;
     rs.capacity = cap;
+    rs.num_new = sh_.num_new;
     const std::vector<int32_t> lengths(lengths_.begin(), lengths_.begin() + n);
     const reference::DecodeRef ref = reference::decode_reference(q, k, v, lengths, rs, params_);
     CheckResult r = reference::check_decode_output(ref, o, DType::kBF16, {});
@@ -354,8 +357,12 @@ class DecodeCase final : public CaseInstance {
     return c;
   }
 
-  TensorView q_view(const Set& s) const {
-    return TensorView::contiguous(s.q.get(), DType::kBF16, {sh_.batch, sh_.hq, sh_.d}, device_);
+  TensorView q_view(const Set& s) const { return qo_view(s.q.get()); }
+  // q and o: [B, HQ, D], or [B, S, HQ, D] with several new tokens.
+  TensorView qo_view(void* p) const {
+    if (sh_.num_new > 1)
+      return TensorView::contiguous(p, DType::kBF16, {sh_.batch, sh_.num_new, sh_.hq, sh_.d}, device_);
+    return TensorView::contiguous(p, DType::kBF16, {sh_.batch, sh_.hq, sh_.d}, device_);
   }
 
   DecodeShape sh_;
@@ -380,7 +387,7 @@ void add_decode_shape_cases(std::vector<CaseSpec>& cases, const DecodeShape& sh,
     c.op = "decode";
     c.name = sh.name + "/" + attention::kv_format_name(f);
     c.bytes = decode_bytes(sh, f, lengths);
-    c.flops = 4.0 * sh.hq * sh.d * std::accumulate(lengths.begin(), lengths.end(), 0.0);
+    c.flops = 4.0 * sh.num_new * sh.hq * sh.d * std::accumulate(lengths.begin(), lengths.end(), 0.0);
     c.setup = [op = c.op, name = c.name, sh, f](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
       return std::make_unique<DecodeCase>(ctx, op, name, sh, f);
     };
@@ -393,13 +400,15 @@ void add_decode_cases(std::vector<CaseSpec>& cases) {
   const std::vector<KVFormat> paged_formats = {KVFormat::kNative, KVFormat::kInt8, KVFormat::kInt4};
   const std::vector<KVFormat> bf16_int4 = {KVFormat::kNative, KVFormat::kInt4};
   const auto shape = [](const std::string& model, int B, int hq, int hkv, int64_t T, int page_size = 0,
-                        Lengths lengths = Lengths::kFull) {
+                        Lengths lengths = Lengths::kFull, int num_new = 1) {
     DecodeShape sh;
     sh.name = model + "/B" + std::to_string(B) + "/T" + std::to_string(T);
     if (page_size) sh.name += "/paged" + std::to_string(page_size);
     if (lengths == Lengths::kZipf) sh.name += "/zipf";
     if (lengths == Lengths::kUniform) sh.name += "/uniform";
+    if (num_new > 1) sh.name += "/S" + std::to_string(num_new);
     sh.batch = B, sh.hq = hq, sh.hkv = hkv, sh.capacity = T, sh.page_size = page_size, sh.lengths = lengths;
+    sh.num_new = num_new;
     return sh;
   };
   for (int B : {32, 64, 128, 256, 512}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192), every);
@@ -411,6 +420,10 @@ void add_decode_cases(std::vector<CaseSpec>& cases) {
   }
   for (Lengths l : {Lengths::kZipf, Lengths::kUniform})
     add_decode_shape_cases(cases, shape("hq8kv1", 64, 8, 1, 8192, 0, l), bf16_int4);
+  // Speculative decoding: S new tokens per sequence, causal among themselves (S·G = 16 query rows per KV head).
+  for (int B : {16, 64})
+    add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, 0, Lengths::kFull, 4), paged_formats);
+  add_decode_shape_cases(cases, shape("hq8kv1", 128, 8, 1, 8192, 0, Lengths::kFull, 2), paged_formats);
 }
 
 // ============================================================================================================

@@ -7,6 +7,9 @@
 //   L counts the current token: append its K and V first (append_kv below), then decode with the new lengths.
 //   L == 0: o is zero and lse is -inf.
 //   lse[b, h] = log Σ_t exp(s[b, h, t]) (natural log), optional.
+//   Several new tokens per sequence (speculative decoding, q [B, S, HQ, D], S <= kDecodeMaxNewTokens): token i sits
+//   at position L - S + i and attends causally, to the keys t in [max(0, L - S + 1 + i - window), L - S + 1 + i).
+//   Append all S tokens' K and V first; a token with no key left (L - S + 1 + i <= 0) gets o = 0 and lse = -inf.
 // append_kv: quantizes new K/V rows (bf16/fp16) into the cache format and writes them at given positions.
 //
 // Both ops run asynchronously on the given stream, never synchronize the host (lengths and page tables are read on
@@ -72,6 +75,7 @@ struct KVCache {
 };
 
 inline constexpr int kDecodeMaxSplits = 128;
+inline constexpr int kDecodeMaxNewTokens = 8;  // S, new query tokens per sequence in one decode call
 
 struct DecodeParams {
   float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
@@ -89,9 +93,10 @@ inline constexpr int kInt4GroupSize = 32;
 // Depends only on shapes, the device and params, never on device values, so it can be sized once for a graph.
 std::size_t decode_workspace_bytes(const TensorView& q, const KVCache& cache, const DecodeParams& params = {});
 
-// q [B, HQ, D] bf16|fp16, unit stride along D, 16-byte aligned rows; HQ a multiple of HKV; D ∈ {64, 128, 256}.
-// cache_seqlens int32 [B] on the device. o [B, HQ, D] same dtype as q, unit stride along D.
-// lse fp32 [B, HQ] (any strides) or none.
+// q [B, HQ, D] or [B, S, HQ, D] (1 <= S <= kDecodeMaxNewTokens) bf16|fp16, unit stride along D, 16-byte aligned
+// rows; HQ a multiple of HKV; D ∈ {64, 128, 256}. cache_seqlens int32 [B] on the device (the length including the
+// S new tokens). o shaped like q, same dtype, unit stride along D. lse fp32 [B, HQ] or [B, S, HQ] (any strides) or
+// none.
 void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_seqlens, const TensorView& o,
             const std::optional<TensorView>& lse, const Workspace& workspace, const DecodeParams& params,
             cudaStream_t stream);

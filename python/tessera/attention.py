@@ -2,7 +2,7 @@
 
 Thin wrappers over tessera._C (the C++ library, include/tessera/attention.h; user doc docs/ops/attention_decode.md).
 
-* ``attention_decode``: one new query token per sequence attends to its cached keys and values
+* ``attention_decode``: one new query token per sequence (or up to 8, causal) attends to its cached keys and values
   (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
   'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
   (scale, offset) per token and head) and 'int4_group32' (fp16 (scale, offset) per 32 elements).
@@ -30,7 +30,7 @@ import operator
 
 from . import _C
 from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, to_capsule, torch_module
-from .moe import _choice, _current_stream, _int, _rank
+from .moe import _choice, _current_stream, _int
 
 __all__ = [
     "FORMATS",
@@ -179,9 +179,12 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     Over the keys t in [max(0, L - window), L) with L = min(cache_seqlens[b], capacity) (window 0: all keys);
     G = HQ / HKV query heads share a KV head. With softcap > 0 the logits become softcap * tanh(s / softcap).
     L = 0 gives o = 0 and lse = -inf. L counts the current token: append its K/V first (append_kv).
+    Speculative decoding: q [B, S, HQ, D] holds S <= 8 new tokens per sequence (all appended, L counts them);
+    token i sits at position L - S + i and attends causally to the keys [max(0, L - S + 1 + i - window),
+    L - S + 1 + i); a token with no key gets o = 0 and lse = -inf.
 
-    q              [B, HQ, D] bf16 | fp16, unit stride along D, 16-byte aligned rows; D in {64, 128, 256};
-                   HQ a multiple of HKV.
+    q              [B, HQ, D] or [B, S, HQ, D] bf16 | fp16, unit stride along D, 16-byte aligned rows;
+                   D in {64, 128, 256}; HQ a multiple of HKV.
     k_cache, v_cache  contiguous [B, T_max, HKV, row] or paged [num_pages, page_size, HKV, row]:
                    'native': q's dtype, row = D; 'fp8': float8_e4m3fn or uint8, row = D; 'int8': uint8, row = D;
                    'int4', 'int4_group32': uint8, row = D/2 (byte j: element 2j in bits 0..3, 2j+1 in 4..7).
@@ -193,8 +196,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
                    None for the contiguous one.
     softmax_scale  None (or 0): 1/sqrt(D).   softcap  0: off.   window  0: all keys.
     num_splits     0: chosen from the shapes and the SM count; else 1..128 splits of the sequence.
-    out            [B, HQ, D] of q's dtype to write into (default: allocated with torch.empty).
-    lse            fp32 [B, HQ] to write log-sum-exp into (natural log); allocated when return_lse and None.
+    out            shaped like q, of q's dtype, to write into (default: allocated with torch.empty).
+    lse            fp32 [B, HQ] ([B, S, HQ] for a 4-D q) to write log-sum-exp into (natural log); allocated when
+                   return_lse and None.
     workspace      device tensor of at least decode_workspace_size(...) bytes (any dtype, contiguous); allocated
                    when None and needed. Pass it (and out) preallocated when capturing a CUDA graph.
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
@@ -202,7 +206,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     """
     op = "tessera.attention_decode"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
-    _rank(op, "q", q, 3, "[B, HQ, D]")
+    if q.dim() not in (3, 4):
+        raise ValueError(f"{op}: 'q' must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), "
+                         f"got shape {list(q.shape)}")
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
     cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
     if out is None:
@@ -212,7 +218,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
         _not_fp8(op, "out", out)
     if lse is None:
         if return_lse:
-            lse = torch.empty(q.shape[:2], dtype=torch.float32, device=device)
+            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
     else:
         lse = as_tensor(lse, op, "lse")
     if workspace is not None:

@@ -260,10 +260,11 @@ DecodeRef decode_reference(const std::vector<double>& q, const std::vector<doubl
   require(s.batch >= 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.head_dim > 0 && s.capacity >= 0, fn,
           "batch and capacity must be >= 0, the head counts and head_dim > 0");
   require(s.num_q_heads % s.num_kv_heads == 0, fn, "num_q_heads must be a multiple of num_kv_heads");
+  require(s.num_new >= 1, fn, "num_new must be >= 1");
   const int64_t B = s.batch, HQ = s.num_q_heads, HKV = s.num_kv_heads, D = s.head_dim, T = s.capacity;
-  const int64_t G = HQ / HKV;
-  require(static_cast<int64_t>(q.size()) == B * HQ * D, fn,
-          "q must hold B·HQ·D = " + std::to_string(B * HQ * D) + " values, got " + std::to_string(q.size()));
+  const int64_t S = s.num_new, G = HQ / HKV;
+  require(static_cast<int64_t>(q.size()) == B * S * HQ * D, fn,
+          "q must hold B·S·HQ·D = " + std::to_string(B * S * HQ * D) + " values, got " + std::to_string(q.size()));
   require(static_cast<int64_t>(k.size()) == B * T * HKV * D && k.size() == v.size(), fn,
           "k and v must hold B·T_cap·HKV·D = " + std::to_string(B * T * HKV * D) + " values, got " +
               std::to_string(k.size()) + " and " + std::to_string(v.size()));
@@ -274,28 +275,29 @@ DecodeRef decode_reference(const std::vector<double>& q, const std::vector<doubl
   const double softcap = params.softcap;
   DecodeRef ref;
   ref.shape = s;
-  ref.begin.resize(B);
-  ref.end.resize(B);
+  ref.begin.resize(B * S);
+  ref.end.resize(B * S);
   double work = 0.0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t L = std::clamp<int64_t>(seqlens[b], 0, T);
-    ref.end[b] = L;
-    ref.begin[b] = params.window > 0 ? std::max<int64_t>(0, L - params.window) : 0;
-    work += static_cast<double>(L - ref.begin[b]) * HQ * D * 4;
-  }
-  ref.o.assign(B * HQ * D, 0.0);
-  ref.lse.assign(B * HQ, -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t lim = std::clamp<int64_t>(seqlens[b], 0, T) - S + 1 + i;  // causal: keys before lim
+      ref.end[b * S + i] = std::max<int64_t>(0, lim);
+      ref.begin[b * S + i] = params.window > 0 ? std::max<int64_t>(0, lim - params.window) : 0;
+      work += static_cast<double>(std::max<int64_t>(0, lim - ref.begin[b * S + i])) * HQ * D * 4;
+    }
+  ref.o.assign(B * S * HQ * D, 0.0);
+  ref.lse.assign(B * S * HQ, -std::numeric_limits<double>::infinity());
 
-  const int64_t items = B * HKV;  // (sequence, KV head): its G query heads share the K and V rows
+  const int64_t items = B * S * HKV;  // (query token, KV head): its G query heads share the K and V rows
   const int threads = num_workers(num_threads, work, items);
   parallel(threads, [&](int th) {
     std::vector<double> p;  // [G][n]: logits, then probabilities
     for (int64_t item = th; item < items; item += threads) {  // interleaved: lengths vary by sequence
-      const int64_t b = item / HKV, kvh = item % HKV;
-      const int64_t t0 = ref.begin[b], t1 = ref.end[b], n = t1 - t0;
+      const int64_t bs = item / HKV, kvh = item % HKV, b = bs / S;  // bs = b·S + i
+      const int64_t t0 = ref.begin[bs], t1 = ref.end[bs], n = t1 - t0;
       if (n <= 0) continue;
       p.resize(G * n);
-      const double* qb = &q[(b * HQ + kvh * G) * D];
+      const double* qb = &q[(bs * HQ + kvh * G) * D];
       for (int64_t t = t0; t < t1; ++t) {
         const double* kt = &k[((b * T + t) * HKV + kvh) * D];
         for (int64_t g = 0; g < G; ++g) {
@@ -313,14 +315,14 @@ DecodeRef decode_reference(const std::vector<double>& q, const std::vector<doubl
           pg[i] = std::exp(pg[i] - m);
           sum += pg[i];
         }
-        ref.lse[b * HQ + kvh * G + g] = m + std::log(sum);
+        ref.lse[bs * HQ + kvh * G + g] = m + std::log(sum);
         for (int64_t i = 0; i < n; ++i) pg[i] /= sum;
       }
       for (int64_t t = t0; t < t1; ++t) {
         const double* vt = &v[((b * T + t) * HKV + kvh) * D];
         for (int64_t g = 0; g < G; ++g) {
           const double w = p[g * n + (t - t0)];
-          double* og = &ref.o[(b * HQ + kvh * G + g) * D];
+          double* og = &ref.o[(bs * HQ + kvh * G + g) * D];
           for (int64_t d = 0; d < D; ++d) og[d] += w * vt[d];
         }
       }
@@ -335,7 +337,7 @@ DecodeCheck check_decode_output(const DecodeRef& ref, const uint16_t* o, DType o
   const char* fn = "check_decode_output";
   require(o_dtype == DType::kBF16 || o_dtype == DType::kFP16, fn, "o_dtype must be bf16 or fp16");
   const DecodeShape& s = ref.shape;
-  const int64_t B = s.batch, HQ = s.num_q_heads, D = s.head_dim;
+  const int64_t B = int64_t{s.batch} * s.num_new, HQ = s.num_q_heads, D = s.head_dim;  // B: query tokens b·S + i
   require(static_cast<int64_t>(ref.o.size()) == B * HQ * D && static_cast<int64_t>(ref.lse.size()) == B * HQ, fn,
           "the reference's o / lse do not match its shape");
   require(o != nullptr || B * HQ == 0, fn, "o is null");
@@ -438,10 +440,10 @@ DecodeCheck check_decode_output(const DecodeRef& ref, const uint16_t* o, DType o
 DecodeCheck check_decode_output(const DecodeRef& ref, const std::vector<uint16_t>& o, DType o_dtype,
                                 const std::vector<float>& lse, const DecodeTolerance& tol) {
   const DecodeShape& s = ref.shape;
-  const int64_t B = s.batch, HQ = s.num_q_heads, D = s.head_dim;
-  require(static_cast<int64_t>(o.size()) == B * HQ * D, "check_decode_output", "o must hold B·HQ·D values");
+  const int64_t B = int64_t{s.batch} * s.num_new, HQ = s.num_q_heads, D = s.head_dim;
+  require(static_cast<int64_t>(o.size()) == B * HQ * D, "check_decode_output", "o must hold B·S·HQ·D values");
   require(lse.empty() || static_cast<int64_t>(lse.size()) == B * HQ, "check_decode_output",
-          "lse must be empty or hold B·HQ values");
+          "lse must be empty or hold B·S·HQ values");
   return check_decode_output(ref, o.data(), o_dtype, HQ * D, D, lse.empty() ? nullptr : lse.data(), HQ, 1, tol);
 }
 

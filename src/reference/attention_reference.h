@@ -74,18 +74,20 @@ struct DecodeShape {
   int num_kv_heads = 0;   // HKV
   int head_dim = 0;       // D (any positive value)
   int64_t capacity = 0;   // T_cap: tokens per sequence in k / v
+  int num_new = 1;        // S: new query tokens per sequence (speculative decoding), causal among themselves
 };
 
 struct DecodeRef {
   DecodeShape shape;
-  std::vector<int64_t> begin, end;  // [B]: the keys each sequence attends to, [begin, end)
-  std::vector<double> o;            // [B][HQ][D]; zero where end == begin
-  std::vector<double> lse;          // [B][HQ], natural log; -inf where end == begin
+  std::vector<int64_t> begin, end;  // [B·S]: the keys query token (b, i) attends to, [begin, end)
+  std::vector<double> o;            // [B·S][HQ][D]; zero where end == begin
+  std::vector<double> lse;          // [B·S][HQ], natural log; -inf where end == begin
 };
 
-// q [B][HQ][D]; k, v [B][T_cap][HKV][D] (rows past a sequence's length are not read); seqlens [B], clamped to
-// [0, T_cap]. params as decode's: softmax_scale 0 = 1/sqrt(D), softcap > 0 caps the logits, window > 0 keeps the
-// last `window` keys; num_splits is ignored. num_threads 0: one per hardware thread (fewer for small problems);
+// q [B][S][HQ][D]; k, v [B][T_cap][HKV][D] (rows past a sequence's length are not read); seqlens [B], clamped to
+// [0, T_cap] (L). Token i of sequence b attends to keys [max(0, lim - window), max(0, lim)), lim = L - S + 1 + i
+// (window 0: from 0). params as decode's: softmax_scale 0 = 1/sqrt(D), softcap > 0 caps the logits, window > 0
+// keeps the last `window` keys; num_splits is ignored. num_threads 0: one per hardware thread (fewer for small problems);
 // results do not depend on it.
 DecodeRef decode_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
                            const std::vector<int32_t>& seqlens, const DecodeShape& shape,
@@ -104,8 +106,10 @@ struct DecodeCheck : CheckResult {  // error = relative Frobenius error of o; co
   int64_t empty_rows_bad = 0;       // rows without keys whose o is not all zero or whose lse is not -inf
 };
 
-// o: host copy of the GPU output, bf16 or fp16 bits (o_dtype), o(b, h, d) = o[b · o_stride_b + h · o_stride_h + d];
-// lse (nullable): fp32, lse(b, h) = lse[b · lse_stride_b + h · lse_stride_h]. Every row of o must be finite; rows
+// o: host copy of the GPU output, bf16 or fp16 bits (o_dtype), o(b, h, d) = o[b · o_stride_b + h · o_stride_h + d]
+// where b runs over the B·S query tokens b·S + i (S = 1: the sequences; S > 1: o_stride_b is the stride between
+// consecutive tokens, e.g. HQ·D for a contiguous [B, S, HQ, D]); lse (nullable): fp32,
+// lse(b, h) = lse[b · lse_stride_b + h · lse_stride_h], b as for o. Every row of o must be finite; rows
 // without keys exactly zero (±0) with lse == -inf.
 DecodeCheck check_decode_output(const DecodeRef& ref, const uint16_t* o, DType o_dtype, int64_t o_stride_b,
                                 int64_t o_stride_h, const float* lse, int64_t lse_stride_b, int64_t lse_stride_h,

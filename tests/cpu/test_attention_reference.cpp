@@ -284,6 +284,53 @@ TEST(AttentionReferenceDecode, DefaultScaleIsInverseSqrtD) {
   EXPECT_NEAR(r.lse[0], std::log(5.0), 1e-14);
 }
 
+TEST(AttentionReferenceDecode, NewTokensAttendCausally) {
+  // S = 3 new tokens of a sequence of L = 4 (positions 1, 2, 3), D = 1, q = 0: token i averages V[0 .. i + 1].
+  // Window 2: token i averages V[i, i + 1]. L = 1: tokens 0 and 1 attend to nothing, token 2 to V[0].
+  const std::vector<double> q(3, 0.0), k(5, 0.0), v = {2, 4, 6, 8, NAN};
+  DecodeRef r = decode_reference(q, k, v, {4}, {1, 1, 1, 1, 5, 3}, {});
+  EXPECT_EQ(r.o, (std::vector<double>{3, 4, 5}));
+  EXPECT_EQ(r.end, (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_NEAR(r.lse[0], std::log(2.0), 1e-14);
+  EXPECT_NEAR(r.lse[2], std::log(4.0), 1e-14);
+  DecodeParams p;
+  p.window = 2;
+  r = decode_reference(q, k, v, {4}, {1, 1, 1, 1, 5, 3}, p);
+  EXPECT_EQ(r.o, (std::vector<double>{3, 5, 7}));
+  EXPECT_EQ(r.begin, (std::vector<int64_t>{0, 1, 2}));
+  r = decode_reference(q, k, v, {1}, {1, 1, 1, 1, 5, 3}, {});
+  EXPECT_EQ(r.o, (std::vector<double>{0, 0, 2}));
+  EXPECT_TRUE(std::isinf(r.lse[0]) && r.lse[0] < 0);
+  EXPECT_TRUE(std::isinf(r.lse[1]) && r.lse[1] < 0);
+  EXPECT_EQ(r.lse[2], 0.0);
+}
+
+// Token i of S equals a single-token decode over the first L - S + 1 + i keys (random data, GQA, window).
+TEST(AttentionReferenceDecode, NewTokensMatchTruncatedSingleTokenDecodes) {
+  const int B = 2, S = 4, HQ = 4, HKV = 2, D = 8, T = 12;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> nd;
+  std::vector<double> q(B * S * HQ * D), k(B * T * HKV * D), v(k.size());
+  for (auto* vec : {&q, &k, &v})
+    for (double& x : *vec) x = nd(rng);
+  const std::vector<int32_t> lens = {9, 2};
+  for (int window : {0, 3}) {
+    DecodeParams p;
+    p.window = window;
+    const DecodeRef multi = decode_reference(q, k, v, lens, {B, HQ, HKV, D, T, S}, p);
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < S; ++i) {
+        const std::vector<double> qi(q.begin() + (b * S + i) * HQ * D, q.begin() + (b * S + i + 1) * HQ * D);
+        const std::vector<double> kb(k.begin() + b * T * HKV * D, k.begin() + (b + 1) * T * HKV * D);
+        const std::vector<double> vb(v.begin() + b * T * HKV * D, v.begin() + (b + 1) * T * HKV * D);
+        const int32_t li = std::max(0, lens[b] - S + 1 + i);
+        const DecodeRef one = decode_reference(qi, kb, vb, {li}, {1, HQ, HKV, D, T}, p);
+        for (int x = 0; x < HQ * D; ++x) EXPECT_EQ(multi.o[(b * S + i) * HQ * D + x], one.o[x]);
+        for (int h = 0; h < HQ; ++h) EXPECT_EQ(multi.lse[(b * S + i) * HQ + h], one.lse[h]);
+      }
+  }
+}
+
 TEST(AttentionReferenceDecode, WindowKeepsTheLastKeys) {
   // D = 1, q = 0: o is the mean of the V rows in the window.
   const std::vector<double> q = {0.0}, k(6, 0.0), v = {1, 2, 3, 4, 5, NAN};

@@ -174,7 +174,38 @@ const std::vector<DecodeCase>& decode_cases() {
   static const std::vector<DecodeCase> all = {
       // ---- q
       {"q fp32", kAll, [](DecodeArgs& a) { a.q.dtype = DType::kFP32; }, "q", {"bf16 | fp16", "got fp32"}},
-      {"q rank 2", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, kHQ * kD}); }, "q", {"rank 3"}},
+      {"q rank 2", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, kHQ * kD}); }, "q",
+       {"[B, HQ, D] or [B, S, HQ, D]", "[2, 1024]"}},
+      {"q 9 new tokens", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 9, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 9, kHQ, kD});
+       },
+       "q", {"1 to 8 new tokens", "S, dim 1", "[2, 9, 8, 128]"}},
+      {"q 0 new tokens", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 0, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 0, kHQ, kD});
+       },
+       "q", {"1 to 8 new tokens"}},
+      {"4-D q, HQ not a multiple of HKV", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, 7, kD}); },
+       "q", {"(dim 2): HQ (7)"}},
+      {"4-D q, D 96", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, 96}); }, "q",
+       {"head dim D (dim 3)"}},
+      {"3-D o under a 4-D q", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD}); }, "o",
+       {"[B, S, HQ, D]"}},
+      {"4-D o, another S", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 3, kHQ, kD});
+       },
+       "o", {"[B, S, HQ, D]", "[2, 2, 8, 128]", "[2, 3, 8, 128]"}},
+      {"[B, HQ] lse under a 4-D q", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 2, kHQ, kD});
+       },
+       "lse", {"[B, S, HQ]"}},
       {"q D 96", kAll, [](DecodeArgs& a) { a.q.shape[2] = 96; }, "q", {"64, 128 or 256", "[2, 8, 96]"}},
       {"q D 32", kAll, [](DecodeArgs& a) { a.q.shape[2] = 32; }, "q", {"64, 128 or 256"}},
       {"q no heads", kAll, [](DecodeArgs& a) { a.q.shape[1] = 0; }, "q", {"heads"}},
@@ -437,6 +468,22 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
       {"explicit splits, exact workspace", kAll, [](DecodeArgs& a) { set_splits(a, 4, 4); }},
       {"128 splits capped to 4 (64 tokens of capacity)", kAll, [](DecodeArgs& a) { set_splits(a, 128, 4); }},
       {"one split, no workspace", kAll, [](DecodeArgs& a) { a.params.num_splits = 1; }},
+      {"8 new tokens, 2 splits", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 8, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 8, kHQ, kD});
+         a.lse = view(a.lse->data, DType::kFP32, {kB, 8, kHQ});
+         a.params.num_splits = 2;
+         a.workspace.data = buffers().ws.data();
+         a.workspace.bytes = decode_workspace_bytes_for(kB * 8, kHQ, kD, 2);
+       }},
+      {"4-D q with one new token", kAll,
+       [](DecodeArgs& a) {
+         a.q = view(a.q.data, a.q.dtype, {kB, 1, kHQ, kD});
+         a.o = view(a.o.data, a.o.dtype, {kB, 1, kHQ, kD});
+         a.lse = view(a.lse->data, DType::kFP32, {kB, 1, kHQ});
+         a.params.num_splits = 1;
+       }},
       {"fp16 q and o", kQuant, [](DecodeArgs& a) { a.q.dtype = a.o.dtype = DType::kFP16; }},
       {"fp16 native cache", kNat,
        [](DecodeArgs& a) {
@@ -813,6 +860,27 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   EXPECT_EQ(p.q_stride_h, kD);
   EXPECT_EQ(p.lse, nullptr);
   EXPECT_EQ(p.cache.stride_token, kHKV * kD);
+  EXPECT_EQ(p.num_new, 1);
+
+  // Three new tokens per sequence: q [B, 3, HQ, D], o alike, lse [B, 3, HQ]; the workspace counts B · 3 rows.
+  {
+    const TensorView q3 = dview(at(4), DType::kFP16, {kB, 3, kHQ, kD});
+    const TensorView o3 = dview(at(5), DType::kFP16, {kB, 3, kHQ, kD});
+    const TensorView lse3 = dview(at(7), DType::kFP32, {kB, 3, kHQ});
+    DecodeParams p3;
+    p3.num_splits = 2;
+    const DecodeProblem m = check_decode(kDecode, q3, cache, seqlens, o3, lse3, ws, p3);
+    EXPECT_EQ(m.num_new, 3);
+    EXPECT_EQ(m.q_stride_b, 3 * kHQ * kD);
+    EXPECT_EQ(m.q_stride_s, kHQ * kD);
+    EXPECT_EQ(m.q_stride_h, kD);
+    EXPECT_EQ(m.o_stride_s, kHQ * kD);
+    EXPECT_EQ(m.lse_stride_b, 3 * kHQ);
+    EXPECT_EQ(m.lse_stride_s, kHQ);
+    EXPECT_EQ(m.lse_stride_h, 1);
+    EXPECT_EQ(m.workspace_bytes, decode_workspace_bytes_for(kB * 3, kHQ, kD, 2));
+    EXPECT_EQ(decode_workspace_bytes(q3, cache, p3), m.workspace_bytes);
+  }
 
   params.num_splits = 0;
   params.softmax_scale = 0.25f;

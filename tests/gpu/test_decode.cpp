@@ -278,6 +278,8 @@ struct DecodeCase {
   CacheGeom g;
   DType q_dtype = DType::kBF16;
   int HQ = 8;
+  int S = 1;                 // new query tokens per sequence
+  bool q4d = false;          // q, o and lse with the S dim even when S == 1
   std::vector<int32_t> seqlens;  // as given to the kernel: may be negative or past the capacity
   DecodeParams params;
   bool with_lse = true;
@@ -286,6 +288,7 @@ struct DecodeCase {
   bool keep_raw = false;     // keep the unquantized values for reference(..., raw = true)
   std::string describe() const {
     std::string s = g.describe() + " HQ=" + std::to_string(HQ) + (q_dtype == DType::kFP16 ? " q=fp16" : " q=bf16");
+    if (S > 1 || q4d) s += " S=" + std::to_string(S);
     s += " lens=[";
     for (size_t i = 0; i < seqlens.size(); ++i) s += (i ? "," : "") + std::to_string(seqlens[i]);
     s += "] splits=" + std::to_string(params.num_splits);
@@ -317,7 +320,8 @@ class DecodeFixture {
     if (fill_end.empty())
       for (int32_t s : c.seqlens) fill_end.push_back(static_cast<int32_t>(std::clamp<int64_t>(s, 0, T)));
     if (fill_begin.empty())
-      for (int32_t e : fill_end) fill_begin.push_back(c.params.window > 0 ? std::max(0, e - c.params.window) : 0);
+      for (int32_t e : fill_end)  // token 0 of S starts its window S - 1 keys earlier
+        fill_begin.push_back(c.params.window > 0 ? std::max(0, e - (c.S - 1) - c.params.window) : 0);
     Filler f(seed);
 
     // Raw rows of the filled tokens, compact: ((row_start[b] + t - begin) * HKV + h) * D.
@@ -355,8 +359,8 @@ class DecodeFixture {
           }
         }
 
-    // q: normals of q's dtype.
-    std::vector<float> qf(int64_t{B} * HQ * D);
+    // q: normals of q's dtype, [B][S][HQ][D].
+    std::vector<float> qf(int64_t{B} * c.S * HQ * D);
     f.normals(qf.data(), static_cast<int64_t>(qf.size()), c.q_dtype);
     q_bits_.resize(qf.size());
     q_.resize(qf.size());
@@ -369,9 +373,10 @@ class DecodeFixture {
     q_dev_ = std::make_unique<DeviceBuffer<uint16_t>>(q_bits_);
     seqlens_dev_ = std::make_unique<DeviceBuffer<int32_t>>(c.seqlens);
     o_stride_h_ = c.strided_out ? D + 8 : D;
-    o_stride_b_ = HQ * o_stride_h_;
+    o_stride_s_ = HQ * o_stride_h_;
+    o_stride_b_ = c.S * o_stride_s_;
     o_dev_ = std::make_unique<DeviceBuffer<uint16_t>>(static_cast<size_t>(B) * o_stride_b_);
-    lse_dev_ = std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(B) * HQ);
+    lse_dev_ = std::make_unique<DeviceBuffer<float>>(static_cast<size_t>(B) * c.S * HQ);
     TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~DecodeFixture() { cudaStreamDestroy(stream_); }
@@ -380,14 +385,25 @@ class DecodeFixture {
   const DeviceCache& cache() const { return *dev_; }
   cudaStream_t stream() const { return stream_; }
 
+  bool four_d() const { return c_.S > 1 || c_.q4d; }
   TensorView q_view() const {
-    return strided(q_dev_->get(), c_.q_dtype, {c_.g.B, c_.HQ, c_.g.D}, {int64_t{c_.HQ} * c_.g.D, c_.g.D, 1});
+    const int64_t hd = int64_t{c_.HQ} * c_.g.D;
+    if (four_d())
+      return strided(q_dev_->get(), c_.q_dtype, {c_.g.B, c_.S, c_.HQ, c_.g.D}, {c_.S * hd, hd, c_.g.D, 1});
+    return strided(q_dev_->get(), c_.q_dtype, {c_.g.B, c_.HQ, c_.g.D}, {hd, c_.g.D, 1});
   }
   TensorView o_view() const {
+    if (four_d())
+      return strided(o_dev_->get(), c_.q_dtype, {c_.g.B, c_.S, c_.HQ, c_.g.D}, {o_stride_b_, o_stride_s_, o_stride_h_, 1});
     return strided(o_dev_->get(), c_.q_dtype, {c_.g.B, c_.HQ, c_.g.D}, {o_stride_b_, o_stride_h_, 1});
   }
+  // lse [B, (S,) HQ]; strided_out: transposed, HQ outermost in memory.
   std::optional<TensorView> lse_view() const {
     if (!c_.with_lse) return std::nullopt;
+    const int64_t BS = int64_t{c_.g.B} * c_.S;
+    if (four_d())
+      return c_.strided_out ? strided(lse_dev_->get(), DType::kFP32, {c_.g.B, c_.S, c_.HQ}, {c_.S, 1, BS})
+                            : strided(lse_dev_->get(), DType::kFP32, {c_.g.B, c_.S, c_.HQ}, {c_.S * c_.HQ, c_.HQ, 1});
     if (c_.strided_out) return strided(lse_dev_->get(), DType::kFP32, {c_.g.B, c_.HQ}, {1, c_.g.B});
     return strided(lse_dev_->get(), DType::kFP32, {c_.g.B, c_.HQ}, {c_.HQ, 1});
   }
@@ -426,20 +442,21 @@ class DecodeFixture {
   }
 
   DecodeRef reference(const DecodeParams& params, const std::vector<int32_t>& seqlens, bool raw = false) const {
-    const reference::DecodeShape s{c_.g.B, c_.HQ, c_.g.HKV, c_.g.D, c_.g.capacity};
+    const reference::DecodeShape s{c_.g.B, c_.HQ, c_.g.HKV, c_.g.D, c_.g.capacity, c_.S};
     return raw ? reference::decode_reference(q_, dense_raw_k_, dense_raw_v_, seqlens, s, params)
                : reference::decode_reference(q_, deq_k_, deq_v_, seqlens, s, params);
   }
 
+  // The check walks the B·S query tokens (b, i) = b·S + i: o and lse strides per token.
   DecodeCheck check(const DecodeOut& out, const DecodeRef& ref, const DecodeTolerance& tol) const {
-    const int B = c_.g.B, HQ = c_.HQ, D = c_.g.D;
-    DecodeCheck r = c_.with_lse ? reference::check_decode_output(ref, out.o.data(), c_.q_dtype, o_stride_b_,
+    const int64_t BS = int64_t{c_.g.B} * c_.S, HQ = c_.HQ, D = c_.g.D;
+    DecodeCheck r = c_.with_lse ? reference::check_decode_output(ref, out.o.data(), c_.q_dtype, o_stride_s_,
                                                                  o_stride_h_, out.lse.data(),
-                                                                 c_.strided_out ? 1 : HQ, c_.strided_out ? B : 1, tol)
-                                : reference::check_decode_output(ref, out.o.data(), c_.q_dtype, o_stride_b_,
+                                                                 c_.strided_out ? 1 : HQ, c_.strided_out ? BS : 1, tol)
+                                : reference::check_decode_output(ref, out.o.data(), c_.q_dtype, o_stride_s_,
                                                                  o_stride_h_, nullptr, 0, 0, tol);
     // The padding of a strided o must still hold the poison.
-    for (int64_t row = 0; row < int64_t{B} * HQ && c_.strided_out; ++row)
+    for (int64_t row = 0; row < BS * HQ && c_.strided_out; ++row)
       for (int64_t d = D; d < o_stride_h_; ++d)
         if (out.o[row * o_stride_h_ + d] != 0xFFFF) {
           r.ok = false;
@@ -460,7 +477,7 @@ class DecodeFixture {
   std::unique_ptr<DeviceBuffer<uint16_t>> q_dev_, o_dev_;
   std::unique_ptr<DeviceBuffer<int32_t>> seqlens_dev_;
   std::unique_ptr<DeviceBuffer<float>> lse_dev_;
-  int64_t o_stride_b_ = 0, o_stride_h_ = 0;
+  int64_t o_stride_b_ = 0, o_stride_s_ = 0, o_stride_h_ = 0;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -481,6 +498,11 @@ void check_decode_case(const DecodeCase& c) {
   const DecodeCheck r = fx.check(out, fx.reference(c.params, c.seqlens), grid_tolerance());
   EXPECT_TRUE(r.ok) << r.message;
 }
+
+struct CacheLayout {
+  bool paged;
+  int page_size;  // paged only
+};
 
 class DecodeGpu : public ::testing::Test {
  protected:
@@ -522,11 +544,7 @@ TEST_F(DecodeGpu, Grid) {
     int HQ, HKV;
   };
   const Ratio ratios[] = {{8, 8}, {16, 4}, {10, 2}, {32, 4}, {32, 2}, {64, 1}};
-  struct Layout {
-    bool paged;
-    int page_size;
-  };
-  const Layout layouts[] = {{false, 0}, {true, 16}, {true, 64}, {true, 256}};
+  const CacheLayout layouts[] = {{false, 0}, {true, 16}, {true, 64}, {true, 256}};
   const int splits[] = {0, 1, 3, 7, 128, 0};
   const uint64_t shape_seed = test::fresh_seed();
   SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
@@ -559,6 +577,62 @@ TEST_F(DecodeGpu, Grid) {
         c.strided_out = idx % 4 == 2;
         check_decode_case(c);
       }
+}
+
+// Several new query tokens per sequence (speculative decoding, q [B, S, HQ, D]), causal among themselves: every
+// format, S from 2 to 8, query rows per KV head (S·G) from 2 to 64 (one or two n-tiles, several head tiles),
+// lengths below, at and around S, the tiles and the pages, windows and soft caps, and explicit split counts.
+TEST_F(DecodeGpu, SpeculativeTokens) {
+  struct Shape {
+    int S, HQ, HKV;
+  };
+  const Shape shapes[] = {{2, 8, 1}, {4, 32, 8}, {3, 10, 2}, {8, 16, 4}, {5, 8, 8}, {8, 8, 1}, {2, 4, 4}};
+  const CacheLayout layouts[] = {{false, 0}, {true, 16}, {true, 64}};
+  const int splits[] = {0, 1, 3, 7};
+  const uint64_t shape_seed = test::fresh_seed();
+  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  std::mt19937_64 rng(shape_seed);
+  int idx = 0;
+  for (int fi = 0; fi < 7; ++fi)
+    for (int li = 0; li < 3; ++li, ++idx) {
+      const Shape sh = shapes[(fi + 2 * li) % 7];
+      DecodeCase c;
+      c.g.fmt = kFormats[fi];
+      c.g.D = idx % 3 == 1 ? 64 : (idx % 5 == 2 ? 256 : 128);
+      c.g.B = 8;
+      c.g.HKV = sh.HKV;
+      c.HQ = sh.HQ;
+      c.S = sh.S;
+      c.g.paged = layouts[li].paged;
+      c.g.page_size = layouts[li].page_size;
+      c.g.capacity = grid_capacity(c.g.B, c.g.HKV, c.g.D, c.g.paged, c.g.page_size);
+      c.g.finish();
+      c.q_dtype = is_native(c.g.fmt) ? c.g.fmt.dtype : (idx % 2 ? DType::kFP16 : DType::kBF16);
+      const int64_t cap = c.g.capacity;
+      const int tile = c.g.paged ? c.g.page_size : 32;
+      std::vector<int64_t> lens = {0, 1, sh.S - 1, sh.S, sh.S + 1, tile + sh.S / 2, cap,
+                                   static_cast<int64_t>(1 + rng() % cap)};
+      for (int64_t l : lens) c.seqlens.push_back(static_cast<int32_t>(std::min(l, cap)));
+      std::shuffle(c.seqlens.begin(), c.seqlens.end(), rng);
+      c.params.num_splits = splits[idx % 4];
+      if (idx % 4 == 1) c.params.window = 1 + static_cast<int>(rng() % 40);
+      if (idx % 5 == 3) c.params.softcap = 20.0f;
+      c.with_lse = idx % 6 != 5;
+      c.strided_out = idx % 4 == 2;
+      check_decode_case(c);
+    }
+  // A 4-D q with S = 1 is the single-token decode.
+  DecodeCase c;
+  c.g.fmt = kFormats[5];
+  c.g.D = 128;
+  c.g.B = 3;
+  c.g.HKV = 2;
+  c.HQ = 8;
+  c.q4d = true;
+  c.g.capacity = 500;
+  c.g.finish();
+  c.seqlens = {0, 77, 500};
+  check_decode_case(c);
 }
 
 // Every explicit split count and the automatic one on the same data, long and short sequences.

@@ -544,6 +544,38 @@ def test_num_splits(case):
 
 
 @gpu
+@pytest.mark.parametrize("case", ["native_bf16", "int8", "int4", "fp8_head"])
+@pytest.mark.parametrize("S,HQ,HKV,params", [
+    (4, 8, 2, {}),
+    (2, 16, 1, dict(num_splits=3)),
+    (8, 4, 4, dict(window=5)),
+    (3, 20, 2, dict(softcap=10.0, num_splits=1)),
+], ids=lambda x: str(x) if not isinstance(x, dict) else "-".join(f"{k}={v}" for k, v in x.items()) or "default")
+def test_speculative_tokens(case, S, HQ, HKV, params):
+    # q [B, S, HQ, D]: token i of a sequence of length L (its S new tokens included) is a single-token decode over
+    # the first L - S + 1 + i keys (the same window): checked token by token against the reference.
+    lengths = [0, 1, S - 1, S, 37, 300]
+    cache = Cache(case, len(lengths), HKV, 128, 304, page_size=16, seed=31 + S)
+    fill(cache, lengths)
+    g = torch.Generator(device="cuda").manual_seed(32 + S)
+    q = torch.randn((cache.B, S, HQ, cache.D), device="cuda", generator=g).to(cache.dtype)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = poisoned(q.shape, q.dtype)
+    lse = poisoned(q.shape[:-1], torch.float32)
+    tessera.attention_decode(q, cache.k, cache.v, seqlens, out=out, lse=lse, **cache.kwargs(), **params)
+    K, V = cache.values()
+    for i in range(S):
+        truncated = [max(0, L - S + 1 + i) for L in lengths]
+        ref, ref_lse = reference(q[:, i], K, V, truncated, cache.valid(), None, params.get("softcap", 0.0),
+                                 params.get("window", 0))
+        check_decode(out[:, i], lse[:, i], ref, ref_lse)
+    o2, lse2 = tessera.attention_decode(q, cache.k, cache.v, seqlens, return_lse=True, **cache.kwargs(), **params)
+    torch.cuda.synchronize()
+    assert o2.shape == q.shape and lse2.shape == (cache.B, S, HQ)
+    assert torch.equal(o2.view(torch.int16), out.view(torch.int16))
+
+
+@gpu
 @pytest.mark.parametrize("case", ["int4_group32", "fp8_tensor_u8", "native_fp16"])
 @pytest.mark.parametrize("params", [
     dict(softmax_scale=0.3),

@@ -86,7 +86,9 @@ void check_layout(const ArgCheck& check, const TensorView& t, const char* arg, b
 // Shape check against a list of expected sizes, with the whole expected shape in the message.
 void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, std::vector<int64_t> expected,
                  const std::string& what) {
-  check.rank(t, arg, static_cast<int>(expected.size()));
+  if (t.rank != static_cast<int>(expected.size()))
+    check.fail(arg, "must have rank " + str(static_cast<int64_t>(expected.size())) + " (shape " + what + "), got rank " +
+                        str(t.rank) + " " + t.shape_str());
   bool ok = true;
   for (int d = 0; d < t.rank; ++d) ok = ok && t.shape[d] == expected[d];
   if (ok) return;
@@ -357,29 +359,36 @@ namespace {
 // What q, the cache and the params fix: everything the split count and the workspace size depend on.
 struct DecodeShape {
   TensorView q;  // normalized
-  int64_t batch = 0, num_q_heads = 0, head_dim = 0;
+  int64_t batch = 0, num_new = 1, num_q_heads = 0, head_dim = 0;
   CacheDesc cache;
 };
 
 DecodeShape check_query_cache_params(const ArgCheck& check, const TensorView& q_in, const KVCache& cache,
                                      const DecodeParams& params) {
   DecodeShape s;
-  // ---- q [B, HQ, D] defines B, HQ, D and the dtype
+  // ---- q [B, HQ, D] or [B, S, HQ, D] defines B, S, HQ, D and the dtype
   const TensorView q = s.q = normalized(q_in);
   check.dtype(q, "q", {DType::kBF16, DType::kFP16});
-  check.rank(q, "q", 3);
+  if (q.rank != 3 && q.rank != 4)
+    check.fail("q", "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + q.shape_str());
   check_layout(check, q, "q", true, kVectorBytes, kVectorBytes);
-  const int64_t B = s.batch = q.shape[0], HQ = s.num_q_heads = q.shape[1], D = s.head_dim = q.shape[2];
-  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) 64, 128 or 256, got shape " + q.shape_str());
+  const int hd = q.rank - 2;  // dim of HQ
+  const int64_t B = s.batch = q.shape[0], HQ = s.num_q_heads = q.shape[hd], D = s.head_dim = q.shape[hd + 1];
+  if (q.rank == 4) s.num_new = q.shape[1];
+  if (!supported_head_dim(D))
+    check.fail("q", "must have head dim D (dim " + str(hd + 1) + ") 64, 128 or 256, got shape " + q.shape_str());
   if (HQ < 1 || HQ > kMaxInt)
-    check.fail("q", "must have 1 to " + str(kMaxInt) + " heads (HQ, dim 1), got shape " + q.shape_str());
+    check.fail("q", "must have 1 to " + str(kMaxInt) + " heads (HQ, dim " + str(hd) + "), got shape " + q.shape_str());
+  if (s.num_new < 1 || s.num_new > kDecodeMaxNewTokens)
+    check.fail("q", "must have 1 to " + str(kDecodeMaxNewTokens) + " new tokens per sequence (S, dim 1), got shape " +
+                        q.shape_str());
   if (B > kMaxInt)
     check.fail("q", "must have at most " + str(kMaxInt) + " sequences (B, dim 0), got shape " + q.shape_str());
 
   s.cache = check_cache(check.op(), cache, B, D, q.dtype);
   const int64_t HKV = s.cache.num_kv_heads;
   if (HQ % HKV != 0)
-    check.fail("q", "(dim 1): HQ (" + str(HQ) + ") must be a multiple of the KV heads (" + str(HKV) +
+    check.fail("q", "(dim " + str(hd) + "): HQ (" + str(HQ) + ") must be a multiple of the KV heads (" + str(HKV) +
                         ", cache.k.shape[2])");
   if (HQ / HKV > kMaxGroupSize)
     check.fail("q", "must have at most " + str(kMaxGroupSize) + " query heads per KV head, got HQ / HKV = " +
@@ -405,7 +414,8 @@ int resolve_num_splits(const DecodeShape& s, int requested) {
   int64_t splits = requested;
   if (splits == 0)  // no sequences: nothing to split, and no degenerate input for the heuristic
     splits = s.batch == 0 ? 1
-                          : select_num_splits(s.batch, s.cache.num_kv_heads, s.num_q_heads / s.cache.num_kv_heads,
+                          : select_num_splits(s.batch, s.cache.num_kv_heads,
+                                              s.num_new * (s.num_q_heads / s.cache.num_kv_heads),
                                               s.cache.capacity, tessera::detail::current_device_info().num_sms,
                                               s.cache.format, s.head_dim);
   return static_cast<int>(std::clamp<int64_t>(splits, 1, useful));
@@ -419,7 +429,8 @@ std::size_t check_decode_workspace(const char* op, const TensorView& q, const KV
                                    const DecodeParams& params) {
   const ArgCheck check(op);
   const DecodeShape s = check_query_cache_params(check, q, cache, params);
-  return decode_workspace_bytes_for(s.batch, s.num_q_heads, s.head_dim, resolve_num_splits(s, params.num_splits));
+  return decode_workspace_bytes_for(s.batch * s.num_new, s.num_q_heads, s.head_dim,
+                                    resolve_num_splits(s, params.num_splits));
 }
 
 DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache& cache, const TensorView& seqlens_in,
@@ -429,7 +440,8 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   const DecodeShape s = check_query_cache_params(check, q_in, cache, params);
   const TensorView& q = s.q;
   const CacheDesc& c = s.cache;
-  const int64_t B = s.batch, HQ = s.num_q_heads, D = s.head_dim;
+  const int64_t B = s.batch, S = s.num_new, HQ = s.num_q_heads, D = s.head_dim;
+  const bool multi = q.rank == 4;
 
   const TensorView seqlens = normalized(seqlens_in);
   check_lengths(check, seqlens, "cache_seqlens", B);
@@ -437,14 +449,20 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   // ---- outputs
   const TensorView o = normalized(o_in);
   check.same_dtype(q, "q", o, "o");
-  check_shape(check, o, "o", {B, HQ, D}, "[B, HQ, D] (the shape of q)");
+  if (multi)
+    check_shape(check, o, "o", {B, S, HQ, D}, "[B, S, HQ, D] (the shape of q)");
+  else
+    check_shape(check, o, "o", {B, HQ, D}, "[B, HQ, D] (the shape of q)");
   check_layout(check, o, "o", true, kVectorBytes, kVectorBytes);
   check_no_self_overlap(check, o, "o");
   std::optional<TensorView> lse;
   if (lse_in) {
     lse = normalized(*lse_in);
     check.dtype(*lse, "lse", {DType::kFP32});
-    check_shape(check, *lse, "lse", {B, HQ}, "[B, HQ]");
+    if (multi)
+      check_shape(check, *lse, "lse", {B, S, HQ}, "[B, S, HQ]");
+    else
+      check_shape(check, *lse, "lse", {B, HQ}, "[B, HQ]");
     check_layout(check, *lse, "lse", false, 0, 4);
     check_no_self_overlap(check, *lse, "lse");
   }
@@ -460,7 +478,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   // ---- workspace: sized by the resolved split count; written, so apart from everything else too
   TensorView ws_view;
   const auto check_workspace = [&](int splits) {
-    const std::size_t needed = decode_workspace_bytes_for(B, HQ, D, splits);
+    const std::size_t needed = decode_workspace_bytes_for(B * S, HQ, D, splits);
     if (workspace.bytes < needed)
       check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
                                   " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));
@@ -494,17 +512,22 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   p.cache = c;
   p.batch = static_cast<int>(B);
   p.num_q_heads = static_cast<int>(HQ);
+  p.num_new = static_cast<int>(S);
   p.fp16 = q.dtype == DType::kFP16;
+  const int hd = multi ? 2 : 1;  // dim of HQ in q and o (S is dim 1 of a 4-D q; 0 stride for a 3-D one)
   p.q = q.data;
   p.q_stride_b = q.strides[0];
-  p.q_stride_h = q.strides[1];
+  p.q_stride_s = multi ? q.strides[1] : 0;
+  p.q_stride_h = q.strides[hd];
   p.o = o.data;
   p.o_stride_b = o.strides[0];
-  p.o_stride_h = o.strides[1];
+  p.o_stride_s = multi ? o.strides[1] : 0;
+  p.o_stride_h = o.strides[hd];
   if (lse) {
     p.lse = static_cast<float*>(lse->data);
     p.lse_stride_b = lse->strides[0];
-    p.lse_stride_h = lse->strides[1];
+    p.lse_stride_s = multi ? lse->strides[1] : 0;
+    p.lse_stride_h = lse->strides[hd];
   }
   p.seqlens = static_cast<const int32_t*>(seqlens.data);
   p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale

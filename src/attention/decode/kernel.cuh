@@ -43,22 +43,24 @@ struct DecodeArgs {
   CUtensorMap k_map, v_map;
   CacheDesc cache;
   const void* q = nullptr;
-  int64_t q_stride_b = 0, q_stride_h = 0;
+  int64_t q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;
   void* o = nullptr;
-  int64_t o_stride_b = 0, o_stride_h = 0;
+  int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;
   float* lse = nullptr;
-  int64_t lse_stride_b = 0, lse_stride_h = 0;
+  int64_t lse_stride_b = 0, lse_stride_s = 0, lse_stride_h = 0;
   const int32_t* seqlens = nullptr;
   bool q_fp16 = false;  // q and o dtype: fp16 or bf16
   int num_q_heads = 0;
-  int group = 0;       // query heads per KV head
-  int head_tiles = 0;  // decode_head_tiles(group)
+  int group = 0;       // query heads per KV head (G)
+  int num_new = 1;     // new query tokens per sequence (S), causal among themselves
+  int rows = 0;        // query rows per KV head, S * G: row i * G + j is token i of head j
+  int head_tiles = 0;  // decode_head_tiles(rows)
   int num_splits = 1;
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
-  float* ws_o = nullptr;    // [B, HQ, splits, D] fp32, normalized partial outputs
-  float* ws_lse = nullptr;  // [B, HQ, splits] fp32, log2 domain
+  float* ws_o = nullptr;    // [B, S, HQ, splits, D] fp32, normalized partial outputs
+  float* ws_lse = nullptr;  // [B, S, HQ, splits] fp32, log2 domain
 };
 
 template <class T, int kNT>
@@ -84,16 +86,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Writes o[b, h, d] in q's dtype and, from the d = 0 thread, lse[b, h] (natural log; lse2 is in the log2 domain,
-// -inf when nothing was attended). Shared by the single-split epilogue and the merge kernel.
-__device__ __forceinline__ void store_output(const DecodeArgs& a, int b, int h, int d, float out, float lse2,
+// Writes o[b, i, h, d] in q's dtype and, from the d = 0 thread, lse[b, i, h] (natural log; lse2 is in the log2
+// domain, -inf when nothing was attended). Shared by the single-split epilogue and the merge kernel.
+__device__ __forceinline__ void store_output(const DecodeArgs& a, int b, int i, int h, int d, float out, float lse2,
                                              bool any) {
-  const int64_t at = b * a.o_stride_b + h * a.o_stride_h + d;
+  const int64_t at = b * a.o_stride_b + i * a.o_stride_s + h * a.o_stride_h + d;
   if (a.q_fp16)
     static_cast<__half*>(a.o)[at] = __float2half_rn(out);
   else
     static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
-  if (a.lse != nullptr && d == 0) a.lse[b * a.lse_stride_b + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
+  if (a.lse != nullptr && d == 0)
+    a.lse[b * a.lse_stride_b + i * a.lse_stride_s + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
 }
 
 template <int kBytes>
@@ -144,11 +147,17 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   const int kvh = idx % cd.num_kv_heads;
   const int b = idx / cd.num_kv_heads;
 
-  // Keys [lo, len) of this sequence, in stages of kRows tokens counted from tile_base (kRows-aligned); this split
-  // owns a contiguous run of stages. Positions are int32: check_cache keeps the capacity below 2^31.
+  // Query token i of the S new ones sits at position len - S + i and attends to keys [lo_i, lim_i): lim_i =
+  // len - S + 1 + i (causal), lo_i = max(0, lim_i - window) (window 0: 0). Together they read keys [lo, len), in
+  // stages of kRows tokens counted from tile_base (kRows-aligned); this split owns a contiguous run of stages.
+  // Positions are int32: check_cache keeps the capacity below 2^31.
   int len = a.seqlens[b];
   len = len < 0 ? 0 : (len > cd.capacity ? static_cast<int>(cd.capacity) : len);
-  const int lo = (a.window > 0 && len > a.window) ? len - a.window : 0;
+  // lim_0 (may be <= 0: the first tokens attend to nothing), lo_0 and lo_{S-1}; recomputed where needed from len
+  // and the parameters rather than held in registers through the main loop.
+  auto lim_first = [&] { return len - a.num_new + 1; };
+  auto lo_of = [&](int lim) { return a.window > 0 ? max(0, lim - a.window) : 0; };
+  const int lo = lo_of(lim_first());
   const int tile_base = lo & ~(kRows - 1);
   const int num_tiles = len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
   const int per_split = (num_tiles + a.num_splits - 1) / a.num_splits;
@@ -266,10 +275,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // the order of k_dim, in the tensor-core type. Quantized formats run in fp16: q is saturated to its range.
   for (int e = threadIdx.x; e < kNT * kKSteps * 32; e += kDecodeThreads) {
     const int nt = e / (kKSteps * 32), ks = (e / 32) % kKSteps, ln = e % 32, rr = ln / 4, cc = ln % 4;
-    const int j = ht * kHeads + nt * 8 + rr;
+    const int jr = ht * kHeads + nt * 8 + rr;  // query row: token jr / G, head jr % G
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (j < a.group) {
-      const int64_t base = b * a.q_stride_b + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
+    if (jr < a.rows) {
+      const int i = jr / a.group, j = jr - i * a.group;
+      const int64_t base =
+          b * a.q_stride_b + i * a.q_stride_s + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t at = base + k_dim<T>(cc, 4 * ks + i);
@@ -360,12 +371,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     if constexpr (T::kPairs) ptx::cp_async_commit();
     const uint8_t* st = my_data + stage * T::kDataBytes;
     const uint8_t* pairs = my_pairs + stage * T::kPairBytes;
-    // Rows [lo - tok0, len - tok0) of the stage are attended, on the halves whose page is valid. Rows outside are in
-    // the blocks too (TMA copies whole boxes): their keys become -inf logits by selection below, and 16-bit / fp8
-    // values (which may hold NaN or Inf) are zeroed in the fragments.
+    // Rows [lo - tok0, len - tok0) of the stage are read by some query token, on the halves whose page is valid;
+    // token i's own range is [lo_i, lim_i). Rows outside are in the blocks too (TMA copies whole boxes): their keys
+    // become -inf logits by selection below, and 16-bit / fp8 values outside every range (which may hold NaN or
+    // Inf) are zeroed in the fragments. A stage inside every token's range needs no selection.
     const int tok0 = tile_tok0(i);
     const uint32_t halves_ok = (page_ok_bits >> (kHalves * stage)) & kHalfMask;
-    const bool partial = lo > tok0 || len - tok0 < kRows || halves_ok != kHalfMask;
+    const bool partial = lo_of(len) > tok0 || lim_first() - tok0 < kRows || halves_ok != kHalfMask;
     auto row_ok = [&](int row) { return attended(row, tok0, halves_ok); };
 
     // S^T = K Q^T per 16-row half m, for key rows r, r + 8 (M) and heads (N). Two independent mma chains per n-tile
@@ -433,16 +445,30 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
         }
     }
     if (partial) {
+      // The key range of each of this lane's columns (query rows 2c, 2c + 1 of each n-tile), relative to tok0.
+      int col_lo[kNT][2], col_lim[kNT][2];
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int jr = ht * kHeads + nt * 8 + 2 * c + h;
+          const int tok = a.num_new == 1 ? 0 : min(jr / a.group, a.num_new - 1);  // rows past G * S: any token
+          col_lim[nt][h] = lim_first() + tok - tok0;
+          col_lo[nt][h] = lo_of(lim_first() + tok) - tok0;
+        }
 #pragma unroll
       for (int m = 0; m < kHalves; ++m)
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          const bool ok = row_ok(16 * m + r + 8 * n);
+          const int row = 16 * m + r + 8 * n;
+          const bool page_ok = (halves_ok >> m) & 1u;
 #pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            x[nt][m][2 * n] = ok ? x[nt][m][2 * n] : -INFINITY;
-            x[nt][m][2 * n + 1] = ok ? x[nt][m][2 * n + 1] : -INFINITY;
-          }
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const bool ok = page_ok && row >= col_lo[nt][h] && row < col_lim[nt][h];
+              x[nt][m][2 * n + h] = ok ? x[nt][m][2 * n + h] : -INFINITY;
+            }
         }
     }
     bool grow = false;
@@ -629,8 +655,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   const bool final_out = a.num_splits == 1;
   for (int e = threadIdx.x; e < kHeads * kD; e += kDecodeThreads) {
     const int row = e / kD, d = e % kD;
-    const int j = ht * kHeads + row;
-    if (j >= a.group) continue;
+    const int jr = ht * kHeads + row;
+    if (jr >= a.rows) continue;
     float m_all = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, m_ml[(w * kHeads + row) * 2]);
@@ -647,11 +673,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const bool any = l_all > 0.0f;
     const float out = any ? o_all / l_all * v_scale : 0.0f;
     const float lse2 = any ? m_all + __log2f(l_all) : -INFINITY;  // log2 domain
-    const int h = kvh * a.group + j;
+    const int tok = jr / a.group, h = kvh * a.group + (jr - tok * a.group);
     if (final_out) {
-      store_output(a, b, h, d, out, lse2, any);
+      store_output(a, b, tok, h, d, out, lse2, any);
     } else {
-      const int64_t row_idx = (static_cast<int64_t>(b) * a.num_q_heads + h) * a.num_splits + split;
+      const int64_t row_idx =
+          ((static_cast<int64_t>(b) * a.num_new + tok) * a.num_q_heads + h) * a.num_splits + split;
       a.ws_o[row_idx * kD + d] = out;
       if (d == 0) a.ws_lse[row_idx] = lse2;
     }

@@ -27,7 +27,7 @@ void launch_decode_kernel(const DecodeArgs& args, int grid, cudaStream_t stream)
   TESSERA_CHECK_LAUNCH();
 }
 
-// Dispatches head_dim, the n-tiles of query heads (1 for groups up to 8, else 2) and the 16-bit type for kNative
+// Dispatches head_dim, the n-tiles of query rows (1 for up to 8 rows per KV head, else 2) and the 16-bit type for kNative
 // to the instantiations of one format.
 template <KVFormat kFormat>
 void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream) {
@@ -43,7 +43,7 @@ void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream)
     }
   };
   auto by_tiles = [&](auto native_fp16) {
-    if (decode_n_tiles(args.group) == 2) return by_dim(native_fp16, std::integral_constant<int, 2>{});
+    if (decode_n_tiles(args.rows) == 2) return by_dim(native_fp16, std::integral_constant<int, 2>{});
     by_dim(native_fp16, std::integral_constant<int, 1>{});
   };
   if constexpr (kFormat == KVFormat::kNative) {

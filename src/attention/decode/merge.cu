@@ -18,7 +18,7 @@ namespace {
 
 constexpr int kMergeThreads = 256;
 
-// One CTA per (sequence, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
+// One CTA per (sequence, new token, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
 // Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
 // The split weights go through shared memory once; the threads then cover (column, split-slice) pairs so that
 // each thread has only num_splits / slices loads in flight (a serial chain over all splits costs an L2 round trip
@@ -30,8 +30,9 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
   __shared__ float weight[kDecodeMaxSplits];
   __shared__ float partial[kMergeThreads];
   __shared__ float stats[2];  // max, total
-  const int row = blockIdx.x;  // b * HQ + h
-  const int b = row / a.num_q_heads, h = row % a.num_q_heads;
+  const int row = blockIdx.x;  // (b * S + i) * HQ + h
+  const int bi = row / a.num_q_heads, h = row % a.num_q_heads;
+  const int b = bi / a.num_new, i = bi % a.num_new;
   const int splits = a.num_splits;
   const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
   const float* part = a.ws_o + static_cast<int64_t>(row) * splits * head_dim;
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Decod
   __syncthreads();
   if (slice == 0) {
     for (int k = 1; k < slices; ++k) acc += partial[k * head_dim + d];
-    store_output(a, b, h, d, any ? acc / total : 0.0f, any ? stats[0] + __log2f(total) : -INFINITY, any);
+    store_output(a, b, i, h, d, any ? acc / total : 0.0f, any ? stats[0] + __log2f(total) : -INFINITY, any);
   }
 }
 
@@ -103,24 +104,29 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.cache = pb.cache;
   a.q = pb.q;
   a.q_stride_b = pb.q_stride_b;
+  a.q_stride_s = pb.q_stride_s;
   a.q_stride_h = pb.q_stride_h;
   a.o = pb.o;
   a.o_stride_b = pb.o_stride_b;
+  a.o_stride_s = pb.o_stride_s;
   a.o_stride_h = pb.o_stride_h;
   a.lse = pb.lse;
   a.lse_stride_b = pb.lse_stride_b;
+  a.lse_stride_s = pb.lse_stride_s;
   a.lse_stride_h = pb.lse_stride_h;
   a.seqlens = pb.seqlens;
   a.q_fp16 = pb.fp16;
   a.num_q_heads = pb.num_q_heads;
   a.group = pb.num_q_heads / pb.cache.num_kv_heads;
-  a.head_tiles = decode_head_tiles(a.group);
+  a.num_new = pb.num_new;
+  a.rows = a.group * pb.num_new;
+  a.head_tiles = decode_head_tiles(a.rows);
   a.num_splits = pb.num_splits;
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;
   a.window = pb.window;
   if (pb.num_splits > 1) {
-    const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_q_heads * pb.num_splits;
+    const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_new * pb.num_q_heads * pb.num_splits;
     a.ws_o = static_cast<float*>(pb.workspace);
     a.ws_lse = a.ws_o + rows * pb.cache.head_dim;
   }
@@ -136,7 +142,7 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   }
   if (pb.num_splits > 1) {
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(pb.batch * pb.num_q_heads));
+    cfg.gridDim = dim3(static_cast<unsigned>(int64_t{pb.batch} * pb.num_new * pb.num_q_heads));
     cfg.blockDim = dim3(kMergeThreads);
     cfg.stream = stream;
     cudaLaunchAttribute attr{};

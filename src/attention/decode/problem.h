@@ -48,13 +48,14 @@ struct DecodeProblem {
   CacheDesc cache;
   int batch = 0;            // B
   int num_q_heads = 0;      // HQ
+  int num_new = 1;          // S: new query tokens per sequence (q [B, S, HQ, D]; 1 for q [B, HQ, D])
   bool fp16 = false;        // q/o dtype: fp16 (true) or bf16
   const void* q = nullptr;
-  int64_t q_stride_b = 0, q_stride_h = 0;  // elements
+  int64_t q_stride_b = 0, q_stride_s = 0, q_stride_h = 0;  // elements
   void* o = nullptr;
-  int64_t o_stride_b = 0, o_stride_h = 0;  // elements
-  float* lse = nullptr;                    // optional
-  int64_t lse_stride_b = 0, lse_stride_h = 0;
+  int64_t o_stride_b = 0, o_stride_s = 0, o_stride_h = 0;  // elements
+  float* lse = nullptr;                                    // optional
+  int64_t lse_stride_b = 0, lse_stride_s = 0, lse_stride_h = 0;
   const int32_t* seqlens = nullptr;
   float softmax_scale = 0.0f;  // resolved (never 0)
   float softcap = 0.0f;
@@ -89,9 +90,10 @@ AppendProblem check_append(const char* op, const TensorView& k_new, const Tensor
                            const TensorView& positions, const KVCache& cache);
 
 // Split selection (config.h) and workspace size: pure functions of shapes, params and the SM count.
+// group_size: query rows per KV head (S * G); batch_rows: B * S.
 int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
                       KVFormat format, int64_t head_dim);
-std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_q_heads, int64_t head_dim, int num_splits);
+std::size_t decode_workspace_bytes_for(int64_t batch_rows, int64_t num_q_heads, int64_t head_dim, int num_splits);
 
 void launch_decode(const DecodeProblem& problem, cudaStream_t stream);
 void launch_append(const AppendProblem& problem, cudaStream_t stream);
