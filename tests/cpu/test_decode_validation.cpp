@@ -162,6 +162,12 @@ void set_splits(DecodeArgs& a, int requested, int effective, int64_t missing_byt
   a.workspace.bytes = decode_workspace_bytes_for(kB, a.q.shape[1], kD, effective) - missing_bytes;
 }
 
+// q and o as [B, S, HQ, D] with S new tokens (o with its own count when given).
+void set_new_tokens(DecodeArgs& a, int64_t s_q, int64_t s_o = -1) {
+  a.q = view(a.q.data, a.q.dtype, {kB, s_q, kHQ, kD});
+  a.o = view(a.o.data, a.o.dtype, {kB, s_o < 0 ? s_q : s_o, kHQ, kD});
+}
+
 struct DecodeCase {
   const char* name;
   unsigned applies;
@@ -176,36 +182,18 @@ const std::vector<DecodeCase>& decode_cases() {
       {"q fp32", kAll, [](DecodeArgs& a) { a.q.dtype = DType::kFP32; }, "q", {"bf16 | fp16", "got fp32"}},
       {"q rank 2", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, kHQ * kD}); }, "q",
        {"[B, HQ, D] or [B, S, HQ, D]", "[2, 1024]"}},
-      {"q 9 new tokens", kAll,
-       [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 9, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 9, kHQ, kD});
-       },
-       "q", {"1 to 8 new tokens", "S, dim 1", "[2, 9, 8, 128]"}},
-      {"q 0 new tokens", kAll,
-       [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 0, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 0, kHQ, kD});
-       },
-       "q", {"1 to 8 new tokens"}},
+      {"q 9 new tokens", kAll, [](DecodeArgs& a) { set_new_tokens(a, 9); }, "q",
+       {"1 to 8 new tokens", "S, dim 1", "[2, 9, 8, 128]"}},
+      {"q 0 new tokens", kAll, [](DecodeArgs& a) { set_new_tokens(a, 0); }, "q", {"1 to 8 new tokens"}},
       {"4-D q, HQ not a multiple of HKV", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, 7, kD}); },
        "q", {"(dim 2): HQ (7)"}},
       {"4-D q, D 96", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, 96}); }, "q",
        {"head dim D (dim 3)"}},
       {"3-D o under a 4-D q", kAll, [](DecodeArgs& a) { a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD}); }, "o",
        {"[B, S, HQ, D]"}},
-      {"4-D o, another S", kAll,
-       [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 3, kHQ, kD});
-       },
-       "o", {"[B, S, HQ, D]", "[2, 2, 8, 128]", "[2, 3, 8, 128]"}},
-      {"[B, HQ] lse under a 4-D q", kAll,
-       [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 2, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 2, kHQ, kD});
-       },
-       "lse", {"[B, S, HQ]"}},
+      {"4-D o, another S", kAll, [](DecodeArgs& a) { set_new_tokens(a, 2, 3); }, "o",
+       {"[B, S, HQ, D]", "[2, 2, 8, 128]", "[2, 3, 8, 128]"}},
+      {"[B, HQ] lse under a 4-D q", kAll, [](DecodeArgs& a) { set_new_tokens(a, 2); }, "lse", {"[B, S, HQ]"}},
       {"q D 96", kAll, [](DecodeArgs& a) { a.q.shape[2] = 96; }, "q", {"64, 128 or 256", "[2, 8, 96]"}},
       {"q D 32", kAll, [](DecodeArgs& a) { a.q.shape[2] = 32; }, "q", {"64, 128 or 256"}},
       {"q no heads", kAll, [](DecodeArgs& a) { a.q.shape[1] = 0; }, "q", {"heads"}},
@@ -470,8 +458,7 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
       {"one split, no workspace", kAll, [](DecodeArgs& a) { a.params.num_splits = 1; }},
       {"8 new tokens, 2 splits", kAll,
        [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 8, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 8, kHQ, kD});
+         set_new_tokens(a, 8);
          a.lse = view(a.lse->data, DType::kFP32, {kB, 8, kHQ});
          a.params.num_splits = 2;
          a.workspace.data = buffers().ws.data();
@@ -479,8 +466,7 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
        }},
       {"4-D q with one new token", kAll,
        [](DecodeArgs& a) {
-         a.q = view(a.q.data, a.q.dtype, {kB, 1, kHQ, kD});
-         a.o = view(a.o.data, a.o.dtype, {kB, 1, kHQ, kD});
+         set_new_tokens(a, 1);
          a.lse = view(a.lse->data, DType::kFP32, {kB, 1, kHQ});
          a.params.num_splits = 1;
        }},
