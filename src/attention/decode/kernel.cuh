@@ -278,9 +278,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     const int jr = ht * kHeads + nt * 8 + rr;  // query row: token jr / G, head jr % G
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (jr < a.rows) {
-      const int i = jr / a.group, j = jr - i * a.group;
+      const int tok = jr / a.group, j = jr - tok * a.group;
       const int64_t base =
-          b * a.q_stride_b + i * a.q_stride_s + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
+          b * a.q_stride_b + tok * a.q_stride_s + static_cast<int64_t>(kvh * a.group + j) * a.q_stride_h;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t at = base + k_dim<T>(cc, 4 * ks + i);
