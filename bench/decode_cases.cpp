@@ -1,6 +1,7 @@
 // tessera-bench cases for attention decode over a low-precision KV cache and for append_kv (tessera/attention.h).
 //
-//   decode     one query token per sequence against its cached K and V: q / o bf16 [B, HQ, D], D = 128, default
+//   decode     one query token (S<n> cases: n, causal) per sequence against its cached K and V: q / o bf16
+//              [B, HQ, D] ([B, S, HQ, D]), D = 128, default
 //              params (softmax_scale 1/sqrt(D), no softcap, no window, the library's split count)
 //   append_kv  B = 128 sequences, S = 1 new token, HKV = 8, D = 128, capacity 4096, contiguous: quantize the new
 //              bf16 K/V rows and write them at a random position per sequence
@@ -132,13 +133,6 @@ std::vector<uint16_t> random_bf16(int64_t count, uint64_t seed) {
   return out;
 }
 
-template <typename T>
-DeviceBuffer upload_new(const std::vector<T>& host) {
-  DeviceBuffer b(host.size() * sizeof(T));
-  b.upload(host);
-  return b;
-}
-
 // `bytes` bytes at byte offset `offset` of a device buffer, copied to the host.
 std::vector<uint8_t> download_bytes(const DeviceBuffer& b, std::size_t offset, std::size_t bytes,
                                     cudaStream_t stream) {
@@ -215,7 +209,7 @@ class DecodeCase final : public CaseInstance {
   DecodeCase(const DeviceContext& ctx, const std::string& op, const std::string& name, const DecodeShape& sh,
              KVFormat f)
       : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)) {
-    const int64_t B = sh.batch, HQ = sh.num_new * sh.hq, D = sh.d;  // HQ: query rows per sequence (S·HQ)
+    const int64_t B = sh.batch, rows = sh.num_new * sh.hq, D = sh.d;  // rows: query rows per sequence (S·HQ)
     sets_ = rotating_sets(ctx, decode_bytes(sh, f, lengths_));
     check_seqs_ = check_sequences(sh, lengths_);
     seqlens_ = upload_new(lengths_);
@@ -227,14 +221,14 @@ class DecodeCase final : public CaseInstance {
         std::swap(block_table_host_[i], block_table_host_[rng.next() % static_cast<uint64_t>(i + 1)]);
       block_table_ = upload_new(block_table_host_);
     }
-    o_.allocate(B * HQ * D * 2);
+    o_.allocate(B * rows * D * 2);
 
     for (int s = 0; s < sets_; ++s) {
       Rng rng(case_seed(op, name, s));
       const uint64_t k_seed = rng.next(), v_seed = rng.next(), q_seed = rng.next();
       HostRows k = make_rows(f, sh.rows(), sh.hkv, sh.d, k_seed);
       HostRows v = make_rows(f, sh.rows(), sh.hkv, sh.d, v_seed);
-      std::vector<uint16_t> q = random_bf16(B * HQ * D, q_seed);
+      std::vector<uint16_t> q = random_bf16(B * rows * D, q_seed);
       Set set;
       set.k = upload_layout(k.data);
       set.v = upload_layout(v.data);
@@ -257,7 +251,7 @@ class DecodeCase final : public CaseInstance {
         k.data.shrink_to_fit(), v.data.shrink_to_fit(), k.pairs.shrink_to_fit(), v.pairs.shrink_to_fit();
         host_k_ = std::move(k);
         host_v_ = std::move(v);
-        q.resize(check_seqs_ * HQ * D);
+        q.resize(check_seqs_ * rows * D);
         host_q_ = std::move(q);
       }
     }

@@ -214,13 +214,6 @@ std::size_t input_bytes(const GemmShape& sh, const Variant& v) {
 }
 
 template <typename T>
-DeviceBuffer upload_new(const std::vector<T>& host) {
-  DeviceBuffer b(host.size() * sizeof(T));
-  b.upload(host);
-  return b;
-}
-
-template <typename T>
 std::vector<T> download_range(const DeviceBuffer& b, std::size_t first, std::size_t count, cudaStream_t stream) {
   if ((first + count) * sizeof(T) > b.bytes()) throw Error("tessera-bench: download past the end of a buffer");
   std::vector<T> host(count);

@@ -119,6 +119,14 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// A new device buffer holding a copy of `host` (synchronous).
+template <typename T>
+DeviceBuffer upload_new(const std::vector<T>& host) {
+  DeviceBuffer b(host.size() * sizeof(T));
+  b.upload(host);
+  return b;
+}
+
 // ---- host random data ------------------------------------------------------------------------------------
 // splitmix64: fast, and good enough for benchmark inputs.
 class Rng {

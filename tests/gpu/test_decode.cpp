@@ -504,6 +504,22 @@ struct CacheLayout {
   int page_size;  // paged only
 };
 
+// A finished geometry of one format and shape, paged when page_size > 0; lengths, params and options are the
+// caller's.
+DecodeCase shape_case(const Fmt& fmt, int D, int B, int HKV, int HQ, int64_t capacity, int page_size = 0) {
+  DecodeCase c;
+  c.g.fmt = fmt;
+  c.g.D = D;
+  c.g.B = B;
+  c.g.HKV = HKV;
+  c.HQ = HQ;
+  c.g.paged = page_size > 0;
+  c.g.page_size = page_size;
+  c.g.capacity = capacity;
+  c.g.finish();
+  return c;
+}
+
 class DecodeGpu : public ::testing::Test {
  protected:
   void SetUp() override { TESSERA_REQUIRE_GPU(); }
@@ -622,15 +638,8 @@ TEST_F(DecodeGpu, SpeculativeTokens) {
       check_decode_case(c);
     }
   // A 4-D q with S = 1 is the single-token decode.
-  DecodeCase c;
-  c.g.fmt = kFormats[5];
-  c.g.D = 128;
-  c.g.B = 3;
-  c.g.HKV = 2;
-  c.HQ = 8;
+  DecodeCase c = shape_case(kFormats[5], 128, 3, 2, 8, 500);
   c.q4d = true;
-  c.g.capacity = 500;
-  c.g.finish();
   c.seqlens = {0, 77, 500};
   check_decode_case(c);
 }
@@ -638,16 +647,7 @@ TEST_F(DecodeGpu, SpeculativeTokens) {
 // Every explicit split count and the automatic one on the same data, long and short sequences.
 TEST_F(DecodeGpu, SplitCounts) {
   for (int fi : {0, 3, 4, 6}) {
-    DecodeCase c;
-    c.g.fmt = kFormats[fi];
-    c.g.D = 128;
-    c.g.B = 6;
-    c.g.HKV = 2;
-    c.HQ = 16;
-    c.g.paged = fi % 2 == 0;
-    c.g.page_size = 64;
-    c.g.capacity = 3072;
-    c.g.finish();
+    DecodeCase c = shape_case(kFormats[fi], 128, 6, 2, 16, 3072, fi % 2 == 0 ? 64 : 0);
     c.seqlens = {0, 1, 100, 1000, 3071, 5000};
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE(c.describe() + " seed=" + std::to_string(seed));
@@ -673,16 +673,7 @@ TEST_F(DecodeGpu, SoftcapWindowAndScale) {
   for (int fi : {0, 1, 3, 4, 6}) {
     int pi = 0;
     for (const P& p : ps) {
-      DecodeCase c;
-      c.g.fmt = kFormats[fi];
-      c.g.D = fi == 4 ? 256 : 128;
-      c.g.B = 6;
-      c.g.HKV = 4;
-      c.HQ = 16;
-      c.g.paged = pi % 2;
-      c.g.page_size = 16;
-      c.g.capacity = 1104;
-      c.g.finish();
+      DecodeCase c = shape_case(kFormats[fi], fi == 4 ? 256 : 128, 6, 4, 16, 1104, pi % 2 ? 16 : 0);
       c.q_dtype = is_native(c.g.fmt) ? c.g.fmt.dtype : DType::kBF16;
       c.seqlens = {1000, 50, 100, 101, 0, 1104};
       c.params.softmax_scale = p.scale;
@@ -697,16 +688,7 @@ TEST_F(DecodeGpu, SoftcapWindowAndScale) {
 // Long sequences, few heads: splits matter most here.
 TEST_F(DecodeGpu, LongSequences) {
   for (int fi : {0, 2, 4, 5}) {
-    DecodeCase c;
-    c.g.fmt = kFormats[fi];
-    c.g.D = 128;
-    c.g.B = 3;
-    c.g.HKV = 1;
-    c.HQ = 8;
-    c.g.paged = fi % 2;
-    c.g.page_size = 256;
-    c.g.capacity = 8192;
-    c.g.finish();
+    DecodeCase c = shape_case(kFormats[fi], 128, 3, 1, 8, 8192, fi % 2 ? 256 : 0);
     c.seqlens = {8192, 4097, 6000};
     check_decode_case(c);
   }
@@ -731,14 +713,7 @@ TEST_F(DecodeGpu, AccuracyVsUnquantized) {
   for (bool outliers : {false, true})
     for (const Fmt& fmt : kFormats) {
       if (fmt.dtype == DType::kFP16) continue;
-      DecodeCase c;
-      c.g.fmt = fmt;
-      c.g.D = 128;
-      c.g.B = 4;
-      c.g.HKV = 8;
-      c.HQ = 32;
-      c.g.capacity = 1024;
-      c.g.finish();
+      DecodeCase c = shape_case(fmt, 128, 4, 8, 32, 1024);
       c.seqlens = {1024, 1024, 1024, 1024};
       c.outliers = outliers;
       c.keep_raw = true;
@@ -780,16 +755,7 @@ TEST_F(DecodeGpu, AccuracyVsUnquantized) {
 
 TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
   for (int fi : {0, 3, 6}) {
-    DecodeCase c;
-    c.g.fmt = kFormats[fi];
-    c.g.D = 128;
-    c.g.B = 4;
-    c.g.HKV = 2;
-    c.HQ = 8;
-    c.g.paged = true;
-    c.g.page_size = 64;
-    c.g.capacity = 2048;
-    c.g.finish();
+    DecodeCase c = shape_case(kFormats[fi], 128, 4, 2, 8, 2048, 64);
     const std::vector<int32_t> first = {5, 700, 0, 2048}, second = {1999, 1, 64, 3000};
     c.seqlens = first;
     const uint64_t seed = test::fresh_seed();
@@ -820,16 +786,7 @@ TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
 
 TEST_F(DecodeGpu, Deterministic) {
   for (int fi : {0, 4, 6}) {
-    DecodeCase c;
-    c.g.fmt = kFormats[fi];
-    c.g.D = 128;
-    c.g.B = 5;
-    c.g.HKV = 2;
-    c.HQ = 16;
-    c.g.paged = true;
-    c.g.page_size = 16;
-    c.g.capacity = 4096;
-    c.g.finish();
+    DecodeCase c = shape_case(kFormats[fi], 128, 5, 2, 16, 4096, 16);
     c.seqlens = {4096, 1, 2500, 0, 333};
     const uint64_t seed = test::fresh_seed();
     SCOPED_TRACE(c.describe() + " seed=" + std::to_string(seed));
@@ -848,14 +805,7 @@ TEST_F(DecodeGpu, Deterministic) {
 }
 
 TEST_F(DecodeGpu, HostCachePointerThrowsBeforeLaunch) {
-  DecodeCase c;
-  c.g.fmt = kFormats[4];
-  c.g.D = 128;
-  c.g.B = 2;
-  c.g.HKV = 2;
-  c.HQ = 4;
-  c.g.capacity = 64;
-  c.g.finish();
+  DecodeCase c = shape_case(kFormats[4], 128, 2, 2, 4, 64);
   c.seqlens = {10, 64};
   DecodeFixture fx(c, test::fresh_seed());
   std::vector<uint8_t> host_k(fx.cache().k.size() + 16);
