@@ -28,11 +28,11 @@
 #include <memory>
 #include <numeric>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "common/host_numeric.h"
+#include "device_random.h"
 #include "harness.h"
 #include "reference/gemm_reference.h"
 #include "reference/moe_checks.h"
@@ -42,10 +42,6 @@ namespace tessera::bench {
 namespace {
 
 constexpr int64_t kBlock = gemm::kGroupedGemmBlock;  // 128: scale block along K (and N for the weights)
-
-// --check: multiply-adds the float64 reference (multi-threaded) may spend on one case; past that it covers a
-// subset of the rows (see check_grouped).
-constexpr double kCheckMacs = 8.0e9;
 
 // ============================================================================================================
 // shapes and variants
@@ -121,90 +117,46 @@ std::vector<int32_t> zipf_rows(int groups, int64_t total, int empty, double s, u
 }
 
 // ============================================================================================================
-// inputs
-// fp8 e4m3 bytes, finite and never zero: random sign and mantissa, exponent field 15 - d with P(d) = 2^-(d+1)
-// (d <= 12), i.e. magnitudes roughly uniform in (0, 448], as in a tensor quantized with its amax mapped to 448.
-void fill_e4m3(Rng& rng, uint8_t* out, std::size_t count) {
-  for (std::size_t i = 0; i < count; i += 4) {
-    uint64_t bits = rng.next();
-    for (std::size_t j = i; j < std::min(count, i + 4); ++j, bits >>= 16) {
-      const uint32_t b = static_cast<uint32_t>(bits & 0xFFFF);
-      const uint32_t drop = static_cast<uint32_t>(__builtin_ctz((b >> 4) | 0x1000u));
-      uint32_t v = ((b & 1u) << 7) | ((15u - drop) << 3) | ((b >> 1) & 7u);
-      if ((v & 0x7Fu) == 0x7Fu) --v;  // 0x7F / 0xFF are NaN: take 448 instead
-      out[j] = static_cast<uint8_t>(v);
-    }
-  }
-}
-
-// bf16 uniform in (-1, 1), on a grid offset by half a step (never zero).
-void fill_bf16(Rng& rng, uint16_t* out, std::size_t count) {
-  for (std::size_t i = 0; i < count; i += 4) {
-    uint64_t bits = rng.next();
-    for (std::size_t j = i; j < std::min(count, i + 4); ++j, bits >>= 16)
-      out[j] = host::f32_to_bf16((static_cast<float>(bits & 0xFFFF) - 32767.5f) / 32768.0f);
-  }
-}
-
-// Fills `out` in chunks of 1 Mi elements, chunk c from its own generator (seed, c), on all hardware threads: the
-// weights run to ~1 G elements per set, and the result must not depend on the thread count.
-template <typename T>
-void parallel_fill(std::vector<T>& out, uint64_t seed, void (*fill)(Rng&, T*, std::size_t)) {
-  constexpr std::size_t kChunk = std::size_t(1) << 20;
-  const std::size_t chunks = (out.size() + kChunk - 1) / kChunk;
-  const std::size_t threads =
-      std::clamp<std::size_t>(std::thread::hardware_concurrency(), 1, std::max<std::size_t>(chunks, 1));
-  const auto work = [&](std::size_t t) {
-    for (std::size_t c = t; c < chunks; c += threads) {
-      Rng rng(seed ^ (0xD1B54A32D192ED03ull * (c + 1)));
-      fill(rng, out.data() + c * kChunk, std::min(kChunk, out.size() - c * kChunk));
-    }
-  };
-  std::vector<std::thread> pool;
-  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& th : pool) th.join();
-}
-
-// Positive scales 2^U(lo, hi).
-void fill_scales(Rng& rng, std::vector<float>& out, std::size_t count, double lo, double hi) {
-  out.resize(count);
-  for (float& s : out) s = static_cast<float>(std::exp2(rng.uniform(lo, hi)));
-}
-
-// One set of inputs on the host, in tessera's layouts (X / Y rows as shape.buffer_rows(masked); rows that no
-// group owns are filled too). Scales: per-tensor xs [1], ws [G]; block-wise xs [rows, K/128], ws [G, N/128, K/128],
-// row-major. Exponent ranges: products of order 1 (fp8 values reach 448).
-struct HostInputs {
-  std::vector<uint8_t> x8, w8;
-  std::vector<uint16_t> x16, w16;
-  std::vector<float> xs, ws;
+// inputs, generated on the GPU (device_random.h) in tessera's layouts: X / Y rows as shape.buffer_rows(masked)
+// (rows that no group owns are filled too); fp8 e4m3 bytes with magnitudes roughly uniform in (0, 448], bf16
+// uniform in (-1, 1). Scales: per-tensor xs [1] 2^U(-9, -7), ws [G] 2^U(-11, -9); block-wise xs [rows, K/128]
+// 2^U(-10, -6), ws [G, N/128, K/128] 2^U(-12, -8), row-major: products of order 1.
+struct DeviceInputs {
+  DeviceBuffer x, w, xs, ws;
 };
 
-HostInputs make_inputs(const GemmShape& sh, const Variant& v, uint64_t seed) {
-  Rng rng(seed);
-  HostInputs h;
-  const std::size_t x_count = sh.buffer_rows(v.masked) * sh.k, w_count = sh.groups * sh.n * sh.k;
-  const uint64_t x_seed = rng.next(), w_seed = rng.next();
+enum Salt : uint64_t { kX = 1, kW, kXs, kWs };
+
+int64_t x_scale_count(const GemmShape& sh, const Variant& v) {
+  return v.scale == Scale::kBlockwise ? sh.buffer_rows(v.masked) * sh.kb() : v.scale == Scale::kPerTensor ? 1 : 0;
+}
+int64_t w_scale_count(const GemmShape& sh, const Variant& v) {
+  return v.scale == Scale::kBlockwise ? int64_t{sh.groups} * sh.nb() * sh.kb()
+                                      : v.scale == Scale::kPerTensor ? sh.groups : 0;
+}
+
+DeviceInputs make_inputs(const GemmShape& sh, const Variant& v, uint64_t seed, cudaStream_t stream) {
+  DeviceInputs d;
+  const int64_t x_count = sh.buffer_rows(v.masked) * sh.k, w_count = int64_t{sh.groups} * sh.n * sh.k;
+  d.x.allocate(x_count * elt(v.operand));
+  d.w.allocate(w_count * elt(v.operand));
   if (v.fp8()) {
-    h.x8.resize(x_count);
-    h.w8.resize(w_count);
-    parallel_fill(h.x8, x_seed, fill_e4m3);
-    parallel_fill(h.w8, w_seed, fill_e4m3);
+    gen::fill_e4m3(d.x.as<uint8_t>(), x_count, gen::sub_seed(seed, kX), stream);
+    gen::fill_e4m3(d.w.as<uint8_t>(), w_count, gen::sub_seed(seed, kW), stream);
   } else {
-    h.x16.resize(x_count);
-    h.w16.resize(w_count);
-    parallel_fill(h.x16, x_seed, fill_bf16);
-    parallel_fill(h.w16, w_seed, fill_bf16);
+    gen::fill_float(d.x.get(), DType::kBF16, x_count, gen::sub_seed(seed, kX), {}, stream);
+    gen::fill_float(d.w.get(), DType::kBF16, w_count, gen::sub_seed(seed, kW), {}, stream);
   }
-  if (v.scale == Scale::kPerTensor) {
-    fill_scales(rng, h.xs, 1, -9.0, -7.0);
-    fill_scales(rng, h.ws, sh.groups, -11.0, -9.0);
-  } else if (v.scale == Scale::kBlockwise) {
-    fill_scales(rng, h.xs, sh.buffer_rows(v.masked) * sh.kb(), -10.0, -6.0);
-    fill_scales(rng, h.ws, sh.groups * sh.nb() * sh.kb(), -12.0, -8.0);
+  if (v.scale != Scale::kNone) {
+    const bool block = v.scale == Scale::kBlockwise;
+    d.xs.allocate(x_scale_count(sh, v) * 4);
+    d.ws.allocate(w_scale_count(sh, v) * 4);
+    gen::fill_exp2(d.xs.as<float>(), x_scale_count(sh, v), gen::sub_seed(seed, kXs), block ? -10.0f : -9.0f,
+                   block ? -6.0f : -7.0f, stream);
+    gen::fill_exp2(d.ws.as<float>(), w_scale_count(sh, v), gen::sub_seed(seed, kWs), block ? -12.0f : -11.0f,
+                   block ? -8.0f : -9.0f, stream);
   }
-  return h;
+  return d;
 }
 
 std::size_t input_bytes(const GemmShape& sh, const Variant& v) {
@@ -213,22 +165,17 @@ std::size_t input_bytes(const GemmShape& sh, const Variant& v) {
   return b;
 }
 
-template <typename T>
-std::vector<T> download_range(const DeviceBuffer& b, std::size_t first, std::size_t count, cudaStream_t stream) {
-  if ((first + count) * sizeof(T) > b.bytes()) throw Error("tessera-bench: download past the end of a buffer");
-  std::vector<T> host(count);
-  if (!count) return host;
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.as<const T>() + first, count * sizeof(T), cudaMemcpyDeviceToHost,
-                                     stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host;
-}
-
 // ============================================================================================================
-// --check: the float64 reference (reference/gemm_reference.h) on the whole problem when that is at most
-// kCheckMacs multiply-adds (every decode shape, so the masked layout's untouched rows are checked too), else on a
-// few rows of every non-empty group (evenly spread, always the first and the last), gathered into a compact
-// contiguous problem with the same weights and scales.
+// --check: the float64 reference (reference/gemm_reference.h) on a sample that covers every group and both ends of
+// every dimension, with set 0's inputs downloaded from the GPU:
+//   columns  every 128-column block when N <= kCheckColBlocks·128, else the first and the last block and random
+//            ones, kCheckColBlocks in all (the same blocks for every group; block-wise W scales follow them);
+//   rows     every row when the problem within those columns is at most kCheckMacs multiply-adds, and always for the
+//            masked layout (its rows past masked_m must keep the poison: the whole [G, max_m] buffer is compared);
+//            else per non-empty group its first and last row and rows evenly spread between, as many as the budget
+//            gives every group.
+constexpr double kCheckMacs = 1.0e9;
+constexpr int64_t kCheckColBlocks = 4;
 
 // Rows of a group of m rows the check compares: `count` of them spread evenly, always the first and the last.
 std::vector<int64_t> pick_rows(int64_t m, int64_t count) {
@@ -242,47 +189,57 @@ std::vector<int64_t> pick_rows(int64_t m, int64_t count) {
   return out;
 }
 
-// Elements [first, first + count) of the bf16 output, copied to the host.
-using FetchOutput = std::function<std::vector<uint16_t>(int64_t first, int64_t count)>;
-
-// Checks the output (bf16, tessera's layout for v.masked, poisoned with 0xFFFF before the run) against the
-// reference computed from `h`, the input set the GPU ran.
-CheckResult check_grouped(const GemmShape& sh, const Variant& v, const HostInputs& h, const FetchOutput& fetch,
-                          double max_macs = kCheckMacs) {
+// Checks y (bf16, tessera's layout for v.masked, poisoned with 0xFFFF before the run) against the reference
+// computed from `in` (set 0, tessera's layouts).
+CheckResult check_grouped(const GemmShape& sh, const Variant& v, const DeviceInputs& in, const DeviceBuffer& y,
+                          cudaStream_t stream) {
   const int64_t N = sh.n, K = sh.k, KB = sh.kb(), NB = sh.nb();
   const int G = sh.groups;
-  const bool full = v.masked || gemm_flops(sh) / 2 <= max_macs;
-  const int64_t per_group = full ? sh.max_rows()
-                                 : std::max<int64_t>(1, static_cast<int64_t>(max_macs / (static_cast<double>(N) * K *
-                                                                                          std::max(sh.nonempty(), 1))));
+  const std::size_t e = elt(v.operand);
+  const std::vector<int64_t> nbs = sample_indices(NB, kCheckColBlocks, 1, 0xC01Bull);  // 128-column blocks
+  const int64_t NBc = static_cast<int64_t>(nbs.size()), Nc = NBc * kBlock;
+  const bool full = v.masked || static_cast<double>(sh.total_rows()) * Nc * K <= kCheckMacs;
+  const int64_t per_group =
+      full ? sh.max_rows()
+           : std::max<int64_t>(2, static_cast<int64_t>(kCheckMacs / (static_cast<double>(Nc) * K * std::max(sh.nonempty(), 1))));
   const std::vector<int64_t> start = sh.row_start(v.masked);
 
-  // The problem the reference solves: tessera's own (full) or the picked rows, compact and contiguous.
+  // The problem the reference solves: tessera's rows (full) or the picked rows, compact and contiguous; the
+  // sampled columns only.
   reference::GroupedGemmShape rs;
-  rs.masked = full && v.masked;
+  rs.masked = v.masked;
   rs.num_groups = G;
-  rs.n = N;
+  rs.n = Nc;
   rs.k = K;
   rs.x_row_stride = K;
-  rs.x_group_stride = rs.masked ? sh.max_m * K : 0;
+  rs.x_group_stride = v.masked ? sh.max_m * K : 0;
   rs.w_row_stride = K;
-  rs.w_group_stride = N * K;
+  rs.w_group_stride = Nc * K;
   std::vector<int64_t> rows;  // buffer rows of y (and x) the reference covers, in its row order
-  std::vector<int32_t> group_rows(rs.masked ? G : G + 1, 0);
-  for (int g = 0; g < G; ++g) {
-    for (int64_t r : pick_rows(sh.rows[g], per_group)) rows.push_back(start[g] + r);
-    if (rs.masked) group_rows[g] = sh.rows[g];
-    else group_rows[g + 1] = static_cast<int32_t>(rows.size());
+  std::vector<int32_t> group_rows(v.masked ? G : G + 1, 0);
+  if (full) {
+    rows.resize(sh.buffer_rows(v.masked));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    if (v.masked) group_rows = sh.rows;
+    else std::partial_sum(sh.rows.begin(), sh.rows.end(), group_rows.begin() + 1);
+  } else {
+    for (int g = 0; g < G; ++g) {
+      for (int64_t r : pick_rows(sh.rows[g], per_group)) rows.push_back(start[g] + r);
+      group_rows[g + 1] = static_cast<int32_t>(rows.size());
+    }
   }
-  rs.rows = rs.masked ? sh.max_m : static_cast<int64_t>(rows.size());
-  const bool identity = full;  // the reference's rows are the buffer's rows
-  const auto gather = [&](const auto& src, int64_t width) {
-    std::remove_const_t<std::remove_reference_t<decltype(src)>> out;
-    if (identity) return src;
-    out.reserve(rows.size() * width);
-    for (int64_t r : rows) out.insert(out.end(), src.begin() + r * width, src.begin() + (r + 1) * width);
-    return out;
-  };
+  rs.rows = v.masked ? sh.max_m : static_cast<int64_t>(rows.size());
+
+  // Set 0's inputs: the x rows, the sampled columns of W (rows g·N + n), the matching scales.
+  std::vector<int64_t> w_rows, ws_rows, y_cells;
+  for (int g = 0; g < G; ++g)
+    for (int64_t nb : nbs) {
+      for (int64_t n = nb * kBlock; n < (nb + 1) * kBlock; ++n) w_rows.push_back(int64_t{g} * N + n);
+      ws_rows.push_back(int64_t{g} * NB + nb);
+    }
+  for (int64_t r : rows)
+    for (int64_t nb : nbs) y_cells.push_back(r * NB + nb);  // 128-element pieces of y: [rows][Nc]
+  const std::vector<uint16_t> got = download_rows<uint16_t>(y, kBlock, y_cells, stream);
 
   // Tolerances: the reference's defaults, as in the GPU tests. The reference uses the exact inputs, so a correct
   // kernel (fp32 accumulation, fp8 partial sums promoted every k-block) is off by its bf16 output rounding
@@ -290,38 +247,40 @@ CheckResult check_grouped(const GemmShape& sh, const Variant& v, const HostInput
   const reference::GemmTolerance tol;
   reference::GroupedGemmRef ref;
   if (v.fp8()) {
+    const auto x = download_rows<uint8_t>(in.x, K, rows, stream);
+    const auto w = download_rows<uint8_t>(in.w, K, w_rows, stream);
     reference::GroupedGemmScales sc;
     sc.mode = v.scale == Scale::kBlockwise ? gemm::ScaleMode::kBlockwise : gemm::ScaleMode::kPerTensor;
-    sc.x_scale = v.scale == Scale::kBlockwise ? gather(h.xs, KB) : h.xs;
+    if (v.scale == Scale::kBlockwise) {
+      sc.x_scale = download_rows<float>(in.xs, KB, rows, stream);
+      sc.w_scale = download_rows<float>(in.ws, KB, ws_rows, stream);
+    } else {
+      sc.x_scale = in.xs.download<float>(1, stream);
+      sc.w_scale = in.ws.download<float>(G, stream);
+    }
     sc.xs_row_stride = KB;
     sc.xs_k_stride = 1;
-    sc.xs_group_stride = rs.masked ? sh.max_m * KB : 0;
-    sc.w_scale = h.ws;
-    sc.ws_group_stride = v.scale == Scale::kBlockwise ? NB * KB : 1;
+    sc.xs_group_stride = v.masked ? sh.max_m * KB : 0;
+    sc.ws_group_stride = v.scale == Scale::kBlockwise ? NBc * KB : 1;
     sc.ws_n_stride = KB;
     sc.ws_k_stride = 1;
-    ref = reference::grouped_gemm_fp8(gather(h.x8, K), h.w8, group_rows, sc, rs);
+    ref = reference::grouped_gemm_fp8(x, w, group_rows, sc, rs);
   } else {
-    ref = reference::grouped_gemm_bf16(gather(h.x16, K), h.w16, group_rows, rs);
+    const auto x = download_rows<uint16_t>(in.x, K, rows, stream);
+    const auto w = download_rows<uint16_t>(in.w, K, w_rows, stream);
+    ref = reference::grouped_gemm_bf16(x, w, group_rows, rs);
   }
-
-  std::vector<uint16_t> got;
-  if (identity) {
-    got = fetch(0, sh.buffer_rows(v.masked) * N);
-  } else {
-    got.reserve(rows.size() * N);
-    for (int64_t r : rows) {
-      const std::vector<uint16_t> row = fetch(r * N, N);
-      got.insert(got.end(), row.begin(), row.end());
-    }
-  }
+  (void)e;
   reference::GroupedGemmCheck c =
-      reference::check_grouped_gemm(ref, got, N, rs.masked ? sh.max_m * N : 0, uint16_t{0xFFFF}, tol);
+      reference::check_grouped_gemm(ref, got, Nc, v.masked ? sh.max_m * Nc : 0, uint16_t{0xFFFF}, tol);
   CheckResult res = c;
-  if (!identity)
-    res.message += " (reference on " + std::to_string(rows.size()) + " of " + std::to_string(sh.total_rows()) +
-                   " rows: up to " + std::to_string(per_group) +
-                   " per group, first and last included; 'row i' above counts those rows)";
+  std::string cols;
+  for (int64_t nb : nbs) cols += (cols.empty() ? "" : ", ") + std::to_string(nb);
+  if (NBc < NB)
+    res.message += " (columns: 128-wide blocks {" + cols + "} of " + std::to_string(NB) + ")";
+  if (!full)
+    res.message += " (rows: " + std::to_string(rows.size()) + " of " + std::to_string(sh.total_rows()) + ", up to " +
+                   std::to_string(per_group) + " per group, first and last included; 'row i' counts those rows)";
   return res;
 }
 
@@ -335,16 +294,9 @@ class GroupedGemmCase final : public CaseInstance {
     const int64_t rows = sh.buffer_rows(v.masked), N = sh.n, K = sh.k;
     sets_ = rotating_sets(ctx, static_cast<double>(input_bytes(sh, v)));
     for (int s = 0; s < sets_; ++s) {
-      HostInputs h = make_inputs(sh, v, case_seed(op, name, s));
       Set set;
-      set.x = v.fp8() ? upload_new(h.x8) : upload_new(h.x16);
-      set.w = v.fp8() ? upload_new(h.w8) : upload_new(h.w16);
-      if (v.scale != Scale::kNone) {
-        set.xs = upload_new(h.xs);
-        set.ws = upload_new(h.ws);
-      }
+      set.in = make_inputs(sh, v, case_seed(op, name, s), ctx.stream);
       sets_data_.push_back(std::move(set));
-      if (s == 0) host_ = std::move(h);
     }
     // Group sizes: offsets [G+1] (contiguous) or masked_m [G].
     std::vector<int32_t> group_rows;
@@ -362,27 +314,27 @@ class GroupedGemmCase final : public CaseInstance {
 
     const DType in = v.fp8() ? DType::kFP8E4M3 : DType::kBF16;
     for (Set& set : sets_data_) {
-      set.views.w = TensorView::contiguous(set.w.get(), in, {sh.groups, N, K}, device_);
+      set.views.w = TensorView::contiguous(set.in.w.get(), in, {sh.groups, N, K}, device_);
       if (v.masked) {
-        set.views.x = TensorView::contiguous(set.x.get(), in, {sh.groups, sh.max_m, K}, device_);
+        set.views.x = TensorView::contiguous(set.in.x.get(), in, {sh.groups, sh.max_m, K}, device_);
         set.views.y = TensorView::contiguous(y_.get(), DType::kBF16, {sh.groups, sh.max_m, N}, device_);
         set.views.group = TensorView::contiguous(group_.get(), DType::kInt32, {sh.groups}, device_);
       } else {
-        set.views.x = TensorView::contiguous(set.x.get(), in, {rows, K}, device_);
+        set.views.x = TensorView::contiguous(set.in.x.get(), in, {rows, K}, device_);
         set.views.y = TensorView::contiguous(y_.get(), DType::kBF16, {rows, N}, device_);
         set.views.group = TensorView::contiguous(group_.get(), DType::kInt32, {sh.groups + 1}, device_);
       }
       if (v.scale == Scale::kPerTensor) {
         set.views.scales.mode = gemm::ScaleMode::kPerTensor;
-        set.views.scales.x_scale = TensorView::contiguous(set.xs.get(), DType::kFP32, {1}, device_);
-        set.views.scales.w_scale = TensorView::contiguous(set.ws.get(), DType::kFP32, {sh.groups}, device_);
+        set.views.scales.x_scale = TensorView::contiguous(set.in.xs.get(), DType::kFP32, {1}, device_);
+        set.views.scales.w_scale = TensorView::contiguous(set.in.ws.get(), DType::kFP32, {sh.groups}, device_);
       } else if (v.scale == Scale::kBlockwise) {
         set.views.scales.mode = gemm::ScaleMode::kBlockwise;
         set.views.scales.x_scale =
-            v.masked ? TensorView::contiguous(set.xs.get(), DType::kFP32, {sh.groups, sh.max_m, sh.kb()}, device_)
-                     : TensorView::contiguous(set.xs.get(), DType::kFP32, {rows, sh.kb()}, device_);
+            v.masked ? TensorView::contiguous(set.in.xs.get(), DType::kFP32, {sh.groups, sh.max_m, sh.kb()}, device_)
+                     : TensorView::contiguous(set.in.xs.get(), DType::kFP32, {rows, sh.kb()}, device_);
         set.views.scales.w_scale =
-            TensorView::contiguous(set.ws.get(), DType::kFP32, {sh.groups, sh.nb(), sh.kb()}, device_);
+            TensorView::contiguous(set.in.ws.get(), DType::kFP32, {sh.groups, sh.nb(), sh.kb()}, device_);
       }
     }
   }
@@ -404,9 +356,7 @@ class GroupedGemmCase final : public CaseInstance {
   CheckResult check(cudaStream_t stream) override {
     y_.fill_async(0xFF, stream);  // bf16 NaN
     run(stream, 0);
-    return check_grouped(sh_, v_, host_, [&](int64_t first, int64_t count) {
-      return download_range<uint16_t>(y_, first, count, stream);
-    });
+    return check_grouped(sh_, v_, sets_data_[0].in, y_, stream);
   }
 
  private:
@@ -415,7 +365,7 @@ class GroupedGemmCase final : public CaseInstance {
     gemm::FP8Scales scales;
   };
   struct Set {
-    DeviceBuffer x, w, xs, ws;
+    DeviceInputs in;
     Views views;
   };
   GemmShape sh_;
@@ -426,7 +376,6 @@ class GroupedGemmCase final : public CaseInstance {
   DeviceBuffer group_, y_, workspace_;
   std::size_t workspace_bytes_ = 0;
   gemm::GroupedGemmOptions options_;
-  HostInputs host_;  // set 0
 };
 
 // ============================================================================================================
@@ -494,29 +443,31 @@ class CublasLtLoopCase final : public CaseInstance {
     }
     sets_ = rotating_sets(ctx, static_cast<double>(input_bytes(sh, v_)));
     for (int s = 0; s < sets_; ++s) {
-      HostInputs h = make_inputs(sh, v_, case_seed(op, name, s));
+      // tessera's layouts on the GPU; the scales re-laid out for cuBLASLt on the host (at most a few MB). Set 0
+      // keeps tessera's scale layout for --check.
       Set set;
-      set.x = v.fp8() ? upload_new(h.x8) : upload_new(h.x16);
-      set.w = v.fp8() ? upload_new(h.w8) : upload_new(h.w16);
+      set.in = make_inputs(sh, v_, case_seed(op, name, s), ctx.stream);
       if (v.scale == Scale::kPerTensor) {
+        const std::vector<float> g_ws = set.in.ws.download<float>(sh.groups, ctx.stream);
         std::vector<float> ws(ws_total, 1.0f);
-        for (int g = 0; g < sh.groups; ++g) ws[ws_off_[g]] = h.ws[g];
-        set.xs = upload_new(h.xs);
-        set.ws = upload_new(ws);
+        for (int g = 0; g < sh.groups; ++g) ws[ws_off_[g]] = g_ws[g];
+        set.ws_lt = upload_new(ws);
       } else if (v.scale == Scale::kBlockwise) {
+        const std::vector<float> t_xs = set.in.xs.download<float>(x_scale_count(sh, v_), ctx.stream);
+        const std::vector<float> t_ws = set.in.ws.download<float>(w_scale_count(sh, v_), ctx.stream);
         std::vector<float> xs(std::max<int64_t>(xs_total, 1), 1.0f), ws(std::max<int64_t>(ws_total, 1), 1.0f);
         for (int g = 0; g < sh.groups; ++g) {
           const int64_t m = sh.rows[g];
           for (int64_t r = 0; r < m; ++r)
-            for (int64_t b = 0; b < KB; ++b) xs[xs_off_[g] + b * m + r] = h.xs[(start_[g] + r) * KB + b];
+            for (int64_t b = 0; b < KB; ++b) xs[xs_off_[g] + b * m + r] = t_xs[(start_[g] + r) * KB + b];
           for (int64_t nb = 0; nb < sh.nb(); ++nb)
-            for (int64_t b = 0; b < KB; ++b) ws[ws_off_[g] + nb * ws_ld_ + b] = h.ws[(g * sh.nb() + nb) * KB + b];
+            for (int64_t b = 0; b < KB; ++b) ws[ws_off_[g] + nb * ws_ld_ + b] = t_ws[(g * sh.nb() + nb) * KB + b];
         }
-        set.xs = upload_new(xs);
-        set.ws = upload_new(ws);
+        set.xs_lt = upload_new(xs);
+        set.ws_lt = upload_new(ws);
+        if (s > 0) set.in.xs.release(), set.in.ws.release();
       }
       sets_data_.push_back(std::move(set));
-      if (s == 0) host_ = std::move(h);
     }
     y_.allocate(M * N * 2);
     workspace_.allocate(kLtWorkspaceBytes);
@@ -578,8 +529,8 @@ class CublasLtLoopCase final : public CaseInstance {
       if (m == 0) continue;
       const Plan& plan = plans_.at(m);
       set_scale_pointers(set, g);  // read by cublasLtMatmul at enqueue time (and baked into a captured graph)
-      const char* w = d.w.as<const char>() + static_cast<std::size_t>(g) * sh_.n * sh_.k * e;
-      const char* x = d.x.as<const char>() + static_cast<std::size_t>(start_[g]) * sh_.k * e;
+      const char* w = d.in.w.as<const char>() + static_cast<std::size_t>(g) * sh_.n * sh_.k * e;
+      const char* x = d.in.x.as<const char>() + static_cast<std::size_t>(start_[g]) * sh_.k * e;
       char* y = y_.as<char>() + static_cast<std::size_t>(start_[g]) * sh_.n * 2;
       BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), desc_.get(), &alpha, w, a_layout_.get(), x, plan.b.get(), &beta,
                                         y, plan.d.get(), y, plan.d.get(), &plan.algo, workspace_.get(),
@@ -590,14 +541,13 @@ class CublasLtLoopCase final : public CaseInstance {
   CheckResult check(cudaStream_t stream) override {
     y_.fill_async(0xFF, stream);
     run(stream, 0);
-    return check_grouped(sh_, v_, host_, [&](int64_t first, int64_t count) {
-      return download_range<uint16_t>(y_, first, count, stream);
-    });
+    return check_grouped(sh_, v_, sets_data_[0].in, y_, stream);
   }
 
  private:
   struct Set {
-    DeviceBuffer x, w, xs, ws;
+    DeviceInputs in;           // tessera's layouts (the scales: set 0 only)
+    DeviceBuffer xs_lt, ws_lt;  // the scales in cuBLASLt's layouts (per-tensor x_scale: in.xs)
   };
   struct Plan {
     LtLayout b, d;
@@ -611,8 +561,8 @@ class CublasLtLoopCase final : public CaseInstance {
   void set_scale_pointers(int set, int g) {
     if (v_.scale == Scale::kNone) return;
     const Set& d = sets_data_[set];
-    const float* a = d.ws.as<const float>() + ws_off_[g];
-    const float* b = v_.scale == Scale::kPerTensor ? d.xs.as<const float>() : d.xs.as<const float>() + xs_off_[g];
+    const float* a = d.ws_lt.as<const float>() + ws_off_[g];
+    const float* b = v_.scale == Scale::kPerTensor ? d.in.xs.as<const float>() : d.xs_lt.as<const float>() + xs_off_[g];
     set_attr(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, a);
     set_attr(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, b);
   }
@@ -624,7 +574,6 @@ class CublasLtLoopCase final : public CaseInstance {
   int64_t ws_ld_ = 0;
   std::vector<Set> sets_data_;
   DeviceBuffer y_, workspace_;
-  HostInputs host_;  // set 0, tessera's (contiguous) layouts
   LtHandle handle_;
   LtMatmulDesc desc_;
   LtLayout a_layout_;
@@ -665,11 +614,28 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
   skewed.name = "skewed_zipf/M" + std::to_string(skewed.total_rows());
   shapes.push_back(skewed);
 
+  // Headline rows (docs/perf/grouped_gemm.md): per shape, the op / scale pairs below, with the peer row of every
+  // headline tessera row that has one.
+  const auto headline = [](const std::string& op, const std::string& name) {
+    static const std::vector<std::pair<std::string, std::string>> rows = {
+        {"grouped_gemm_fp8", "dsv3_gate_up/m8/tensor"},       {"grouped_gemm_fp8_masked", "dsv3_gate_up/m8/tensor"},
+        {"cublaslt_fp8_loop", "dsv3_gate_up/m8/tensor"},      {"grouped_gemm_fp8", "dsv3_gate_up/m8/block"},
+        {"grouped_gemm_bf16_masked", "dsv3_gate_up/m8"},      {"grouped_gemm_fp8", "dsv3_gate_up/m1024/tensor"},
+        {"cublaslt_fp8_loop", "dsv3_gate_up/m1024/tensor"},   {"grouped_gemm_fp8", "dsv3_gate_up/m1024/block"},
+        {"grouped_gemm_bf16", "dsv3_gate_up/m1024"},          {"cublaslt_bf16_loop", "dsv3_gate_up/m1024"},
+        {"grouped_gemm_fp8", "dsv3_down/m1024/tensor"},       {"grouped_gemm_fp8", "qwen3_gate_up/m256/tensor"},
+        {"cublaslt_fp8_loop", "qwen3_gate_up/m256/tensor"},   {"grouped_gemm_fp8", "qwen3_down_decode/m4/tensor"},
+        {"grouped_gemm_fp8_masked", "qwen3_down_decode/m4/block"}, {"cublaslt_fp8_loop", "qwen3_down_decode/m4/tensor"},
+        {"grouped_gemm_fp8", "skewed_zipf/M32768/tensor"},    {"cublaslt_fp8_loop", "skewed_zipf/M32768/tensor"},
+    };
+    return std::find(rows.begin(), rows.end(), std::pair{op, name}) != rows.end();
+  };
   const auto add = [&](const std::string& op, const GemmShape& sh, const Variant& v, bool peer,
                        std::vector<std::string> peer_of) {
     CaseSpec c;
     c.op = op;
     c.name = sh.name + scale_suffix(v.scale);
+    c.headline = headline(op, c.name);
     c.bytes = gemm_bytes(sh, v);
     c.flops = gemm_flops(sh);
     c.peer_of = std::move(peer_of);

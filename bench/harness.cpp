@@ -2,6 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <set>
+
+#include "device_random.h"
+#include "reference/parallel.h"
 
 namespace tessera::bench {
 
@@ -65,6 +70,75 @@ uint64_t case_seed(const std::string& op, const std::string& name, int set) {
       h *= 0x100000001B3ull;
     }
   return h ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(set + 1));
+}
+
+void download_rows_bytes(const DeviceBuffer& b, int64_t row_bytes, const std::vector<int64_t>& rows, void* dst,
+                         cudaStream_t stream) {
+  if (rows.empty() || row_bytes <= 0) return;
+  for (int64_t r : rows)
+    if (r < 0 || static_cast<std::size_t>((r + 1) * row_bytes) > b.bytes())
+      throw Error("tessera-bench: row " + std::to_string(r) + " past the end of a buffer");
+  const std::size_t bytes = rows.size() * static_cast<std::size_t>(row_bytes);
+  DeviceBuffer index(rows.size() * sizeof(int64_t)), staged(bytes);
+  index.upload(rows);
+  gen::gather_rows(b.get(), row_bytes, index.as<const int64_t>(), static_cast<int64_t>(rows.size()), staged.get(),
+                   stream);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, staged.get(), bytes, cudaMemcpyDeviceToHost, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+std::vector<int64_t> sample_indices(int64_t n, int64_t count, int64_t edge, uint64_t seed) {
+  std::vector<int64_t> out;
+  if (n <= 0) return out;
+  if (n <= count) {
+    out.resize(n);
+    for (int64_t i = 0; i < n; ++i) out[i] = i;
+    return out;
+  }
+  std::set<int64_t> s;
+  for (int64_t i = 0; i < std::min(edge, n); ++i) {
+    s.insert(i);
+    s.insert(n - 1 - i);
+  }
+  Rng rng(seed);
+  while (static_cast<int64_t>(s.size()) < count) s.insert(static_cast<int64_t>(rng.next() % static_cast<uint64_t>(n)));
+  return {s.begin(), s.end()};
+}
+
+void parallel_for(int64_t items, double work, const std::function<void(int64_t)>& fn) {
+  if (items <= 0) return;
+  const int threads = reference::detail::num_workers(0, work, items);
+  std::exception_ptr error;
+  std::mutex mu;
+  reference::detail::parallel(threads, [&](int t) {
+    try {
+      for (int64_t i = t; i < items; i += threads) fn(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  });
+  if (error) std::rethrow_exception(error);
+}
+
+CheckResult merge_checks(const std::vector<CheckResult>& parts, const std::vector<std::string>& labels,
+                         const std::string& summary) {
+  CheckResult r;
+  std::string failures;
+  int failed = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const CheckResult& p = parts[i];
+    r.compared += p.compared;
+    if (std::isnan(p.error) || p.error > r.error) r.error = p.error;
+    if (!p.ok) {
+      r.ok = false;
+      if (++failed <= 3) failures += (failures.empty() ? "" : "; ") + labels[i] + ": " + p.message;
+    }
+  }
+  r.message = r.ok ? summary
+                   : std::to_string(failed) + " of " + std::to_string(parts.size()) + " parts failed: " + failures +
+                         (failed > 3 ? "; ..." : "") + " [" + summary + "]";
+  return r;
 }
 
 }  // namespace tessera::bench

@@ -6,9 +6,10 @@
 //   TESSERA_BENCH_CASES(add_my_cases);
 //
 // A CaseSpec is plain data plus a setup function; nothing touches the GPU until setup runs, so --list works
-// anywhere. setup allocates the device buffers and fills the inputs with fresh random data (never zeros, fixed
-// seed per case) in num_sets rotating copies (see rotating_sets), and returns the CaseInstance that runs and
-// checks the op.
+// anywhere. setup allocates the device buffers and fills the inputs with fresh random data on the GPU
+// (device_random.h: never zeros, fixed seed per case and set) in num_sets rotating copies (see rotating_sets), and
+// returns the CaseInstance that runs and checks the op. Host-side inputs are for small structure only (group sizes,
+// sequence lengths, block tables); --check downloads what its reference needs of set 0.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,6 +34,7 @@ struct DeviceContext {
   int device = 0;
   int64_t l2_bytes = 0;
   int num_sms = 0;
+  cudaStream_t stream = nullptr;  // where setup enqueues its fills (the harness synchronizes it after setup)
 };
 
 class CaseInstance {
@@ -43,7 +45,8 @@ class CaseInstance {
   // One call of the op on input set `set`. Asynchronous, capturable, no allocation.
   virtual void run(cudaStream_t stream, int set) = 0;
   // Poisons the outputs, runs set 0, copies the outputs to the host and compares them with the CPU reference
-  // computed from set 0's inputs. May restrict the reference to a prefix of the problem (the message says so).
+  // computed from set 0's inputs (downloaded). May restrict the reference to a sample of the problem that covers
+  // every kind of group / tile / sequence; the message says which.
   virtual CheckResult check(cudaStream_t stream) = 0;
 };
 
@@ -56,6 +59,8 @@ struct CaseSpec {
   // For a peer row (another implementation of the same computation, e.g. a cuBLASLt loop): the tessera ops whose
   // rows with the same case name it is compared with. The report prints tessera µs / peer µs on those rows.
   std::vector<std::string> peer_of;
+  // Part of the default (representative) suite: every op, the rows docs/perf/*.md reports. --all runs every case.
+  bool headline = false;
 };
 
 // Thrown by a peer's setup when the peer library does not support the case (for example cuBLASLt's block-scaled
@@ -119,6 +124,30 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// count elements of T from element `first` of a device buffer (synchronous on `stream`).
+template <typename T>
+std::vector<T> download_range(const DeviceBuffer& b, std::size_t first, std::size_t count, cudaStream_t stream) {
+  if ((first + count) * sizeof(T) > b.bytes()) throw Error("tessera-bench: download past the end of a buffer");
+  std::vector<T> host(count);
+  if (!count) return host;
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.as<const T>() + first, count * sizeof(T), cudaMemcpyDeviceToHost,
+                                     stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return host;
+}
+
+void download_rows_bytes(const DeviceBuffer& b, int64_t row_bytes, const std::vector<int64_t>& rows, void* dst,
+                         cudaStream_t stream);
+// Rows `rows` (row_elems elements of T each) of a device buffer, gathered on the GPU and copied to the host in
+// that order: [rows.size()][row_elems].
+template <typename T>
+std::vector<T> download_rows(const DeviceBuffer& b, int64_t row_elems, const std::vector<int64_t>& rows,
+                             cudaStream_t stream) {
+  std::vector<T> host(rows.size() * row_elems);
+  download_rows_bytes(b, row_elems * static_cast<int64_t>(sizeof(T)), rows, host.data(), stream);
+  return host;
+}
+
 // A new device buffer holding a copy of `host` (synchronous).
 template <typename T>
 DeviceBuffer upload_new(const std::vector<T>& host) {
@@ -150,5 +179,18 @@ class Rng {
 
 // A stable seed from the case's identity (FNV-1a), mixed with the set index.
 uint64_t case_seed(const std::string& op, const std::string& name, int set);
+
+// ---- --check sampling ------------------------------------------------------------------------------------------
+// Indices of [0, n) a check covers, sorted and distinct: all of them when n <= count, else `edge` from each end
+// plus random ones (from `seed`) up to `count` in all.
+std::vector<int64_t> sample_indices(int64_t n, int64_t count, int64_t edge, uint64_t seed);
+
+// fn(i) for i in [0, items) on the reference's worker threads (interleaved; results must not depend on the order).
+void parallel_for(int64_t items, double work, const std::function<void(int64_t)>& fn);
+
+// Several partial checks as one: ok if all are, error the largest, compared the sum; the message is `summary`
+// when all passed, else the failing parts' messages prefixed by their labels.
+CheckResult merge_checks(const std::vector<CheckResult>& parts, const std::vector<std::string>& labels,
+                         const std::string& summary);
 
 }  // namespace tessera::bench

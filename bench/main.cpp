@@ -1,10 +1,13 @@
-// tessera-bench: times every registered case (CUDA graph and plain stream launches), relates it to the measured
-// copy and read bandwidths, optionally checks it against the CPU reference, and prints a table (and optionally JSON).
+// tessera-bench: times the registered cases (CUDA graph and plain stream launches), relates them to the measured
+// copy and read bandwidths, optionally checks them against the CPU reference, and prints a table (and optionally
+// JSON / CSV). By default it runs the headline cases (CaseSpec::headline: every op, the rows docs/perf/*.md
+// reports); --all runs every case. Progress with an ETA goes to stderr.
 //
 // Exit code: 0 all good, 1 a check failed or a case threw, 2 bad usage or no usable device.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -26,19 +29,25 @@ struct Options {
   bool check = false;
   bool list = false;
   bool quick = false;
+  bool all = false;
   int reps = -1;
   int warmup = -1;
   int device = 0;
   std::string json;
+  std::string csv;
 };
 
 const char* kUsage =
     "usage: tessera-bench [options]\n"
+    "  (default: the headline cases, every op and the rows of docs/perf/*.md; --list shows them)\n"
+    "  --all           every case (the filters below then select among all of them)\n"
     "  --op LIST       only these ops: comma-separated op names (exact) or substrings of them\n"
     "                  (fused_gate, permute, unpermute_reduce, gate, grouped_gemm_fp8, cublaslt_fp8_loop, ...)\n"
-    "  --case LIST     only cases whose name contains one of the comma-separated substrings (e.g. dsv3/T4096)\n"
+    "  --case LIST     only cases whose name contains one of the comma-separated substrings (e.g. dsv3/T4096);\n"
+    "                  without --all, among the headline cases, or among all cases if no headline case matches\n"
     "  --check         verify each case against the CPU reference before timing (FAIL -> exit code 1)\n"
     "  --json PATH     write all rows as JSON\n"
+    "  --csv PATH      write all rows as CSV (the JSON row fields, one line per case, a header line)\n"
     "  --reps N        timed samples per mode (stream: calls; graph: replays); default 50, --quick 10\n"
     "  --warmup N      untimed calls before timing; default 10, --quick 3\n"
     "  --quick         fewer repetitions\n"
@@ -92,6 +101,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.cases = split_list(v);
     } else if (a == "--json") {
       if (!value(o.json)) return false;
+    } else if (a == "--csv") {
+      if (!value(o.csv)) return false;
+    } else if (a == "--all") {
+      o.all = true;
     } else if (a == "--reps") {
       if (!int_value(o.reps, 1)) return false;
     } else if (a == "--warmup") {
@@ -126,6 +139,7 @@ struct Row {
   double check_error = NAN;
   std::string error;        // setup threw, or a timing mode threw
   std::string unsupported;  // a peer that does not support the case (not a failure)
+  double setup_s = 0, check_s = 0, timing_s = 0;  // host wall time of each phase
 
   bool failed() const { return check == "FAIL" || !error.empty(); }
   // The headline time: graph mode when it worked (no launch gaps), else stream mode.
@@ -302,6 +316,73 @@ std::string jpeers(const Row& r, const std::vector<Row>& rows) {
   return out + "]";
 }
 
+// One row's fields, in JSON order: `json` is the JSON value; `csv` the CSV cell(s) (nested objects flattened to
+// <key>.<field> columns, lists joined with ';').
+struct Field {
+  std::string key;
+  std::string json;
+  std::vector<std::pair<std::string, std::string>> csv;  // (column, cell text)
+};
+
+std::string plain(double v) {
+  if (!std::isfinite(v)) return "";
+  return jnum(v);
+}
+
+std::vector<Field> row_fields(const Row& r, const std::vector<Row>& rows, const Device& dev) {
+  const ModeTiming* h = r.headline();
+  const double bw = gbps(r);
+  std::vector<Field> f;
+  const auto num = [&](const std::string& k, double v) { f.push_back({k, jnum(v), {{k, plain(v)}}}); };
+  const auto str = [&](const std::string& k, const std::string& v, bool null_if_empty) {
+    f.push_back({k, null_if_empty && v.empty() ? "null" : jstr(v), {{k, v}}});
+  };
+  const auto timing = [&](const std::string& k, const ModeTiming& t) {
+    Field fd{k, jtiming(t), {}};
+    fd.csv = {{k + ".median_us", t.ok ? plain(t.median_us) : ""},
+              {k + ".min_us", t.ok ? plain(t.min_us) : ""},
+              {k + ".max_us", t.ok ? plain(t.max_us) : ""},
+              {k + ".samples", t.ok ? std::to_string(t.samples) : ""},
+              {k + ".calls_per_sample", t.ok ? std::to_string(t.calls_per_sample) : ""}};
+    f.push_back(std::move(fd));
+  };
+  str("op", r.spec->op, false);
+  str("case", r.spec->name, false);
+  f.push_back({"headline", r.spec->headline ? "true" : "false", {{"headline", r.spec->headline ? "true" : "false"}}});
+  num("bytes", r.spec->bytes);
+  num("flops", r.spec->flops);
+  f.push_back({"num_sets", std::to_string(r.num_sets), {{"num_sets", std::to_string(r.num_sets)}}});
+  num("us", h ? h->median_us : NAN);
+  str("mode", h ? (h == &r.graph ? "graph" : "stream") : "", true);
+  num("graph_us", r.graph.ok ? r.graph.median_us : NAN);
+  num("stream_us", r.stream.ok ? r.stream.median_us : NAN);
+  num("gbps", bw);
+  num("pct_copy_bw", 100.0 * bw * 1e9 / dev.copy.bytes_per_s);
+  num("pct_read_bw", 100.0 * bw * 1e9 / dev.read.bytes_per_s);
+  num("tflops", tflops(r));
+  timing("graph", r.graph);
+  timing("stream", r.stream);
+  std::string peer_of_csv;
+  for (const std::string& p : r.spec->peer_of) peer_of_csv += (peer_of_csv.empty() ? "" : ";") + p;
+  f.push_back({"peer_of", jlist(r.spec->peer_of), {{"peer_of", peer_of_csv}}});
+  std::string peers_csv;  // op:us:tessera_over_peer;...
+  for (const Row* p : peers_of(r, rows)) {
+    const ModeTiming* t = p->headline();
+    peers_csv += (peers_csv.empty() ? "" : ";") + p->spec->op + ":" + plain(t ? t->median_us : NAN) + ":" +
+                 plain(peer_ratio(r, *p));
+  }
+  f.push_back({"peers", jpeers(r, rows), {{"peers", peers_csv}}});
+  str("check", r.check == "-" ? "" : r.check, true);
+  str("check_message", r.check_message, true);
+  num("check_error", r.check_error);
+  str("error", r.error, true);
+  str("unsupported", r.unsupported, true);
+  num("setup_s", r.setup_s);
+  num("check_s", r.check_s);
+  num("timing_s", r.timing_s);
+  return f;
+}
+
 void write_json(const std::string& path, const std::vector<Row>& rows, const Device& dev, const Options& o) {
   std::ofstream f(path);
   if (!f) throw Error("tessera-bench: cannot open '" + path + "' for writing");
@@ -311,29 +392,46 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Dev
     << ", \"copy_bw_gbps\": " << jnum(dev.copy.bytes_per_s / 1e9) << ", \"copy_bytes\": " << jnum(dev.copy.buffer_bytes)
     << ", \"read_bw_gbps\": " << jnum(dev.read.bytes_per_s / 1e9) << "},\n";
   f << "  \"settings\": {\"reps\": " << o.reps << ", \"warmup\": " << o.warmup
-    << ", \"quick\": " << (o.quick ? "true" : "false") << ", \"check\": " << (o.check ? "true" : "false") << "},\n";
+    << ", \"quick\": " << (o.quick ? "true" : "false") << ", \"check\": " << (o.check ? "true" : "false")
+    << ", \"all\": " << (o.all ? "true" : "false") << "},\n";
   f << "  \"rows\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    const ModeTiming* h = r.headline();
-    const double bw = gbps(r);
-    f << (i ? ",\n" : "\n") << "    {\"op\": " << jstr(r.spec->op) << ", \"case\": " << jstr(r.spec->name)
-      << ", \"bytes\": " << jnum(r.spec->bytes) << ", \"flops\": " << jnum(r.spec->flops)
-      << ", \"num_sets\": " << r.num_sets << ", \"us\": " << jnum(h ? h->median_us : NAN)
-      << ", \"mode\": " << (h ? jstr(h == &r.graph ? "graph" : "stream") : "null")
-      << ", \"graph_us\": " << jnum(r.graph.ok ? r.graph.median_us : NAN)
-      << ", \"stream_us\": " << jnum(r.stream.ok ? r.stream.median_us : NAN) << ", \"gbps\": " << jnum(bw)
-      << ", \"pct_copy_bw\": " << jnum(100.0 * bw * 1e9 / dev.copy.bytes_per_s)
-      << ", \"pct_read_bw\": " << jnum(100.0 * bw * 1e9 / dev.read.bytes_per_s) << ", \"tflops\": " << jnum(tflops(r))
-      << ", \"graph\": " << jtiming(r.graph) << ", \"stream\": " << jtiming(r.stream)
-      << ", \"peer_of\": " << jlist(r.spec->peer_of) << ", \"peers\": " << jpeers(r, rows)
-      << ", \"check\": " << (r.check == "-" ? "null" : jstr(r.check))
-      << ", \"check_message\": " << (r.check_message.empty() ? "null" : jstr(r.check_message))
-      << ", \"check_error\": " << jnum(r.check_error)
-      << ", \"error\": " << (r.error.empty() ? "null" : jstr(r.error))
-      << ", \"unsupported\": " << (r.unsupported.empty() ? "null" : jstr(r.unsupported)) << "}";
+    f << (i ? ",\n" : "\n") << "    {";
+    bool first = true;
+    for (const Field& fd : row_fields(rows[i], rows, dev)) {
+      f << (first ? "" : ", ") << jstr(fd.key) << ": " << fd.json;
+      first = false;
+    }
+    f << "}";
   }
   f << "\n  ]\n}\n";
+  if (!f) throw Error("tessera-bench: error writing '" + path + "'");
+}
+
+// RFC 4180: quoted when it holds a comma, a quote or a line break; quotes doubled.
+std::string csv_cell(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows, const Device& dev) {
+  std::ofstream f(path);
+  if (!f) throw Error("tessera-bench: cannot open '" + path + "' for writing");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::vector<Field> fields = row_fields(rows[i], rows, dev);
+    std::string head, line;
+    bool first = true;
+    for (const Field& fd : fields)
+      for (const auto& [col, cell] : fd.csv) {
+        head += (first ? "" : ",") + csv_cell(col);
+        line += (first ? "" : ",") + csv_cell(cell);
+        first = false;
+      }
+    if (i == 0) f << head << "\n";
+    f << line << "\n";
+  }
   if (!f) throw Error("tessera-bench: error writing '" + path + "'");
 }
 
@@ -360,12 +458,21 @@ void settle(cudaStream_t stream) {
   (void)cudaGetLastError();
 }
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
 Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const Options& o) {
   Row row;
   row.spec = &spec;
+  Clock::time_point t0 = Clock::now();
   try {
-    std::unique_ptr<CaseInstance> inst = spec.setup(dev.ctx);
+    DeviceContext ctx = dev.ctx;
+    ctx.stream = stream;
+    std::unique_ptr<CaseInstance> inst = spec.setup(ctx);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the inputs are generated on the stream
     row.num_sets = inst->num_sets();
+    row.setup_s = seconds_since(t0);
+    t0 = Clock::now();
     if (o.check) {
       try {
         const CheckResult r = inst->check(stream);
@@ -378,6 +485,8 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
         settle(stream);
       }
     }
+    row.check_s = seconds_since(t0);
+    t0 = Clock::now();
     try {
       row.stream = time_stream(*inst, stream, o.reps, o.warmup);
     } catch (const std::exception& e) {
@@ -393,6 +502,7 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
       note_error(row.error, std::string("graph mode: ") + e.what());
       settle(stream);
     }
+    row.timing_s = seconds_since(t0);
   } catch (const Unsupported& e) {
     row.unsupported = e.what();
     settle(stream);
@@ -418,9 +528,21 @@ int main_impl(int argc, char** argv) {
     return o.ops.empty() || std::find(exact_ops.begin(), exact_ops.end(), op) != exact_ops.end() ||
            (!sub_ops.empty() && matches(op, sub_ops));
   };
+  // The pool: the headline cases, or every case with --all; the filters select within it. Without --all, filters
+  // that match no headline case fall back to every case (asking for a case by name gets it).
   std::vector<const CaseSpec*> selected;
-  for (const CaseSpec& c : case_registry())
-    if (op_selected(c.op) && matches(c.name, o.cases)) selected.push_back(&c);
+  const auto select = [&](bool all) {
+    selected.clear();
+    for (const CaseSpec& c : case_registry())
+      if ((all || c.headline) && op_selected(c.op) && matches(c.name, o.cases)) selected.push_back(&c);
+  };
+  select(o.all);
+  if (selected.empty() && !o.all && (!o.ops.empty() || !o.cases.empty())) {
+    select(true);
+    if (!selected.empty())
+      std::fprintf(stderr, "tessera-bench: no headline case matches; running the %zu matching cases of --all\n",
+                   selected.size());
+  }
 
   if (o.list) {
     int op_w = 18, name_w = 40;
@@ -428,11 +550,13 @@ int main_impl(int argc, char** argv) {
       op_w = std::max(op_w, static_cast<int>(c->op.size()));
       name_w = std::max(name_w, static_cast<int>(c->name.size()));
     }
-    std::printf("%-*s %-*s %12s %12s\n", op_w, "op", name_w, "case", "MB moved", "GFLOP");
+    std::printf("%-*s %-*s %8s %12s %12s\n", op_w, "op", name_w, "case", "headline", "MB moved", "GFLOP");
     for (const CaseSpec* c : selected)
-      std::printf("%-*s %-*s %12.3f %12s\n", op_w, c->op.c_str(), name_w, c->name.c_str(), c->bytes / 1e6,
-                  c->flops > 0 ? fmt("%.3f", c->flops / 1e9).c_str() : "-");
-    std::printf("%zu cases\n", selected.size());
+      std::printf("%-*s %-*s %8s %12.3f %12s\n", op_w, c->op.c_str(), name_w, c->name.c_str(),
+                  c->headline ? "*" : "", c->bytes / 1e6, c->flops > 0 ? fmt("%.3f", c->flops / 1e9).c_str() : "-");
+    const auto headline = std::count_if(selected.begin(), selected.end(), [](const CaseSpec* c) { return c->headline; });
+    std::printf("%zu cases (%ld headline)%s\n", selected.size(), static_cast<long>(headline),
+                o.all ? "" : "; --all lists every case");
     return 0;
   }
   if (selected.empty()) {
@@ -457,19 +581,34 @@ int main_impl(int argc, char** argv) {
               dev.copy.bytes_per_s / 1e9, dev.copy.buffer_bytes / 1048576.0, dev.copy.median_us);
   std::printf("read bandwidth: %.1f GB/s (16-byte streaming loads over %.0f MiB, read only, median %.1f us)\n",
               dev.read.bytes_per_s / 1e9, dev.read.buffer_bytes / 1048576.0, dev.read.median_us);
-  std::printf("reps %d, warmup %d%s\n\n", o.reps, o.warmup, o.check ? ", --check" : "");
+  std::printf("reps %d, warmup %d%s, %zu %s cases\n\n", o.reps, o.warmup, o.check ? ", --check" : "", selected.size(),
+              o.all ? "of all" : "headline / selected");
   std::fflush(stdout);
 
   std::vector<Row> rows;
+  const Clock::time_point run_start = Clock::now();
   for (size_t i = 0; i < selected.size(); ++i) {
     const CaseSpec& c = *selected[i];
-    std::fprintf(stderr, "[%zu/%zu] %s %s ...\n", i + 1, selected.size(), c.op.c_str(), c.name.c_str());
+    std::fprintf(stderr, "[%zu/%zu] %s %s ... ", i + 1, selected.size(), c.op.c_str(), c.name.c_str());
+    const Clock::time_point t0 = Clock::now();
     rows.push_back(run_case(c, dev, stream, o));
     const Row& r = rows.back();
+    // ETA: the mean time per case so far times the cases left.
+    const double elapsed = seconds_since(run_start);
+    const long eta = std::lround(elapsed / static_cast<double>(i + 1) * static_cast<double>(selected.size() - i - 1));
+    std::fprintf(stderr, "%.1f s (ETA %ld:%02ld)%s\n", seconds_since(t0), eta / 60, eta % 60,
+                 r.check == "FAIL" ? " check FAIL" : !r.error.empty() ? " ERROR" : "");
     if (r.check == "FAIL") std::fprintf(stderr, "    check FAIL: %s\n", r.check_message.c_str());
     if (!r.error.empty()) std::fprintf(stderr, "    error: %s\n", r.error.c_str());
   }
   (void)cudaStreamDestroy(stream);
+  {
+    double setup = 0, check = 0, timing = 0;
+    for (const Row& r : rows) setup += r.setup_s, check += r.check_s, timing += r.timing_s;
+    const long total = std::lround(seconds_since(run_start));
+    std::fprintf(stderr, "tessera-bench: %zu cases in %ld:%02ld (setup %.1f s, check %.1f s, timing %.1f s)\n",
+                 rows.size(), total / 60, total % 60, setup, check, timing);
+  }
 
   print_table(rows, dev);
   print_details(rows, o.check);
@@ -477,6 +616,14 @@ int main_impl(int argc, char** argv) {
   if (!o.json.empty()) {
     try {
       write_json(o.json, rows, dev, o);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      rc = 1;
+    }
+  }
+  if (!o.csv.empty()) {
+    try {
+      write_csv(o.csv, rows, dev);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s\n", e.what());
       rc = 1;
