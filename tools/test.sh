@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Configure, build every target (library, tests, benchmark, Python module) and run the test suite.
-# GPU tests skip where no GPU is visible. Extra arguments go to the CMake configure step.
+# Configure, build every target (library, tests, benchmark, Python module) and run the test suite, then say how
+# many tests ran, passed and were skipped (and why: GPU tests skip where no GPU is visible).
+# Extra arguments go to the CMake configure step. Uses build/ (BUILD_DIR overrides); tools/bench.sh never does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+rm -f "$build/ctest.xml" "$build/pytest.xml"
+rc=0
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-junit "$PWD/$build/ctest.xml" || rc=$?
+python3 tools/test_summary.py "$build/ctest.xml" "$build/pytest.xml" || true
+exit $rc

@@ -1,6 +1,7 @@
 // tessera._C — the Python extension module: thin pybind11 bindings over the public C++ API.
 //
-// Tensors cross the boundary as DLPack capsules (PyCapsule named "dltensor" holding a DLManagedTensor*). The
+// Tensors cross the boundary as DLPack capsules (PyCapsule named "dltensor" holding a DLManagedTensor*) or as any
+// object with __dlpack__ (asked for its capsule with no stream argument: the producer's default-stream contract). The
 // binding only reads the DLTensor: it never renames or consumes the capsule, so the producer's deleter runs when
 // the capsule is collected, and the Python caller keeps the tensors alive for the duration of the call. Optional
 // tensors are None. The stream is the cudaStream_t as an int (0 = legacy default stream).
@@ -14,7 +15,8 @@
 // reinterpreted. A capsule that already says fp8 e4m3 (new header and producer) is accepted as is; any other
 // dtype is left to the op's validation.
 //
-// Every tessera::Error becomes a Python ValueError with the same message. The GIL is released around each call
+// A tessera::CudaError (CUDA runtime or device failure) becomes a Python RuntimeError, any other tessera::Error (an
+// argument error) a ValueError, each with the same message. The GIL is released around each call
 // into the library (argument conversion happens before, with the GIL held).
 
 #include <pybind11/pybind11.h>
@@ -46,7 +48,11 @@ constexpr const char* kLegacyCapsule = "dltensor";
 }
 
 // The TensorView of a DLPack capsule. The capsule is only read.
-TensorView view_of(const py::object& obj, const char* op, const char* arg) {
+TensorView view_of(const py::object& given, const char* op, const char* arg) {
+  // A DLPack producer (CuPy, JAX, NumPy, torch ...) is asked for its capsule; the caller keeps it alive for the call,
+  // and the view copies the shape and strides, so the capsule may go as soon as it has been read.
+  py::object obj = given;
+  if (!PyCapsule_CheckExact(given.ptr()) && py::hasattr(given, "__dlpack__")) obj = given.attr("__dlpack__")();
   PyObject* p = obj.ptr();
   if (p == nullptr || !PyCapsule_CheckExact(p)) {
     std::string type = p == nullptr ? "NULL" : Py_TYPE(p)->tp_name;
@@ -399,6 +405,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const tessera::CudaError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
     } catch (const tessera::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
     }

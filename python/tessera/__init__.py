@@ -11,8 +11,13 @@
     o = tessera.attention_decode(q, k_cache, v_cache, seqlens, format="int8", k_scale=ks, v_scale=vs)
 
 The ops live in tessera.moe, tessera.gemm and tessera.attention and are re-exported here. They take torch
-tensors (or any DLPack producer), run on the current CUDA stream and raise ValueError for invalid arguments.
-Importing tessera does not import torch.
+tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and workspace=) to write
+into preallocated memory, raise ValueError for invalid arguments and RuntimeError for CUDA/device errors.
+Each is a PyTorch custom operator underneath (torch.ops.tessera.*, defined in tessera._torch_ops), so
+torch.compile(fullgraph=True) traces them and CUDA graphs capture them.
+
+Where torch is installed, importing tessera imports it and registers the operators; where it is not, tessera still
+imports, and tessera.dlpack serves DLPack callers (CuPy, JAX) with no torch at all.
 """
 
 try:
@@ -23,7 +28,14 @@ except ImportError as _e:  # pragma: no cover - depends on the build
         f"({_e}). Build it with `cmake -S . -B build && cmake --build build` and set "
         "PYTHONPATH=build/python, or `pip install --no-build-isolation .`") from _e
 
-from . import attention, gemm, moe
+try:
+    import torch as _torch  # noqa: F401  (optional: the operators need it, tessera.dlpack does not)
+except ImportError:
+    _torch = None
+if _torch is not None:
+    from . import _torch_ops  # noqa: F401  (registers torch.ops.tessera.*)
+
+from . import attention, dlpack, gemm, moe
 from .attention import (
     append_kv,
     attention_decode,
@@ -56,6 +68,7 @@ __all__ = [
     "attention_decode",
     "decode_workspace_size",
     "dequantize_kv",
+    "dlpack",
     "fused_gate",
     "gemm",
     "grouped_gemm_bf16",

@@ -19,7 +19,8 @@ torch is looked up lazily, so importing tessera does not import torch.
 
 import sys
 
-__all__ = ["torch_module", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of"]
+__all__ = ["torch_module", "torch_ops", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of", "launch",
+           "stream_arg"]
 
 
 def torch_module():
@@ -83,3 +84,41 @@ def cuda_device_of(tensor, op, arg):
     if tensor.device.type != "cuda":
         raise ValueError(f"{op}: '{arg}' must be a CUDA tensor, got a tensor on device '{tensor.device}'")
     return tensor.device
+
+
+_ops = None
+
+
+def torch_ops():
+    """torch.ops.tessera with its CUDA implementations loaded (RuntimeError with the reason when they are not)."""
+    global _ops
+    if _ops is None:
+        torch_module()
+        from . import _torch_ops
+
+        if not _torch_ops.available():
+            raise RuntimeError(_torch_ops.load_error)
+        _ops = _torch_ops.ops
+    return _ops
+
+
+def stream_arg(op, stream):
+    """The stream= argument, checked: None, a torch.cuda.Stream (ExternalStream too) or a raw cudaStream_t int."""
+    if stream is None:
+        return None
+    torch = torch_module()
+    if isinstance(stream, torch.cuda.Stream):
+        return stream
+    if isinstance(stream, int) and not isinstance(stream, bool):
+        return torch.cuda.ExternalStream(stream)
+    raise TypeError(f"{op}: 'stream' must be None, a torch.cuda.Stream or a cudaStream_t as an int, "
+                    f"got {type(stream).__name__}")
+
+
+def launch(stream, fn):
+    """fn() on the caller's current stream (stream None), or with `stream` made current around it, so that the
+    outputs fn allocates and the op's launch both belong to that stream."""
+    if stream is None:
+        return fn()
+    with torch_module().cuda.stream(stream):
+        return fn()

@@ -1,6 +1,7 @@
 """tessera.attention — attention decode over a low-precision KV cache, and the cache's producer (append_kv).
 
-Thin wrappers over tessera._C (the C++ library, include/tessera/attention.h; user doc docs/ops/attention_decode.md).
+Thin wrappers over the PyTorch operators torch.ops.tessera.attention_decode / append_kv (the C++ library,
+include/tessera/attention.h; user doc docs/ops/attention_decode.md).
 
 * ``attention_decode``: one new query token per sequence (or up to 8, causal) attends to its cached keys and values
   (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
@@ -13,24 +14,23 @@ Thin wrappers over tessera._C (the C++ library, include/tessera/attention.h; use
 Like tessera.moe and tessera.gemm, the ops accept torch tensors (or ``__dlpack__`` producers), run
 asynchronously on the current CUDA stream of q's (k_new's) device unless ``stream=`` is given, never synchronize,
 and raise ValueError naming the op and the argument for invalid arguments (messages from the C++ validation use
-the names of the C++ API: the KVCache fields, ``o`` for out). fp8 caches may be torch.float8_e4m3fn or
-torch.uint8 (the e4m3 bytes); they cross into C++ as uint8 views of the same memory. Integer-format caches are
-torch.uint8 (int4: two codes per byte, last dim D/2).
+the names of the C++ API: the KVCache fields, ``o`` for out), and RuntimeError for CUDA or device errors. fp8
+caches may be torch.float8_e4m3fn or torch.uint8 (the e4m3 bytes). Integer-format caches are torch.uint8 (int4: two
+codes per byte, last dim D/2).
 
-Allocation happens here, in Python, before the C++ call: attention_decode allocates out, lse and the workspace
-with torch when they are not given. To capture attention_decode in a CUDA graph, pass preallocated ``out`` (and
-``lse``) and a ``workspace`` of ``decode_workspace_size(...)`` bytes, so that nothing is allocated during capture
-and replays reuse the same memory; the size never depends on the sequence lengths, so one workspace serves every
-replay.
-
-torch is imported lazily, inside the calls.
+attention_decode allocates out and lse with torch when they are not given, and the operator allocates the
+workspace (through torch's caching allocator, on the stream it runs on) when none is given and the split needs one.
+Both are safe under torch.cuda.graph capture (torch's graph memory pool) and torch.compile. To capture with no
+allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` of ``decode_workspace_size(...)``
+bytes; the size never depends on the sequence lengths, so one workspace serves every replay.
 """
 
 import operator
 
 from . import _C
-from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, to_capsule, torch_module
-from .moe import _choice, _current_stream, _int
+from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule, torch_module,
+                      torch_ops)
+from .moe import _choice, _int
 
 __all__ = [
     "FORMATS",
@@ -85,39 +85,12 @@ def _params(op, softmax_scale, softcap, window, num_splits):
             _int(op, "num_splits", num_splits, 0))
 
 
-def _explicit_stream(torch, op, stream):
-    """stream= as a raw cudaStream_t (int), or None for the current stream (resolved per device at the call)."""
-    if stream is None:
-        return None
-    raw = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream
-    if raw is not None:
-        return int(raw)
-    try:
-        return operator.index(stream)
-    except TypeError:
-        raise TypeError(
-            f"{op}: 'stream' must be None, a torch.cuda.Stream or a cudaStream_t as an int, "
-            f"got {type(stream).__name__}") from None
-
-
-def _keep_alive_on(torch, tensor, stream, raw, index):
-    """A tensor allocated here on the current stream but used on another one: tell the caching allocator, so
-    that its memory is not handed out again before the work queued on `stream` is done."""
-    if tensor is None or stream is None or raw == _current_stream(torch, index):
-        return
-    if not isinstance(stream, torch.cuda.Stream):
-        stream = torch.cuda.ExternalStream(raw, device=index)
-    tensor.record_stream(stream)
-
-
 def _on_device(torch, device, fn):
-    """Runs fn(index) with `device` current."""
-    current = torch.cuda.current_device()
-    index = current if device.index is None else device.index
-    if index != current:
-        with torch.cuda.device(index):
-            return fn(index)
-    return fn(index)
+    """Runs fn() with `device` current (the workspace query reads the current device's SM count)."""
+    if device.index is not None and device.index != torch.cuda.current_device():
+        with torch.cuda.device(device.index):
+            return fn()
+    return fn()
 
 
 class _Cache:
@@ -136,6 +109,9 @@ class _Cache:
     def capsules(self):
         return (to_capsule(self.k), to_capsule(self.v), to_capsule(self.k_scale), to_capsule(self.v_scale),
                 to_capsule(self.block_table))
+
+    def tensors(self):
+        return self.k, self.v, self.k_scale, self.v_scale, self.block_table
 
 
 def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
@@ -168,7 +144,7 @@ def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None,
     op = "tessera.decode_workspace_size"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
-    return int(_on_device(torch, device, lambda index: _workspace_bytes(cache, q, params)))
+    return int(_on_device(torch, device, lambda: _workspace_bytes(cache, q, params)))
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_scale=None, v_scale=None,
@@ -211,34 +187,26 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
                          f"got shape {list(q.shape)}")
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
     cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
-    if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=device)
-    else:
+    if out is not None:
         out = as_tensor(out, op, "out")
         _not_fp8(op, "out", out)
-    if lse is None:
-        if return_lse:
-            lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
-    else:
-        lse = as_tensor(lse, op, "lse")
-    if workspace is not None:
-        workspace = as_tensor(workspace, op, "workspace")
+    lse = as_optional_tensor(lse, op, "lse")
+    workspace = as_optional_tensor(workspace, op, "workspace")
 
-    explicit = _explicit_stream(torch, op, stream)
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
 
-    def call(index):
-        raw = _current_stream(torch, index) if explicit is None else explicit
-        ws = workspace
-        if ws is None:
-            nbytes = _workspace_bytes(cache, q, params)
-            if nbytes > 0:
-                ws = torch.empty((nbytes,), dtype=torch.uint8, device=device)
-                _keep_alive_on(torch, ws, stream, raw, index)
-        _C.attention_decode(to_capsule(q), *cache.capsules(), to_capsule(cache_seqlens), to_capsule(out),
-                            to_capsule(lse), to_capsule(ws), format, *params, raw)
+    def run():
+        o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=device)
+        m = lse
+        if m is None and return_lse:
+            m = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
+        # A workspace not given is allocated by the operator, on the stream it runs on, when the split needs one.
+        ops.attention_decode(q, *cache.tensors(), cache_seqlens, o, m, workspace, format, *params)
+        return (o, m) if return_lse else o
 
-    _on_device(torch, device, call)
-    return (out, lse) if return_lse else out
+    return launch(stream, run)
+
 
 
 def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_scale=None, v_scale=None,
@@ -264,17 +232,13 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     v_new = as_tensor(v_new, op, "v_new")
     _not_fp8(op, "k_new", k_new)
     _not_fp8(op, "v_new", v_new)
-    device = cuda_device_of(k_new, op, "k_new")
+    cuda_device_of(k_new, op, "k_new")
     positions = as_tensor(positions, op, "positions")
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
 
-    explicit = _explicit_stream(torch, op, stream)
-
-    def call(index):
-        raw = _current_stream(torch, index) if explicit is None else explicit
-        _C.append_kv(to_capsule(k_new), to_capsule(v_new), to_capsule(positions), *cache.capsules(), format, raw)
-
-    _on_device(torch, device, call)
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
+    launch(stream, lambda: ops.append_kv(k_new, v_new, positions, *cache.tensors(), format))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------

@@ -13,12 +13,13 @@ clamped to [0, M] (a decreasing pair is an empty group), masked_m to [0, max_m].
 Like tessera.moe, every op accepts torch tensors (or ``__dlpack__`` producers), runs asynchronously on the
 current CUDA stream of x's device, never synchronizes, can be captured in a CUDA graph, and raises ValueError
 naming the op and the argument for invalid arguments (the output tensor is called 'y' in messages from the C++
-validation). fp8 tensors must be torch.float8_e4m3fn; they cross into C++ as uint8 views of the same memory.
+validation). fp8 tensors must be torch.float8_e4m3fn. Every op also takes workspace= and stream= (see
+grouped_gemm_fp8).
 """
 
 from . import _C
-from ._dlpack import as_tensor, cuda_device_of, to_capsule, torch_module
-from .moe import _choice, _int, _launch, _rank
+from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
+from .moe import _choice, _int, _rank
 
 __all__ = [
     "grouped_gemm_bf16",
@@ -34,31 +35,34 @@ MAX_GROUPS = _C.grouped_gemm_max_groups
 
 
 def grouped_gemm_workspace_bytes(num_groups, n, k):
-    """Bytes of device workspace a grouped GEMM with these G, N, K needs (the ops allocate it themselves)."""
+    """Bytes of device workspace a grouped GEMM with these G, N, K needs (allocated by the op when not given)."""
     op = "tessera.grouped_gemm_workspace_bytes"
     return _C.grouped_gemm_workspace_bytes(_int(op, "num_groups", num_groups), _int(op, "n", n), _int(op, "k", k))
 
 
 def _fp8(torch, op, arg, t):
-    # The dtype must be checked here: to_capsule sends every fp8 dtype as uint8 bytes, and the binding reads
-    # uint8 as e4m3, so an e5m2 (or a plain uint8) tensor would otherwise be reinterpreted silently.
+    # The operator reads uint8 as e4m3 bytes (the DLPack path's convention), so the torch layer insists on the
+    # real dtype: an e5m2 or a plain uint8 tensor would otherwise be reinterpreted silently.
     e4m3 = getattr(torch, "float8_e4m3fn", None)
     if e4m3 is None or t.dtype != e4m3:
         raise ValueError(f"{op}: '{arg}' must be torch.float8_e4m3fn, got {t.dtype}")
 
 
 def _not_fp8(torch, op, arg, t):
-    # Without this, an fp8 tensor would reach C++ as a uint8 view and the message would say uint8.
+    # The C++ message would name the fp8 dtype too; this one says what the op takes.
     if t.element_size() == 1 and t.is_floating_point():
         raise ValueError(f"{op}: '{arg}' must be torch.bfloat16, got {t.dtype}")
 
 
-def _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, fp8, call):
-    """Shared argument handling; launches call(x, w, group_rows, y, workspace, expected_m, stream), returns y."""
+def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, call):
+    """Shared argument handling; launches call(ops, x, w, group_rows, y, workspace), returns y."""
     torch = torch_module()
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
     x = as_tensor(x, op, "x")
     w = as_tensor(w, op, "w")
     group_rows = as_tensor(group_rows, op, rows_arg)
+    workspace = as_optional_tensor(workspace, op, "workspace")
     device = cuda_device_of(x, op, "x")
     check = _fp8 if fp8 else _not_fp8
     check(torch, op, "x", x)
@@ -68,43 +72,45 @@ def _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, fp8, call):
     else:
         _rank(op, "x", x, 2, "[M, K]")
     _rank(op, "w", w, 3, "[G, N, K]")
-    num_groups, n, k = w.shape
-    if out is None:
-        y = torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16, device=device)
-    else:
-        y = as_tensor(out, op, "out")
-        _not_fp8(torch, op, "out", y)
-    ws_bytes = _C.grouped_gemm_workspace_bytes(num_groups, n, k)
-    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=device) if ws_bytes > 0 else None
+    n = w.shape[1]
+    if out is not None:
+        out = as_tensor(out, op, "out")
+        _not_fp8(torch, op, "out", out)
 
-    _launch(torch, device, lambda stream: call(x, w, group_rows, y, workspace, expected_m, stream))
-    return y
+    def run():
+        y = out if out is not None else torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16, device=device)
+        call(ops, x, w, group_rows, y, workspace)
+        return y
+
+    return launch(stream, run)
 
 
-def _fp8_op(op, masked, rows_arg, binding, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m):
+def _fp8_op(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m, workspace,
+            stream):
     _choice(op, "scale_mode", scale_mode, SCALE_MODES)
     expected_m = _int(op, "expected_m", expected_m, 0)
     x_scale = as_tensor(x_scale, op, "x_scale")
     w_scale = as_tensor(w_scale, op, "w_scale")
+    name = "grouped_gemm_fp8_masked" if masked else "grouped_gemm_fp8"
 
-    def call(x, w, group_rows, y, workspace, expected_m, stream):
-        binding(to_capsule(x), to_capsule(w), to_capsule(group_rows), to_capsule(x_scale), to_capsule(w_scale),
-                to_capsule(y), to_capsule(workspace), scale_mode, expected_m, stream)
+    def call(ops, x, w, group_rows, y, workspace):
+        getattr(ops, name)(x, w, group_rows, x_scale, w_scale, y, workspace, scale_mode, expected_m)
 
-    return _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, True, call)
+    return _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, True, call)
 
 
-def _bf16_op(op, masked, rows_arg, binding, x, w, group_rows, out, expected_m):
+def _bf16_op(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace, stream):
     expected_m = _int(op, "expected_m", expected_m, 0)
+    name = "grouped_gemm_bf16_masked" if masked else "grouped_gemm_bf16"
 
-    def call(x, w, group_rows, y, workspace, expected_m, stream):
-        binding(to_capsule(x), to_capsule(w), to_capsule(group_rows), to_capsule(y), to_capsule(workspace),
-                expected_m, stream)
+    def call(ops, x, w, group_rows, y, workspace):
+        getattr(ops, name)(x, w, group_rows, y, workspace, expected_m)
 
-    return _run(op, masked, rows_arg, x, w, group_rows, out, expected_m, False, call)
+    return _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, False, call)
 
 
-def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0):
+def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0,
+                     workspace=None, stream=None):
     """FP8 e4m3 grouped GEMM, contiguous layout: y[r] = x[r] @ w[g]^T (scaled) for r in offsets[g]:offsets[g+1].
 
     x        [M, K] float8_e4m3fn; unit stride along K, rows 16-byte aligned (e.g. tessera.permute's x_perm).
@@ -117,14 +123,16 @@ def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor"
     out      bf16 [M, N] (unit stride along N) to write into; default torch.empty. Rows outside every group
              are not written.
     expected_m  rows per group to tune the tile shape for (0: M / G); never affects which rows are computed.
+    workspace   device tensor of at least grouped_gemm_workspace_bytes(G, N, K) bytes, or None (allocated when
+                needed; the size is 0 today). stream: None (the current stream), a torch.cuda.Stream or an int.
     Returns y (bf16 [M, N], fp32 accumulation).
     """
-    return _fp8_op("tessera.grouped_gemm_fp8", False, "offsets", _C.grouped_gemm_fp8, x, w, offsets, x_scale,
-                   w_scale, scale_mode, out, expected_m)
+    return _fp8_op("tessera.grouped_gemm_fp8", False, "offsets", x, w, offsets, x_scale, w_scale, scale_mode, out,
+                   expected_m, workspace, stream)
 
 
-def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per_tensor", out=None,
-                            expected_m=0):
+def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0,
+                            workspace=None, stream=None):
     """FP8 e4m3 grouped GEMM, masked layout: y[g, r] = x[g, r] @ w[g]^T (scaled) for r < masked_m[g].
 
     x        [G, max_m, K] float8_e4m3fn; w [G, N, K] float8_e4m3fn; masked_m int32 [G] on the device.
@@ -133,26 +141,26 @@ def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per
     expected_m  typical masked_m (0: max_m); pass the real average when max_m is a capacity (decode buffers).
     Returns y (bf16 [G, max_m, N]).
     """
-    return _fp8_op("tessera.grouped_gemm_fp8_masked", True, "masked_m", _C.grouped_gemm_fp8_masked, x, w,
-                   masked_m, x_scale, w_scale, scale_mode, out, expected_m)
+    return _fp8_op("tessera.grouped_gemm_fp8_masked", True, "masked_m", x, w, masked_m, x_scale, w_scale,
+                   scale_mode, out, expected_m, workspace, stream)
 
 
-def grouped_gemm_bf16(x, w, offsets, *, out=None, expected_m=0):
+def grouped_gemm_bf16(x, w, offsets, *, out=None, expected_m=0, workspace=None, stream=None):
     """bf16 grouped GEMM, contiguous layout: y[r] = x[r] @ w[g]^T for r in offsets[g]:offsets[g+1].
 
     x [M, K] bf16, w [G, N, K] bf16 (unit stride along K, rows 16-byte aligned), offsets int32 [G+1] on the
     device. N a multiple of 128, K a multiple of 64. fp32 accumulation. out bf16 [M, N]; rows outside every
     group are not written. Returns y.
     """
-    return _bf16_op("tessera.grouped_gemm_bf16", False, "offsets", _C.grouped_gemm_bf16, x, w, offsets, out,
-                    expected_m)
+    return _bf16_op("tessera.grouped_gemm_bf16", False, "offsets", x, w, offsets, out, expected_m, workspace,
+                    stream)
 
 
-def grouped_gemm_bf16_masked(x, w, masked_m, *, out=None, expected_m=0):
+def grouped_gemm_bf16_masked(x, w, masked_m, *, out=None, expected_m=0, workspace=None, stream=None):
     """bf16 grouped GEMM, masked layout: y[g, r] = x[g, r] @ w[g]^T for r < masked_m[g].
 
     x [G, max_m, K] bf16, w [G, N, K] bf16, masked_m int32 [G] on the device; out bf16 [G, max_m, N], rows
     r >= masked_m[g] are not written. Returns y.
     """
-    return _bf16_op("tessera.grouped_gemm_bf16_masked", True, "masked_m", _C.grouped_gemm_bf16_masked, x, w,
-                    masked_m, out, expected_m)
+    return _bf16_op("tessera.grouped_gemm_bf16_masked", True, "masked_m", x, w, masked_m, out, expected_m,
+                    workspace, stream)

@@ -1,22 +1,23 @@
 """tessera.moe — MoE routing ops: the fused grouped top-k gate, token permute and unpermute-reduce.
 
-Thin wrappers over tessera._C (the C++ library, include/tessera/moe.h). Every op
+Thin wrappers over the PyTorch operators torch.ops.tessera.* (python/tessera/_torch_ops.py; the C++ library,
+include/tessera/moe.h). Every op
 
 * accepts torch tensors, or any object with ``__dlpack__`` (converted zero-copy with torch.from_dlpack);
-* runs asynchronously on the caller's current CUDA stream (``torch.cuda.current_stream(device)``) of the device
-  of its first tensor argument, never synchronizes, and can be captured in a CUDA graph;
-* allocates its outputs with torch (``torch.empty``) on that device unless ``out=`` is given;
-* raises ValueError (naming the op and the argument) for invalid arguments: bad option strings here, everything
-  else from the C++ validation (tessera::Error -> ValueError).
-
-torch is imported lazily, inside the calls.
+* runs asynchronously on the caller's current CUDA stream of the device of its first tensor argument (or on
+  ``stream=``), never synchronizes, and can be captured in a CUDA graph and traced by torch.compile
+  (fullgraph=True: no graph break);
+* allocates its outputs with torch (``torch.empty``) on that device unless ``out=`` is given, and its workspace
+  unless ``workspace=`` is given;
+* raises ValueError (naming the op and the argument) for invalid arguments, and RuntimeError for CUDA or device
+  errors (no driver, not an sm_90 GPU).
 """
 
 import collections
 import operator
 
 from . import _C
-from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, to_capsule, torch_module
+from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
 
 __all__ = [
     "PermuteResult",
@@ -75,31 +76,12 @@ def _rank(op, arg, t, rank, what):
         raise ValueError(f"{op}: '{arg}' must have rank {rank} {what}, got shape {list(t.shape)}")
 
 
-def _current_stream(torch, index):
-    """The raw cudaStream_t (an int) of the current torch stream of device `index` (capture streams included)."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # cheap; what torch's own generated code uses
-    if raw is not None:
-        return raw(index)
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-def _launch(torch, device, call):
-    """Runs call(stream) with `device` current, on its current stream."""
-    current = torch.cuda.current_device()
-    index = current if device.index is None else device.index
-    if index != current:
-        with torch.cuda.device(index):
-            call(_current_stream(torch, index))
-    else:
-        call(_current_stream(torch, index))
-
-
 # ----------------------------------------------------------------------------------------------------------------
 
 
 def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring="sigmoid",
                group_score="top2_sum", renormalize=False, routed_scaling_factor=1.0, num_shared_experts=0,
-               shared_expert_weight=1.0, out=None):
+               shared_expert_weight=1.0, out=None, stream=None):
     """DeepSeek-V3 style biased grouped top-k gate.
 
     scores = sigmoid(logits) | softmax(logits over E); choice = scores + bias; experts are chosen among the
@@ -110,6 +92,7 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
 
     logits [T, E] fp32 | bf16 | fp16 (unit stride along E); bias [E] or None.
     Returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]); out=(weights, ids) writes into those.
+    stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.fused_gate"
     _choice(op, "scoring", scoring, SCORINGS)
@@ -120,27 +103,30 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     num_shared_experts = _int(op, "num_shared_experts", num_shared_experts, 0)
 
     torch = torch_module()
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
     logits = as_tensor(logits, op, "logits")
     bias = as_optional_tensor(bias, op, "bias")
     device = cuda_device_of(logits, op, "logits")
     _rank(op, "logits", logits, 2, "[T, E]")
-    if out is None:
-        width = topk + num_shared_experts
-        weights = torch.empty((logits.shape[0], width), dtype=torch.float32, device=device)
-        ids = torch.empty((logits.shape[0], width), dtype=torch.int32, device=device)
-    else:
+    if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise ValueError(f"{op}: 'out' must be a (weights, ids) pair, got {type(out).__name__}")
-        weights = as_tensor(out[0], op, "weights")
-        ids = as_tensor(out[1], op, "ids")
+        out = (as_tensor(out[0], op, "weights"), as_tensor(out[1], op, "ids"))
 
-    def call(stream):
-        _C.fused_gate(to_capsule(logits), to_capsule(bias), to_capsule(weights), to_capsule(ids), topk,
-                      num_groups, topk_groups, scoring, group_score, bool(renormalize),
-                      float(routed_scaling_factor), num_shared_experts, float(shared_expert_weight), stream)
+    def run():
+        if out is None:
+            width = topk + num_shared_experts
+            weights = torch.empty((logits.shape[0], width), dtype=torch.float32, device=device)
+            ids = torch.empty((logits.shape[0], width), dtype=torch.int32, device=device)
+        else:
+            weights, ids = out
+        ops.fused_gate(logits, bias, weights, ids, topk, num_groups, topk_groups, scoring, group_score,
+                       bool(renormalize), float(routed_scaling_factor), num_shared_experts,
+                       float(shared_expert_weight))
+        return weights, ids
 
-    _launch(torch, device, call)
-    return weights, ids
+    return launch(stream, run)
 
 
 def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
@@ -161,7 +147,8 @@ def permute_workspace_bytes(num_tokens, topk, num_experts, *, pad_multiple=1, qu
                           num_experts, pad_multiple, quant)
 
 
-def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None, with_row_token=True):
+def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None, with_row_token=True, out=None,
+            workspace=None, stream=None):
     """Copies of the token rows grouped by expert (expert 0 first, token order within an expert).
 
     x [T, H] bf16 | fp16 (H % 8 == 0, rows 16-byte aligned); ids [T, k] int32 | int64, contiguous; ids outside
@@ -169,6 +156,13 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     quant: None (x_perm has x's dtype), 'fp8_blockwise' (x_perm float8_e4m3fn plus fp32 scales, one per row
     per 128 columns) or 'fp8_per_tensor' (x_perm = saturate(x / input_scale), input_scale fp32 [1] on the
     device). Returns a PermuteResult.
+
+    out        a PermuteResult of preallocated tensors to write into (shapes as documented on PermuteResult,
+               rows = permute_capacity_rows(...); scales None unless 'fp8_blockwise', row_token may be None).
+               Nothing is allocated then but the workspace.
+    workspace  a contiguous device tensor of at least permute_workspace_bytes(...) bytes; allocated when None.
+               Pass out= and workspace= to capture permute in a CUDA graph with no allocation.
+    stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.permute"
     q = _quant_name(op, quant)
@@ -176,9 +170,12 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     pad_multiple = _int(op, "pad_multiple", pad_multiple, 1)
 
     torch = torch_module()
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
     x = as_tensor(x, op, "x")
     ids = as_tensor(ids, op, "ids")
     input_scale = as_optional_tensor(input_scale, op, "input_scale")
+    workspace = as_optional_tensor(workspace, op, "workspace")
     device = cuda_device_of(x, op, "x")
     _rank(op, "x", x, 2, "[T, H]")
     _rank(op, "ids", ids, 2, "[T, k]")
@@ -186,41 +183,48 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     topk = ids.shape[1]
     if topk < 1:
         raise ValueError(f"{op}: 'ids' must have at least one column, got shape {list(ids.shape)}")
+    if out is not None:
+        if not isinstance(out, PermuteResult):
+            raise ValueError(f"{op}: 'out' must be a tessera.PermuteResult of preallocated tensors, "
+                             f"got {type(out).__name__}")
+        out = PermuteResult(*(as_optional_tensor(t, op, name) for t, name in zip(out, PermuteResult._fields)))
+        if out.x_perm.dtype == getattr(torch, "float8_e5m2", None):
+            raise ValueError(f"{op}: 'x_perm' must be torch.float8_e4m3fn when quantized, got {out.x_perm.dtype}")
 
-    rows = _C.permute_capacity_rows(num_tokens, topk, num_experts, pad_multiple, q)
-    ws_bytes = _C.permute_workspace_bytes(num_tokens, topk, num_experts, pad_multiple, q)
-    if q == "none":
-        x_perm = torch.empty((rows, hidden), dtype=x.dtype, device=device)
-    else:
-        x_perm = torch.empty((rows, hidden), dtype=torch.float8_e4m3fn, device=device)
-    scales = None
-    if q == "fp8_blockwise":
-        blocks = (hidden + FP8_BLOCK_COLS - 1) // FP8_BLOCK_COLS
-        scales = torch.empty((rows, blocks), dtype=torch.float32, device=device)
-    expert_offsets = torch.empty((num_experts + 1,), dtype=torch.int32, device=device)
-    expert_counts = torch.empty((num_experts,), dtype=torch.int32, device=device)
-    row_index = torch.empty((ids.shape[0], topk), dtype=torch.int32, device=device)
-    row_token = torch.empty((rows,), dtype=torch.int32, device=device) if with_row_token else None
-    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=device) if ws_bytes > 0 else None
+    def run():
+        res = out
+        if res is None:
+            # permute_capacity_rows: every copy, plus the padding each segment may need.
+            rows = num_tokens * topk + (num_experts * (pad_multiple - 1) if pad_multiple > 1 else 0)
+            dtype = x.dtype if q == "none" else torch.float8_e4m3fn
+            scales = None
+            if q == "fp8_blockwise":
+                blocks = (hidden + FP8_BLOCK_COLS - 1) // FP8_BLOCK_COLS
+                scales = torch.empty((rows, blocks), dtype=torch.float32, device=device)
+            res = PermuteResult(
+                torch.empty((rows, hidden), dtype=dtype, device=device), scales,
+                torch.empty((num_experts + 1,), dtype=torch.int32, device=device),
+                torch.empty((num_experts,), dtype=torch.int32, device=device),
+                torch.empty((num_tokens, topk), dtype=torch.int32, device=device),
+                torch.empty((rows,), dtype=torch.int32, device=device) if with_row_token else None)
+        ops.permute(x, ids, input_scale, res.x_perm, res.scales, res.expert_offsets, res.expert_counts,
+                    res.row_index, res.row_token, workspace, num_experts, pad_multiple, q)
+        return res
 
-    def call(stream):
-        _C.permute(to_capsule(x), to_capsule(ids), to_capsule(input_scale), to_capsule(x_perm),
-                   to_capsule(scales), to_capsule(expert_offsets), to_capsule(expert_counts),
-                   to_capsule(row_index), to_capsule(row_token), to_capsule(workspace), num_experts,
-                   pad_multiple, q, stream)
-
-    _launch(torch, device, call)
-    return PermuteResult(x_perm, scales, expert_offsets, expert_counts, row_index, row_token)
+    return launch(stream, run)
 
 
-def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0, out=None):
+def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0, out=None, *, stream=None):
     """out[t] = routed_scale * sum_j weights[t, j] * y_perm[row_index[t, j]] (+ residual[t]).
 
     y_perm [R, H] bf16 | fp16; row_index [T, k] int32 (-1 = skip); weights [T, k] fp32; residual [T, H] of
     y_perm's dtype or None. fp32 accumulation. Returns out [T, H] of y_perm's dtype (or writes into `out`).
+    stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.unpermute_reduce"
     torch = torch_module()
+    ops = torch_ops()
+    stream = stream_arg(op, stream)
     y_perm = as_tensor(y_perm, op, "y_perm")
     row_index = as_tensor(row_index, op, "row_index")
     weights = as_tensor(weights, op, "weights")
@@ -228,14 +232,14 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     device = cuda_device_of(y_perm, op, "y_perm")
     _rank(op, "y_perm", y_perm, 2, "[R, H]")
     _rank(op, "row_index", row_index, 2, "[T, k]")
-    if out is None:
-        out = torch.empty((row_index.shape[0], y_perm.shape[1]), dtype=y_perm.dtype, device=device)
-    else:
+    if out is not None:
         out = as_tensor(out, op, "out")
 
-    def call(stream):
-        _C.unpermute_reduce(to_capsule(y_perm), to_capsule(row_index), to_capsule(weights),
-                            to_capsule(residual), to_capsule(out), float(routed_scale), stream)
+    def run():
+        o = out
+        if o is None:
+            o = torch.empty((row_index.shape[0], y_perm.shape[1]), dtype=y_perm.dtype, device=device)
+        ops.unpermute_reduce(y_perm, row_index, weights, residual, o, float(routed_scale))
+        return o
 
-    _launch(torch, device, call)
-    return out
+    return launch(stream, run)

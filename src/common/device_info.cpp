@@ -3,8 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
-#include <string>
 #include <mutex>
+#include <string>
 
 #include "common/check.h"
 
@@ -18,15 +18,25 @@ const DeviceInfo& current_device_info() {
 
   int dev = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= kMaxDevices) throw Error("tessera: device ordinal " + std::to_string(dev) + " unsupported");
+  if (dev < 0 || dev >= kMaxDevices)
+    throw CudaError("tessera: device ordinal " + std::to_string(dev) + " unsupported");
   std::lock_guard<std::mutex> lock(mutex);
   if (!filled[dev]) {
     DeviceInfo& info = cache[dev];
     info.ordinal = dev;
     TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.num_sms, cudaDevAttrMultiProcessorCount, dev));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
     filled[dev] = true;
   }
   return cache[dev];
+}
+
+void require_hopper(const char* op) {
+  const DeviceInfo& info = current_device_info();
+  if (info.cc_major != 9 || info.cc_minor != 0)
+    throw CudaError(std::string(op) + ": needs an sm_90 (Hopper) GPU, found sm_" + std::to_string(info.cc_major) +
+                    std::to_string(info.cc_minor) + " (device " + std::to_string(info.ordinal) + ")");
 }
 
 }  // namespace tessera::detail

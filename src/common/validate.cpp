@@ -65,6 +65,9 @@ void ArgCheck::aligned(const TensorView& t, const char* arg, int bytes) const {
 void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
   if (t.numel() == 0) return;
   if (t.data == nullptr) fail(arg, "is a null pointer");
+  // Host memory is an argument error whatever the machine: said before asking CUDA anything (with no driver,
+  // that question is itself a CUDA error).
+  if (t.device == TensorView::kHostDevice) fail(arg, "must be in device memory, got a host pointer");
   int current = -1;
   TESSERA_CUDA_CHECK(cudaGetDevice(&current));
   if (t.device != current)

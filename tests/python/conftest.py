@@ -26,3 +26,36 @@ elif importlib.util.find_spec("tessera") is None:
     _build = _REPO / "build" / "python"
     if (_build / "tessera").is_dir():
         _prepend(_build)
+
+
+# ---- seeds ------------------------------------------------------------------------------------------------------
+# Randomized tests take the `seed` fixture: TESSERA_SEED when set (reproduces a run), else a fresh one per session.
+# Each test gets its own seed derived from the session seed and its node id, and a failing test's report names
+# both, so `TESSERA_SEED=<session seed> pytest -k <test>` replays it.
+import hashlib  # noqa: E402
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+
+_SESSION_SEED = int(os.environ.get("TESSERA_SEED", "0") or 0) or random.SystemRandom().randrange(1, 2**31)
+
+
+def pytest_report_header(config):
+    return f"TESSERA_SEED={_SESSION_SEED}"
+
+
+@pytest.fixture
+def seed(request):
+    digest = hashlib.sha256(f"{_SESSION_SEED}:{request.node.nodeid}".encode()).digest()
+    value = int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    request.node.user_properties.append(("seed", value))
+    return value
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "seed" in getattr(item, "fixturenames", ()):
+        report.sections.append(("tessera seed", f"TESSERA_SEED={_SESSION_SEED} (this test's seed: "
+                                                f"{dict(item.user_properties).get('seed')})"))

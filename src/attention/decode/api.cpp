@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "attention/decode/config.h"
+#include "common/device_info.h"
 #include "attention/decode/problem.h"
 #include "tessera/attention.h"
 
@@ -67,6 +68,7 @@ void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_s
   const detail::DecodeProblem pb =
       detail::check_decode("tessera::attention::decode", q, cache, cache_seqlens, o, lse, workspace, params);
   if (pb.batch == 0 || pb.num_q_heads == 0) return;
+  tessera::detail::require_hopper("tessera::attention::decode");
   detail::launch_decode(pb, stream);
 }
 
@@ -74,6 +76,7 @@ void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorVie
                cudaStream_t stream) {
   const detail::AppendProblem pb = detail::check_append("tessera::attention::append_kv", k_new, v_new, positions, cache);
   if (pb.batch == 0 || pb.num_new == 0) return;
+  tessera::detail::require_hopper("tessera::attention::append_kv");
   detail::launch_append(pb, stream);
 }
 

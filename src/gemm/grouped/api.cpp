@@ -1,4 +1,5 @@
 // Public entry points of the grouped GEMM: validate, then launch when there is work.
+#include "common/device_info.h"
 #include "gemm/grouped/problem.h"
 #include "tessera/grouped_gemm.h"
 
@@ -11,6 +12,7 @@ void run(const char* op, detail::Operand operand, detail::Layout layout, const T
   const detail::GroupedProblem problem =
       detail::check_grouped_gemm(op, operand, layout, x, w, group_rows, scales, y, workspace, options);
   if (problem.rows == 0) return;  // no row can belong to a group
+  tessera::detail::require_hopper(op);
   detail::launch_grouped_gemm(problem, stream);
 }
 

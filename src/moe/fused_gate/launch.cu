@@ -160,6 +160,7 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.vector_loads = cfg.vector_loads;
   kp.smem_floats_per_token = cfg.smem_bytes_per_token / 4;
 
+  tessera::detail::require_hopper("tessera::moe::fused_gate");
   const int num_sms = tessera::detail::current_device_info().num_sms;
   TESSERA_DISPATCH_FLOAT(logits.dtype, Elem, [&] { launch_gate_shape<Elem>(kp, cfg, num_sms, stream); });
 }

@@ -145,6 +145,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
     return;
   }
 
+  tessera::detail::require_hopper("tessera::moe::permute");
   auto* ws_bytes = static_cast<char*>(workspace.data);
   PermuteKernelParams kp{};
   kp.x = x.data;

@@ -1,6 +1,7 @@
 // unpermute_reduce: validation and launch.
 #include <string>
 
+#include "common/device_info.h"
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/validate.h"
@@ -47,6 +48,7 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   if (residual) check.on_current_device(*residual, "residual");
   check.on_current_device(out, "out");
   if (T == 0 || H == 0) return;
+  tessera::detail::require_hopper("tessera::moe::unpermute_reduce");
 
   detail::UnpermuteKernelParams kp{};
   kp.y = y_perm.data;

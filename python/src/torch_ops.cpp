@@ -1,0 +1,389 @@
+// libtessera_torch: tessera's ops as PyTorch operators (namespace "tessera", dispatch key CUDA).
+//
+// The schemas and fake implementations are defined once, in Python (python/tessera/_torch_ops.py), and this
+// library only implements them. The kernels take at::Tensor directly (no DLPack capsule per argument), run on
+// PyTorch's current CUDA stream of the first tensor's device, and mutate their output arguments, which the schemas
+// mark with (a!). Optional workspaces that are not given are allocated here through PyTorch's caching allocator
+// (stream-ordered, and capturable in CUDA graphs).
+//
+// Errors: tessera's argument errors become c10::ValueError (Python ValueError), CUDA and device errors
+// c10::Error (Python RuntimeError), each with tessera's message and no source location.
+//
+// fp8: the torch layer hands fp8 tensors over as torch.float8_e4m3fn; uint8 is accepted wherever the argument can
+// only hold e4m3 bytes (permute's quantized x_perm, the fp8 GEMM operands, an 'fp8' KV cache), as in tessera._C.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tessera/attention.h"
+#include "tessera/error.h"
+#include "tessera/grouped_gemm.h"
+#include "tessera/moe.h"
+#include "tessera/tensor.h"
+
+namespace {
+
+using tessera::DType;
+using tessera::TensorView;
+namespace ta = tessera::attention;
+
+const c10::SourceLocation kNoLocation{"tessera", "", 0};
+
+[[noreturn]] void fail(const char* op, const char* arg, const std::string& what) {
+  throw tessera::Error(std::string(op) + ": '" + arg + "' " + what);
+}
+
+DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::kBF16;
+    case at::kHalf: return DType::kFP16;
+    case at::kFloat: return DType::kFP32;
+    case at::kFloat8_e4m3fn: return DType::kFP8E4M3;
+    case at::kFloat8_e5m2: return DType::kFP8E5M2;
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kInt: return DType::kInt32;
+    case at::kLong: return DType::kInt64;
+    default: fail(op, arg, std::string("has a dtype tessera does not take: ") + c10::toString(t.scalar_type()));
+  }
+}
+
+TensorView view_of(const at::Tensor& t, const char* op, const char* arg) {
+  TensorView v;
+  const int64_t rank = t.dim();
+  if (rank > TensorView::kMaxRank)
+    fail(op, arg, "has rank " + std::to_string(rank) + "; tessera takes at most " +
+                      std::to_string(TensorView::kMaxRank));
+  v.data = t.data_ptr();
+  v.dtype = dtype_of(t, op, arg);
+  v.rank = static_cast<int>(rank);
+  for (int64_t d = 0; d < rank; ++d) {
+    v.shape[d] = t.size(d);
+    v.strides[d] = t.stride(d);
+  }
+  v.device = t.is_cuda() ? t.get_device() : TensorView::kHostDevice;
+  return v;
+}
+
+std::optional<TensorView> optional_view_of(const std::optional<at::Tensor>& t, const char* op, const char* arg) {
+  if (!t.has_value()) return std::nullopt;
+  return view_of(*t, op, arg);
+}
+
+// An operand that can only hold fp8 e4m3: uint8 bytes are read as e4m3.
+TensorView fp8_view_of(const at::Tensor& t, const char* op, const char* arg) {
+  TensorView v = view_of(t, op, arg);
+  if (v.dtype == DType::kUInt8) v.dtype = DType::kFP8E4M3;
+  return v;
+}
+
+tessera::Workspace workspace_of(const std::optional<at::Tensor>& t, const char* op) {
+  tessera::Workspace ws;
+  if (!t.has_value()) return ws;
+  if (!t->is_contiguous()) fail(op, "workspace", "must be contiguous");
+  if (!t->is_cuda()) fail(op, "workspace", "must be a CUDA tensor, got one on " + t->device().str());
+  ws.data = t->data_ptr();
+  ws.bytes = static_cast<std::size_t>(t->nbytes());
+  return ws;
+}
+
+// The device every op runs on: the first tensor's. A CPU tensor there is an argument error, named.
+c10::Device device_of(const at::Tensor& t, const char* op, const char* arg) {
+  if (!t.is_cuda()) fail(op, arg, "must be a CUDA tensor, got a tensor on device '" + t.device().str() + "'");
+  return t.device();
+}
+
+// A workspace allocated here when the caller gave none and the op needs one (on the current stream).
+std::optional<at::Tensor> workspace_or_new(const std::optional<at::Tensor>& given, std::size_t bytes,
+                                           c10::Device device) {
+  if (given.has_value() || bytes == 0) return given;
+  return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+}
+
+// Runs body(stream) with the device current; turns tessera's errors into PyTorch's.
+template <typename Body>
+void run_on(c10::Device device, Body&& body) {
+  try {
+    const c10::DeviceGuard guard(device);
+    body(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  } catch (const tessera::CudaError& e) {
+    throw c10::Error(kNoLocation, e.what());
+  } catch (const tessera::Error& e) {
+    throw c10::ValueError(kNoLocation, e.what());
+  }
+}
+
+// Argument errors raised before run_on (while reading the tensors) get the same translation.
+template <typename Body>
+void guarded(Body&& body) {
+  try {
+    body();
+  } catch (const tessera::CudaError& e) {
+    throw c10::Error(kNoLocation, e.what());
+  } catch (const tessera::Error& e) {
+    throw c10::ValueError(kNoLocation, e.what());
+  }
+}
+
+// ---- MoE routing ---------------------------------------------------------------------------------------------
+
+tessera::moe::PermuteQuant parse_quant(const std::string& s, const char* op) {
+  if (s == "none") return tessera::moe::PermuteQuant::kNone;
+  if (s == "fp8_blockwise") return tessera::moe::PermuteQuant::kFP8Blockwise;
+  if (s == "fp8_per_tensor") return tessera::moe::PermuteQuant::kFP8PerTensor;
+  fail(op, "quant", "must be 'none', 'fp8_blockwise' or 'fp8_per_tensor', got '" + s + "'");
+}
+
+void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
+                const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups, c10::string_view scoring,
+                c10::string_view group_score, bool renormalize, double routed_scaling_factor,
+                int64_t num_shared_experts, double shared_expert_weight) {
+  constexpr const char* op = "tessera.fused_gate";
+  guarded([&] {
+    tessera::moe::GateParams p;
+    p.topk = static_cast<int>(topk);
+    p.num_groups = static_cast<int>(num_groups);
+    p.topk_groups = static_cast<int>(topk_groups);
+    if (scoring == "sigmoid") p.scoring = tessera::moe::Scoring::kSigmoid;
+    else if (scoring == "softmax") p.scoring = tessera::moe::Scoring::kSoftmax;
+    else fail(op, "scoring", "must be 'sigmoid' or 'softmax', got '" + std::string(scoring) + "'");
+    if (group_score == "top2_sum") p.group_score = tessera::moe::GroupScore::kTop2Sum;
+    else if (group_score == "max") p.group_score = tessera::moe::GroupScore::kMax;
+    else fail(op, "group_score", "must be 'top2_sum' or 'max', got '" + std::string(group_score) + "'");
+    p.renormalize = renormalize;
+    p.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
+    p.num_shared_experts = static_cast<int>(num_shared_experts);
+    p.shared_expert_weight = static_cast<float>(shared_expert_weight);
+    const c10::Device device = device_of(logits, op, "logits");
+    const TensorView lv = view_of(logits, op, "logits");
+    const auto bv = optional_view_of(bias, op, "bias");
+    const TensorView wv = view_of(weights, op, "weights");
+    const TensorView iv = view_of(ids, op, "ids");
+    run_on(device, [&](cudaStream_t s) { tessera::moe::fused_gate(lv, bv, wv, iv, p, s); });
+  });
+}
+
+void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& input_scale,
+             const at::Tensor& x_perm, const std::optional<at::Tensor>& scales, const at::Tensor& expert_offsets,
+             const at::Tensor& expert_counts, const at::Tensor& row_index, const std::optional<at::Tensor>& row_token,
+             const std::optional<at::Tensor>& workspace, int64_t num_experts, int64_t pad_multiple,
+             c10::string_view quant) {
+  constexpr const char* op = "tessera.permute";
+  guarded([&] {
+    tessera::moe::PermuteParams params;
+    params.num_experts = static_cast<int>(num_experts);
+    params.pad_multiple = static_cast<int>(pad_multiple);
+    params.quant = parse_quant(std::string(quant), op);
+    const c10::Device device = device_of(x, op, "x");
+    const TensorView xv = view_of(x, op, "x");
+    const TensorView idv = view_of(ids, op, "ids");
+    const auto isv = optional_view_of(input_scale, op, "input_scale");
+    tessera::moe::PermuteOutputs out;
+    out.x_perm = params.quant == tessera::moe::PermuteQuant::kNone ? view_of(x_perm, op, "x_perm")
+                                                                   : fp8_view_of(x_perm, op, "x_perm");
+    out.scales = optional_view_of(scales, op, "scales");
+    out.expert_offsets = view_of(expert_offsets, op, "expert_offsets");
+    out.expert_counts = view_of(expert_counts, op, "expert_counts");
+    out.row_index = view_of(row_index, op, "row_index");
+    out.row_token = optional_view_of(row_token, op, "row_token");
+    const int64_t topk = ids.dim() == 2 ? ids.size(1) : 0;
+    // The size query validates nothing the op does not validate again; a bad shape is reported by the op.
+    const std::size_t need =
+        topk > 0 ? tessera::moe::permute_workspace_bytes(ids.size(0), static_cast<int>(topk), params) : 0;
+    run_on(device, [&](cudaStream_t s) {
+      const auto ws = workspace_or_new(workspace, need, device);
+      tessera::moe::permute(xv, idv, isv, out, workspace_of(ws, op), params, s);
+    });
+  });
+}
+
+void unpermute_reduce(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
+                      const std::optional<at::Tensor>& residual, const at::Tensor& out, double routed_scale) {
+  constexpr const char* op = "tessera.unpermute_reduce";
+  guarded([&] {
+    const c10::Device device = device_of(y_perm, op, "y_perm");
+    const TensorView yv = view_of(y_perm, op, "y_perm");
+    const TensorView rv = view_of(row_index, op, "row_index");
+    const TensorView wv = view_of(weights, op, "weights");
+    const auto resv = optional_view_of(residual, op, "residual");
+    const TensorView ov = view_of(out, op, "out");
+    run_on(device, [&](cudaStream_t s) {
+      tessera::moe::unpermute_reduce(yv, rv, wv, resv, ov, static_cast<float>(routed_scale), s);
+    });
+  });
+}
+
+// ---- grouped GEMM ----------------------------------------------------------------------------------------------
+
+tessera::gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
+  tessera::gemm::GroupedGemmOptions o;
+  o.expected_m = expected_m;
+  return o;
+}
+
+std::size_t gemm_workspace_need(const at::Tensor& w) {
+  return w.dim() == 3 ? tessera::gemm::grouped_gemm_workspace_bytes(w.size(0), w.size(1), w.size(2)) : 0;
+}
+
+void grouped_gemm_fp8_common(const char* op, bool masked, const char* rows_arg, const at::Tensor& x,
+                             const at::Tensor& w, const at::Tensor& group_rows, const at::Tensor& x_scale,
+                             const at::Tensor& w_scale, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+                             c10::string_view scale_mode, int64_t expected_m) {
+  guarded([&] {
+    tessera::gemm::FP8Scales scales;
+    if (scale_mode == "per_tensor") scales.mode = tessera::gemm::ScaleMode::kPerTensor;
+    else if (scale_mode == "blockwise") scales.mode = tessera::gemm::ScaleMode::kBlockwise;
+    else fail(op, "scale_mode", "must be 'per_tensor' or 'blockwise', got '" + std::string(scale_mode) + "'");
+    const c10::Device device = device_of(x, op, "x");
+    const TensorView xv = fp8_view_of(x, op, "x");
+    const TensorView wv = fp8_view_of(w, op, "w");
+    const TensorView rv = view_of(group_rows, op, rows_arg);
+    scales.x_scale = view_of(x_scale, op, "x_scale");
+    scales.w_scale = view_of(w_scale, op, "w_scale");
+    const TensorView yv = view_of(y, op, "y");
+    const auto options = gemm_options(expected_m);
+    run_on(device, [&](cudaStream_t s) {
+      const auto ws = workspace_or_new(workspace, gemm_workspace_need(w), device);
+      if (masked)
+        tessera::gemm::grouped_gemm_fp8_masked(xv, wv, rv, scales, yv, workspace_of(ws, op), s, options);
+      else
+        tessera::gemm::grouped_gemm_fp8(xv, wv, rv, scales, yv, workspace_of(ws, op), s, options);
+    });
+  });
+}
+
+void grouped_gemm_bf16_common(const char* op, bool masked, const char* rows_arg, const at::Tensor& x,
+                              const at::Tensor& w, const at::Tensor& group_rows, const at::Tensor& y,
+                              const std::optional<at::Tensor>& workspace, int64_t expected_m) {
+  guarded([&] {
+    const c10::Device device = device_of(x, op, "x");
+    const TensorView xv = view_of(x, op, "x");
+    const TensorView wv = view_of(w, op, "w");
+    const TensorView rv = view_of(group_rows, op, rows_arg);
+    const TensorView yv = view_of(y, op, "y");
+    const auto options = gemm_options(expected_m);
+    run_on(device, [&](cudaStream_t s) {
+      const auto ws = workspace_or_new(workspace, gemm_workspace_need(w), device);
+      if (masked)
+        tessera::gemm::grouped_gemm_bf16_masked(xv, wv, rv, yv, workspace_of(ws, op), s, options);
+      else
+        tessera::gemm::grouped_gemm_bf16(xv, wv, rv, yv, workspace_of(ws, op), s, options);
+    });
+  });
+}
+
+void grouped_gemm_fp8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets, const at::Tensor& x_scale,
+                      const at::Tensor& w_scale, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+                      c10::string_view scale_mode, int64_t expected_m) {
+  grouped_gemm_fp8_common("tessera.grouped_gemm_fp8", false, "offsets", x, w, offsets, x_scale, w_scale, y, workspace,
+                          scale_mode, expected_m);
+}
+
+void grouped_gemm_fp8_masked(const at::Tensor& x, const at::Tensor& w, const at::Tensor& masked_m,
+                             const at::Tensor& x_scale, const at::Tensor& w_scale, const at::Tensor& y,
+                             const std::optional<at::Tensor>& workspace, c10::string_view scale_mode,
+                             int64_t expected_m) {
+  grouped_gemm_fp8_common("tessera.grouped_gemm_fp8_masked", true, "masked_m", x, w, masked_m, x_scale, w_scale, y,
+                          workspace, scale_mode, expected_m);
+}
+
+void grouped_gemm_bf16(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets, const at::Tensor& y,
+                       const std::optional<at::Tensor>& workspace, int64_t expected_m) {
+  grouped_gemm_bf16_common("tessera.grouped_gemm_bf16", false, "offsets", x, w, offsets, y, workspace, expected_m);
+}
+
+void grouped_gemm_bf16_masked(const at::Tensor& x, const at::Tensor& w, const at::Tensor& masked_m,
+                              const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t expected_m) {
+  grouped_gemm_bf16_common("tessera.grouped_gemm_bf16_masked", true, "masked_m", x, w, masked_m, y, workspace,
+                           expected_m);
+}
+
+// ---- attention decode --------------------------------------------------------------------------------------------
+
+ta::KVFormat parse_kv_format(c10::string_view s, const char* op) {
+  if (s == "native") return ta::KVFormat::kNative;
+  if (s == "fp8") return ta::KVFormat::kFP8;
+  if (s == "int8") return ta::KVFormat::kInt8;
+  if (s == "int4") return ta::KVFormat::kInt4;
+  if (s == "int4_group32") return ta::KVFormat::kInt4Group32;
+  fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + std::string(s) + "'");
+}
+
+ta::KVCache kv_cache_of(const char* op, c10::string_view format, const at::Tensor& k, const at::Tensor& v,
+                        const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                        const std::optional<at::Tensor>& block_table) {
+  ta::KVCache cache;
+  cache.format = parse_kv_format(format, op);
+  const bool fp8 = cache.format == ta::KVFormat::kFP8;
+  cache.k = fp8 ? fp8_view_of(k, op, "k_cache") : view_of(k, op, "k_cache");
+  cache.v = fp8 ? fp8_view_of(v, op, "v_cache") : view_of(v, op, "v_cache");
+  cache.k_scale = optional_view_of(k_scale, op, "k_scale");
+  cache.v_scale = optional_view_of(v_scale, op, "v_scale");
+  cache.block_table = optional_view_of(block_table, op, "block_table");
+  return cache;
+}
+
+void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                      const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                      const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
+                      const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                      const std::optional<at::Tensor>& workspace, c10::string_view format, double softmax_scale,
+                      double softcap, int64_t window, int64_t num_splits) {
+  constexpr const char* op = "tessera.attention_decode";
+  guarded([&] {
+    ta::DecodeParams params;
+    params.softmax_scale = static_cast<float>(softmax_scale);
+    params.softcap = static_cast<float>(softcap);
+    params.window = static_cast<int>(window);
+    params.num_splits = static_cast<int>(num_splits);
+    const c10::Device device = device_of(q, op, "q");
+    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
+    const TensorView qv = view_of(q, op, "q");
+    const TensorView sv = view_of(cache_seqlens, op, "cache_seqlens");
+    const TensorView ov = view_of(out, op, "out");
+    const auto lv = optional_view_of(lse, op, "lse");
+    run_on(device, [&](cudaStream_t s) {
+      // The size depends on the device (SM count), so it is asked with the device current.
+      const std::size_t need = workspace.has_value() ? 0 : ta::decode_workspace_bytes(qv, cache, params);
+      const auto ws = workspace_or_new(workspace, need, device);
+      ta::decode(qv, cache, sv, ov, lv, workspace_of(ws, op), params, s);
+    });
+  });
+}
+
+void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& positions,
+               const at::Tensor& k_cache, const at::Tensor& v_cache, const std::optional<at::Tensor>& k_scale,
+               const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& block_table,
+               c10::string_view format) {
+  constexpr const char* op = "tessera.append_kv";
+  guarded([&] {
+    const c10::Device device = device_of(k_new, op, "k_new");
+    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
+    const TensorView kv = view_of(k_new, op, "k_new");
+    const TensorView vv = view_of(v_new, op, "v_new");
+    const TensorView pv = view_of(positions, op, "positions");
+    run_on(device, [&](cudaStream_t s) { ta::append_kv(kv, vv, pv, cache, s); });
+  });
+}
+
+}  // namespace
+
+// The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
+// its schema is matched to it when the schema arrives.
+TORCH_LIBRARY_IMPL(tessera, CUDA, m) {
+  m.impl("fused_gate", &fused_gate);
+  m.impl("permute", &permute);
+  m.impl("unpermute_reduce", &unpermute_reduce);
+  m.impl("grouped_gemm_fp8", &grouped_gemm_fp8);
+  m.impl("grouped_gemm_fp8_masked", &grouped_gemm_fp8_masked);
+  m.impl("grouped_gemm_bf16", &grouped_gemm_bf16);
+  m.impl("grouped_gemm_bf16_masked", &grouped_gemm_bf16_masked);
+  m.impl("attention_decode", &attention_decode);
+  m.impl("append_kv", &append_kv);
+}

@@ -1,0 +1,98 @@
+"""tessera's ops as PyTorch custom operators (torch.ops.tessera.*): the one place that defines them.
+
+Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
+(``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
+layer (tessera.moe, tessera.gemm, tessera.attention) allocates the outputs, and torch.compile traces that
+allocation like any other torch code. The CUDA implementations live in libtessera_torch (python/src/torch_ops.cpp),
+which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
+
+A family added later adds its schemas here and its kernels to torch_ops.cpp; nothing else registers ops.
+
+This module imports torch; tessera imports it only when torch is installed.
+"""
+
+import os
+
+import torch
+
+__all__ = ["OPS", "ops", "available", "load_error"]
+
+NAMESPACE = "tessera"
+
+OPS = {
+    "fused_gate": (
+        "fused_gate(Tensor logits, Tensor? bias, Tensor(a!) weights, Tensor(b!) ids, int topk, int num_groups, "
+        "int topk_groups, str scoring, str group_score, bool renormalize, float routed_scaling_factor, "
+        "int num_shared_experts, float shared_expert_weight) -> ()"),
+    "permute": (
+        "permute(Tensor x, Tensor ids, Tensor? input_scale, Tensor(a!) x_perm, Tensor(b!)? scales, "
+        "Tensor(c!) expert_offsets, Tensor(d!) expert_counts, Tensor(e!) row_index, Tensor(f!)? row_token, "
+        "Tensor(g!)? workspace, int num_experts, int pad_multiple, str quant) -> ()"),
+    "unpermute_reduce": (
+        "unpermute_reduce(Tensor y_perm, Tensor row_index, Tensor weights, Tensor? residual, Tensor(a!) out, "
+        "float routed_scale) -> ()"),
+    "grouped_gemm_fp8": (
+        "grouped_gemm_fp8(Tensor x, Tensor w, Tensor offsets, Tensor x_scale, Tensor w_scale, Tensor(a!) y, "
+        "Tensor(b!)? workspace, str scale_mode, int expected_m) -> ()"),
+    "grouped_gemm_fp8_masked": (
+        "grouped_gemm_fp8_masked(Tensor x, Tensor w, Tensor masked_m, Tensor x_scale, Tensor w_scale, "
+        "Tensor(a!) y, Tensor(b!)? workspace, str scale_mode, int expected_m) -> ()"),
+    "grouped_gemm_bf16": (
+        "grouped_gemm_bf16(Tensor x, Tensor w, Tensor offsets, Tensor(a!) y, Tensor(b!)? workspace, "
+        "int expected_m) -> ()"),
+    "grouped_gemm_bf16_masked": (
+        "grouped_gemm_bf16_masked(Tensor x, Tensor w, Tensor masked_m, Tensor(a!) y, Tensor(b!)? workspace, "
+        "int expected_m) -> ()"),
+    "attention_decode": (
+        "attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, Tensor? v_scale, "
+        "Tensor? block_table, Tensor cache_seqlens, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, "
+        "str format, float softmax_scale, float softcap, int window, int num_splits) -> ()"),
+    "append_kv": (
+        "append_kv(Tensor k_new, Tensor v_new, Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor(c!)? k_scale, Tensor(d!)? v_scale, Tensor? block_table, str format) -> ()"),
+}
+
+
+def _fake(*args, **kwargs):
+    # Every op only writes tensors its caller allocated: under fake tensors there is nothing to produce.
+    return None
+
+
+_LIB = None
+load_error = None
+
+
+def _library_path():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in os.listdir(here):
+        if name.startswith("libtessera_torch") and name.endswith(".so"):
+            return os.path.join(here, name)
+    return None
+
+
+def _register():
+    global _LIB, load_error
+    lib = torch.library.Library(NAMESPACE, "DEF")
+    for name, schema in OPS.items():
+        lib.define(schema)
+        torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=lib)
+    _LIB = lib
+    path = _library_path()
+    if path is None:
+        load_error = ("tessera was built without its PyTorch operators (libtessera_torch); rebuild with torch "
+                      "installed in the Python that CMake finds")
+        return
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:  # pragma: no cover - depends on the installation
+        load_error = f"tessera: libtessera_torch could not be loaded ({e})"
+
+
+_register()
+
+ops = torch.ops.tessera
+
+
+def available():
+    """True when the CUDA implementations are loaded (the schemas always are)."""
+    return load_error is None

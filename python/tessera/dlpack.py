@@ -1,0 +1,51 @@
+"""tessera.dlpack — the ops for callers without PyTorch (CuPy, JAX, NumPy-on-device ...), through DLPack.
+
+Every function here is the extension's raw entry point (tessera._C): it takes any object with ``__dlpack__`` (or a
+DLPack capsule) for each tensor, None for an absent optional tensor, preallocated outputs (nothing is allocated),
+the options as plain values, and the stream as a raw ``cudaStream_t`` int (0: the legacy default stream). Objects
+are asked for their capsule with no stream argument, i.e. under the producer's default-stream contract: pass the
+stream your arrays were produced on (for CuPy, ``cupy.cuda.get_current_stream().ptr``) and make sure that work is
+ordered before it. Argument errors raise ValueError, CUDA and device errors RuntimeError, as in the torch layer.
+fp8 e4m3 operands may be uint8 arrays of the e4m3 bytes.
+
+    import cupy as cp, tessera.dlpack as td
+    logits = cp.random.randn(16, 256, dtype=cp.float32)
+    weights = cp.empty((16, 8), cp.float32); ids = cp.empty((16, 8), cp.int32)
+    td.fused_gate(logits, None, weights, ids, topk=8, num_groups=8, topk_groups=4, scoring="sigmoid",
+                  group_score="top2_sum", renormalize=True, routed_scaling_factor=2.5, num_shared_experts=0,
+                  shared_expert_weight=1.0, stream=cp.cuda.get_current_stream().ptr)
+
+Argument lists: ``help(tessera.dlpack.<op>)``. This module does not import torch.
+"""
+
+from ._C import (
+    append_kv,
+    attention_decode,
+    decode_workspace_bytes,
+    fused_gate,
+    grouped_gemm_bf16,
+    grouped_gemm_bf16_masked,
+    grouped_gemm_fp8,
+    grouped_gemm_fp8_masked,
+    grouped_gemm_workspace_bytes,
+    permute,
+    permute_capacity_rows,
+    permute_workspace_bytes,
+    unpermute_reduce,
+)
+
+__all__ = [
+    "append_kv",
+    "attention_decode",
+    "decode_workspace_bytes",
+    "fused_gate",
+    "grouped_gemm_bf16",
+    "grouped_gemm_bf16_masked",
+    "grouped_gemm_fp8",
+    "grouped_gemm_fp8_masked",
+    "grouped_gemm_workspace_bytes",
+    "permute",
+    "permute_capacity_rows",
+    "permute_workspace_bytes",
+    "unpermute_reduce",
+]

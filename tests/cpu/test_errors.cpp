@@ -1,0 +1,59 @@
+// The error tiers as a caller sees them: CUDA and device failures are tessera::CudaError (a tessera::Error), their
+// messages carry no directory of the build machine, and an op on a device that is not sm_90 is refused by name.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/check.h"
+#include "common/device_info.h"
+#include "tessera/error.h"
+
+namespace tessera {
+namespace {
+
+TEST(Errors, CudaErrorsAreCudaErrorsWithRepositoryRelativePaths) {
+  try {
+    TESSERA_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL() << "no throw";
+  } catch (const CudaError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("cudaErrorInvalidValue"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("at tests/cpu/test_errors.cpp:"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find(TESSERA_TEST_SOURCE_DIR), std::string::npos) << "build path leaked: " << msg;
+  }
+}
+
+TEST(Errors, RequireHopperNamesTheOpAndTheDevice) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    // No GPU: a CudaError (not an argument error), naming no build directory.
+    try {
+      detail::require_hopper("tessera::test::op");
+      FAIL() << "no throw without a GPU";
+    } catch (const CudaError& e) {
+      EXPECT_EQ(std::string(e.what()).find(TESSERA_TEST_SOURCE_DIR), std::string::npos) << e.what();
+    }
+    return;
+  }
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major == 9 && minor == 0) {
+    EXPECT_NO_THROW(detail::require_hopper("tessera::test::op"));
+  } else {
+    try {
+      detail::require_hopper("tessera::test::op");
+      FAIL() << "sm_" << major << minor << " accepted";
+    } catch (const CudaError& e) {
+      const std::string want = "tessera::test::op: needs an sm_90 (Hopper) GPU, found sm_" +
+                               std::to_string(major) + std::to_string(minor);
+      EXPECT_EQ(std::string(e.what()).rfind(want, 0), 0u) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera
