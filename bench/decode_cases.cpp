@@ -26,26 +26,33 @@
 // the positions (and fp8 scales) read. FLOPs (decode) = 4·HQ·D·ΣL (q·K and p·V), for scale only: decode is bound
 // by the cache read, and the table's % copy BW is its headline.
 //
-// Inputs: bf16 values m·N(0, 1) (Irwin-Hall, bounded by 3.47·m) with m = 2^U(-1, 1) per KV head of K and of V,
-// quantized on the host by the reference's quantizer (bit-exact with append_kv); fp8 scale per head 3.47·m / 448.
-// Sets rotate where one cache is smaller than twice the L2 (llama3_8b B 1 above all).
+// Inputs, generated on the GPU (device_random.h): bf16 values m·N(0, 1) (Irwin-Hall, bounded by 3.47·m) with
+// m = 2^U(-1, 1) per KV head of K and of V, quantized there by the cache format's rule, written straight into the
+// case's layout (paged: through the block table); fp8 scale per head 3.47·m / 448. q N(0, 1). The lengths, the
+// per-head magnitudes and the block table (a random permutation of the pages) are host data. Sets rotate where one
+// cache is smaller than twice the L2 (llama3_8b B 1 above all).
 //
-// --check: decode against the float64 reference (reference/attention_reference.h) on the leading sequences (all
-// of them unless that exceeds kCheckMacs multiply-adds or kCheckBytes of float64 K/V; the message says so), with
-// its default tolerance; append_kv bit-exact against the reference quantizer, and the rows either side of each
-// written one must keep their poison.
+// --check: decode against the float64 reference (reference/attention_reference.h) per (sequence, KV head) pair,
+// on worker threads, over set 0's cache rows gathered on the GPU and downloaded. Which pairs: when the cache holds
+// at most kCheckRows (token, head) rows per head, every sequence, with as many KV heads per sequence as the budget
+// allows (sequence b takes heads b, b+1, ... mod HKV, so every head is covered across sequences); past that one
+// head per sequence (b mod HKV) on a sample of sequences: the first, the last, the longest, the shortest, then
+// random ones within the budget. The message says which. append_kv: bit-exact against the reference quantizer
+// applied to the downloaded new rows, and the rows either side of each written one must keep their poison.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/host_numeric.h"
+#include "device_random.h"
 #include "harness.h"
 #include "reference/attention_reference.h"
+#include "reference/format.h"
 #include "tessera/attention.h"
 
 namespace tessera::bench {
@@ -57,8 +64,7 @@ constexpr KVFormat kEveryFormat[] = {KVFormat::kNative, KVFormat::kFP8, KVFormat
                                      KVFormat::kInt4Group32};
 constexpr uint64_t kLengthSeed = 0xDEC0DE;  // the skewed lengths; bench/compare.py draws the same ones
 constexpr float kNormalBound = 3.4641017f;  // |Rng::normal()| < 2·sqrt(3)
-constexpr double kCheckMacs = 2.0e9;        // --check: reference multiply-adds (q·K and p·V) per case
-constexpr double kCheckBytes = 4.0 * (1 << 30);  // --check: float64 K and V the reference may hold
+constexpr int64_t kCheckRows = int64_t{1} << 18;  // --check: (token, head) rows of K (and V) the reference reads
 
 int row_bytes(KVFormat f, int d) { return reference::kv_row_bytes(f, d); }
 int scale_groups(KVFormat f, int d) { return reference::kv_num_scale_groups(f, d); }  // NG; 0: no pairs
@@ -69,68 +75,19 @@ DType data_dtype(KVFormat f) {
 int64_t data_last_dim(KVFormat f, int d) { return row_bytes(f, d) / static_cast<int64_t>(dtype_size(data_dtype(f))); }
 
 // ============================================================================================================
-// host data
-// fn(first, last, rng) over [0, items) in chunks of `chunk`, chunk c with its own generator (seed, c), on all
-// hardware threads: the result does not depend on the thread count.
-template <typename Fn>
-void parallel_chunks(int64_t items, int64_t chunk, uint64_t seed, Fn&& fn) {
-  const int64_t chunks = (items + chunk - 1) / chunk;
-  const int64_t threads = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, std::max<int64_t>(chunks, 1));
-  const auto work = [&](int64_t t) {
-    for (int64_t c = t; c < chunks; c += threads) {
-      Rng rng(seed ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(c + 1)));
-      fn(c * chunk, std::min(items, (c + 1) * chunk), rng);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& th : pool) th.join();
-}
-
-// Rows of D values in a cache format, on the host: data [rows][row_bytes], pairs [rows][2·NG] (fp16 bits), and for
-// kFP8 the per-head scales. Row r belongs to KV head r % HKV (the layouts' [..., HKV, row] order).
-struct HostRows {
-  std::vector<uint8_t> data;
-  std::vector<uint16_t> pairs;
-  std::vector<float> fp8_scales;  // [HKV], kFP8 only
-  std::vector<uint16_t> values;   // the bf16 values quantized (make_rows with keep_values)
+// host data: per-head magnitudes of one tensor (K or V) of a set
+struct HeadScales {
+  std::vector<float> mag;        // [HKV]: m_h = 2^U(-1, 1)
+  std::vector<float> fp8_scale;  // [HKV]: 3.47·m_h / 448
 };
-
-// `rows` rows of bf16 values m_h·N(0, 1) (m_h = 2^U(-1, 1) per head), quantized to format f.
-HostRows make_rows(KVFormat f, int64_t rows, int hkv, int d, uint64_t seed, bool keep_values = false) {
+HeadScales head_scales(int hkv, uint64_t seed) {
   Rng rng(seed);
-  std::vector<float> mag(hkv);
-  for (float& m : mag) m = static_cast<float>(std::exp2(rng.uniform(-1.0, 1.0)));
-  HostRows h;
-  if (f == KVFormat::kFP8)
-    for (float m : mag) h.fp8_scales.push_back(m * kNormalBound / 448.0f);
-  const int rb = row_bytes(f, d), np = 2 * scale_groups(f, d);
-  h.data.resize(static_cast<size_t>(rows) * rb);
-  h.pairs.resize(static_cast<size_t>(rows) * np);
-  if (keep_values) h.values.resize(static_cast<size_t>(rows) * d);
-  parallel_chunks(rows, 4096, rng.next(), [&](int64_t first, int64_t last, Rng& r) {
-    std::vector<float> x(d);
-    for (int64_t row = first; row < last; ++row) {
-      const int head = static_cast<int>(row % hkv);
-      for (int i = 0; i < d; ++i) {
-        const uint16_t b = host::f32_to_bf16(static_cast<float>(mag[head] * r.normal()));
-        x[i] = host::bf16_to_f32(b);
-        if (keep_values) h.values[row * d + i] = b;
-      }
-      reference::quantize_kv_row(f, x.data(), d, DType::kBF16, f == KVFormat::kFP8 ? h.fp8_scales[head] : 1.0f,
-                                 h.data.data() + row * rb, np ? h.pairs.data() + row * np : nullptr);
-    }
-  });
+  HeadScales h;
+  for (int i = 0; i < hkv; ++i) {
+    h.mag.push_back(static_cast<float>(std::exp2(rng.uniform(-1.0, 1.0))));
+    h.fp8_scale.push_back(h.mag.back() * kNormalBound / 448.0f);
+  }
   return h;
-}
-
-std::vector<uint16_t> random_bf16(int64_t count, uint64_t seed) {
-  std::vector<uint16_t> out(count);
-  parallel_chunks(count, 1 << 16, seed, [&](int64_t first, int64_t last, Rng& r) {
-    for (int64_t i = first; i < last; ++i) out[i] = host::f32_to_bf16(static_cast<float>(r.normal()));
-  });
-  return out;
 }
 
 // `bytes` bytes at byte offset `offset` of a device buffer, copied to the host.
@@ -191,27 +148,53 @@ double decode_bytes(const DecodeShape& sh, KVFormat f, const std::vector<int32_t
          (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
 }
 
-// Leading sequences --check covers: at least one, then while within kCheckMacs and kCheckBytes.
-int check_sequences(const DecodeShape& sh, const std::vector<int32_t>& lengths) {
-  double macs = 0, bytes = 0;
-  int n = 0;
-  for (int32_t len : lengths) {
-    macs += 2.0 * len * sh.num_new * sh.hq * sh.d;
-    bytes += 2.0 * len * sh.hkv * sh.d * 8.0;
-    if (n > 0 && (macs > kCheckMacs || bytes > kCheckBytes)) break;
-    ++n;
+// The (sequence, KV head) pairs --check covers (see the header comment) and a description of them.
+struct CheckPlan {
+  std::vector<std::pair<int, int>> items;  // (b, h)
+  std::string note;                        // empty: every pair
+};
+CheckPlan check_plan(const DecodeShape& sh, const std::vector<int32_t>& lengths) {
+  CheckPlan plan;
+  const int B = sh.batch, HKV = sh.hkv;
+  const int64_t tokens = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+  const int64_t heads = std::clamp<int64_t>(kCheckRows / std::max<int64_t>(tokens, 1), 1, HKV);
+  if (heads * tokens <= kCheckRows) {
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < heads; ++j) plan.items.push_back({b, (b + j) % HKV});
+    if (heads < HKV)
+      plan.note = "every sequence, " + std::to_string(heads) + " of " + std::to_string(HKV) +
+                  " KV heads each (heads b.. mod HKV)";
+    return plan;
   }
-  return n;
+  std::vector<int> seqs = {0, B - 1, static_cast<int>(std::max_element(lengths.begin(), lengths.end()) - lengths.begin()),
+                           static_cast<int>(std::min_element(lengths.begin(), lengths.end()) - lengths.begin())};
+  std::sort(seqs.begin(), seqs.end());
+  seqs.erase(std::unique(seqs.begin(), seqs.end()), seqs.end());
+  int64_t rows = 0;
+  for (int b : seqs) rows += lengths[b];
+  std::vector<int> order(B);
+  std::iota(order.begin(), order.end(), 0);
+  Rng rng(0xC4EC);
+  for (int i = B - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+  for (int b : order) {
+    if (std::find(seqs.begin(), seqs.end(), b) != seqs.end() || rows + lengths[b] > kCheckRows) continue;
+    seqs.push_back(b);
+    rows += lengths[b];
+  }
+  std::sort(seqs.begin(), seqs.end());
+  for (int b : seqs) plan.items.push_back({b, b % HKV});
+  plan.note = std::to_string(seqs.size()) + " of " + std::to_string(B) +
+              " sequences (first, last, longest, shortest, random), KV head b mod " + std::to_string(HKV);
+  return plan;
 }
 
 class DecodeCase final : public CaseInstance {
  public:
   DecodeCase(const DeviceContext& ctx, const std::string& op, const std::string& name, const DecodeShape& sh,
              KVFormat f)
-      : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)) {
+      : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)), plan_(check_plan(sh, lengths_)) {
     const int64_t B = sh.batch, rows = sh.num_new * sh.hq, D = sh.d;  // rows: query rows per sequence (S·HQ)
     sets_ = rotating_sets(ctx, decode_bytes(sh, f, lengths_));
-    check_seqs_ = check_sequences(sh, lengths_);
     seqlens_ = upload_new(lengths_);
     if (sh.paged()) {  // one pool of B·T/P pages, a random permutation of them as the block table
       Rng rng(case_seed(op, sh.name + "/block_table", 0));
@@ -223,37 +206,35 @@ class DecodeCase final : public CaseInstance {
     }
     o_.allocate(B * rows * D * 2);
 
+    const int rb = row_bytes(f, sh.d), np = 2 * scale_groups(f, sh.d);
     for (int s = 0; s < sets_; ++s) {
       Rng rng(case_seed(op, name, s));
       const uint64_t k_seed = rng.next(), v_seed = rng.next(), q_seed = rng.next();
-      HostRows k = make_rows(f, sh.rows(), sh.hkv, sh.d, k_seed);
-      HostRows v = make_rows(f, sh.rows(), sh.hkv, sh.d, v_seed);
-      std::vector<uint16_t> q = random_bf16(B * rows * D, q_seed);
       Set set;
-      set.k = upload_layout(k.data);
-      set.v = upload_layout(v.data);
-      if (!k.pairs.empty()) {
-        set.k_scale = upload_layout(k.pairs);
-        set.v_scale = upload_layout(v.pairs);
-      } else if (f == KVFormat::kFP8) {
-        set.k_scale = upload_new(k.fp8_scales);
-        set.v_scale = upload_new(v.fp8_scales);
+      for (auto [data, pairs, scale, seed, heads] :
+           {std::tuple{&set.k, &set.k_scale, &set.k_fp8, k_seed, &set.k_heads},
+            std::tuple{&set.v, &set.v_scale, &set.v_fp8, v_seed, &set.v_heads}}) {
+        *heads = head_scales(sh.hkv, seed);
+        gen::KVCacheFill fill;
+        fill.format = f;
+        fill.batch = B;
+        fill.capacity = sh.capacity;
+        fill.hkv = sh.hkv;
+        fill.head_dim = sh.d;
+        fill.page_size = sh.page_size;
+        fill.block_table = sh.paged() ? block_table_.as<const int32_t>() : nullptr;
+        fill.head_mag = heads->mag;
+        if (f == KVFormat::kFP8) fill.fp8_scale = heads->fp8_scale;
+        data->allocate(sh.rows() * rb);
+        if (np) pairs->allocate(sh.rows() * np * 2);
+        gen::fill_kv_cache(fill, data->get(), np ? pairs->as<uint16_t>() : nullptr, gen::sub_seed(seed, 1), ctx.stream);
+        if (f == KVFormat::kFP8) *scale = upload_new(heads->fp8_scale);
       }
-      set.q = upload_new(q);
+      set.q.allocate(B * rows * D * 2);
+      gen::FloatDist q;
+      q.kind = gen::FloatDist::kNormal;
+      gen::fill_float(set.q.get(), DType::kBF16, B * rows * D, q_seed, q, ctx.stream);
       sets_data_.push_back(std::move(set));
-      if (s == 0) {  // the reference needs the leading check_seqs_ sequences only
-        const size_t rows = static_cast<size_t>(check_seqs_) * sh.capacity * sh.hkv;
-        const int rb = row_bytes(f, sh.d), np = 2 * scale_groups(f, sh.d);
-        k.data.resize(rows * rb);
-        v.data.resize(rows * rb);
-        k.pairs.resize(rows * np);
-        v.pairs.resize(rows * np);
-        k.data.shrink_to_fit(), v.data.shrink_to_fit(), k.pairs.shrink_to_fit(), v.pairs.shrink_to_fit();
-        host_k_ = std::move(k);
-        host_v_ = std::move(v);
-        q.resize(check_seqs_ * rows * D);
-        host_q_ = std::move(q);
-      }
     }
     for (Set& set : sets_data_) set.cache = cache_views(set);
     workspace_bytes_ = attention::decode_workspace_bytes(q_view(sets_data_[0]), sets_data_[0].cache, params_);
@@ -269,60 +250,83 @@ class DecodeCase final : public CaseInstance {
   }
 
   CheckResult check(cudaStream_t stream) override {
-    const int64_t n = check_seqs_, HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d, S = sh_.num_new;
+    const int64_t HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d, S = sh_.num_new, G = HQ / HKV;
     o_.fill_async(0xFF, stream);  // NaN
     run(stream, 0);
-    const auto o = o_.download<uint16_t>(n * S * HQ * D, stream);
+    const Set& set = sets_data_[0];
+    const auto o = o_.download<uint16_t>(sh_.batch * S * HQ * D, stream);
+    const auto q = set.q.download<uint16_t>(sh_.batch * S * HQ * D, stream);
 
-    // float64 K/V of sequences [0, n), capacity cut to their longest length (rows past a length are not read).
-    const int64_t cap = *std::max_element(lengths_.begin(), lengths_.begin() + n);
-    std::vector<double> q(n * S * HQ * D), k(n * cap * HKV * D, 0.0), v(k.size(), 0.0);
-    for (size_t i = 0; i < q.size(); ++i) q[i] = host::bf16_to_f32(host_q_[i]);
+    // The checked pairs' K and V rows (physical row numbers in the case's layout), gathered on the GPU.
+    const size_t n = plan_.items.size();
+    std::vector<int64_t> first(n + 1, 0), rows;
+    for (size_t i = 0; i < n; ++i) {
+      const auto [b, h] = plan_.items[i];
+      for (int64_t t = 0; t < lengths_[b]; ++t) rows.push_back(physical_row(b, t, h));
+      first[i + 1] = static_cast<int64_t>(rows.size());
+    }
     const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
-    parallel_chunks(n * cap * HKV, 1 << 14, 0, [&](int64_t first, int64_t last, Rng&) {
-      for (int64_t r = first; r < last; ++r) {  // r = (b·cap + t)·HKV + h
-        const int64_t h = r % HKV, t = (r / HKV) % cap, b = r / (HKV * cap);
-        if (t >= lengths_[b]) continue;
-        const int64_t src = (b * sh_.capacity + t) * HKV + h;
-        for (auto [rows, out] : {std::pair{&host_k_, &k}, std::pair{&host_v_, &v}})
-          reference::dequantize_kv_row(format_, rows->data.data() + src * rb,
-                                       np ? rows->pairs.data() + src * np : nullptr, sh_.d, DType::kBF16,
-                                       format_ == KVFormat::kFP8 ? rows->fp8_scales[h] : 1.0f, out->data() + r * D);
+    const auto k_data = download_rows<uint8_t>(set.k, rb, rows, stream);
+    const auto v_data = download_rows<uint8_t>(set.v, rb, rows, stream);
+    std::vector<uint16_t> k_pairs, v_pairs;
+    if (np) {
+      k_pairs = download_rows<uint16_t>(set.k_scale, np, rows, stream);
+      v_pairs = download_rows<uint16_t>(set.v_scale, np, rows, stream);
+    }
+
+    // Per pair: dequantize, the float64 reference of its G query heads (and S tokens), compare its o rows.
+    std::vector<CheckResult> parts(n);
+    std::vector<std::string> labels(n);
+    parallel_for(static_cast<int64_t>(n), static_cast<double>(rows.size()) * G * D * 4 * S, [&](int64_t i) {
+      const auto [b, h] = plan_.items[i];
+      const int64_t len = lengths_[b], r0 = first[i];
+      std::vector<double> k(len * D), v(len * D), qd(S * G * D);
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t r = r0 + t;
+        reference::dequantize_kv_row(format_, k_data.data() + r * rb, np ? k_pairs.data() + r * np : nullptr, sh_.d,
+                                     DType::kBF16, set.k_heads.fp8_scale[h], k.data() + t * D);
+        reference::dequantize_kv_row(format_, v_data.data() + r * rb, np ? v_pairs.data() + r * np : nullptr, sh_.d,
+                                     DType::kBF16, set.v_heads.fp8_scale[h], v.data() + t * D);
       }
+      for (int64_t si = 0; si < S; ++si)
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t d = 0; d < D; ++d)
+            qd[(si * G + g) * D + d] = host::bf16_to_f32(q[((b * S + si) * HQ + h * G + g) * D + d]);
+      reference::DecodeShape rs;
+      rs.batch = 1;
+      rs.num_q_heads = static_cast<int>(G);
+      rs.num_kv_heads = 1;
+      rs.head_dim = sh_.d;
+      rs.capacity = len;
+      rs.num_new = sh_.num_new;
+      const reference::DecodeRef ref =
+          reference::decode_reference(qd, k, v, {static_cast<int32_t>(len)}, rs, params_, /*num_threads=*/1);
+      // o[b, s, h·G + g, :]: tokens HQ·D apart, heads D apart.
+      parts[i] = reference::check_decode_output(ref, o.data() + (b * S * HQ + h * G) * D, DType::kBF16, HQ * D, D,
+                                                nullptr, 0, 0, {});
+      labels[i] = "sequence " + std::to_string(b) + " KV head " + std::to_string(h);
     });
-    reference::DecodeShape rs;
-    rs.batch = static_cast<int>(n);
-    rs.num_q_heads = sh_.hq;
-    rs.num_kv_heads = sh_.hkv;
-    rs.head_dim = sh_.d;
-    rs.capacity = cap;
-    rs.num_new = sh_.num_new;
-    const std::vector<int32_t> lengths(lengths_.begin(), lengths_.begin() + n);
-    const reference::DecodeRef ref = reference::decode_reference(q, k, v, lengths, rs, params_);
-    CheckResult r = reference::check_decode_output(ref, o, DType::kBF16, {});
-    if (n < sh_.batch)
-      r.message += " (reference on the first " + std::to_string(n) + " of " + std::to_string(sh_.batch) +
-                   " sequences)";
-    return r;
+    double worst = 0;
+    for (const CheckResult& p : parts) worst = std::max(worst, p.error);
+    return merge_checks(parts, labels,
+                        std::to_string(n) + " (sequence, KV head) pairs, " + std::to_string(rows.size()) +
+                            " K/V rows: o within 5e-3 relative Frobenius per pair, worst " +
+                            reference::detail::fmt(worst) + (plan_.note.empty() ? "" : " (" + plan_.note + ")"));
   }
 
  private:
+  // Row of (sequence b, token t, KV head h) in the K / V buffers.
+  int64_t physical_row(int64_t b, int64_t t, int64_t h) const {
+    if (!sh_.paged()) return (b * sh_.capacity + t) * sh_.hkv + h;
+    const int64_t page = block_table_host_[b * sh_.pages_per_seq() + t / sh_.page_size];
+    return (page * sh_.page_size + t % sh_.page_size) * sh_.hkv + h;
+  }
+
   struct Set {
-    DeviceBuffer k, v, k_scale, v_scale, q;
+    DeviceBuffer k, v, k_scale, v_scale, k_fp8, v_fp8, q;  // k_scale / v_scale: the pairs; *_fp8: kFP8's [HKV]
+    HeadScales k_heads, v_heads;
     attention::KVCache cache;
   };
-
-  // A logical [B, T, HKV, row] host array, uploaded in the case's layout: as it is (contiguous), or with its
-  // pages scattered by the block table ([num_pages, page_size, HKV, row]).
-  template <typename T>
-  DeviceBuffer upload_layout(const std::vector<T>& logical) const {
-    if (!sh_.paged()) return upload_new(logical);
-    const size_t page = logical.size() / block_table_host_.size();  // elements of one page
-    std::vector<T> pages(logical.size());
-    for (size_t i = 0; i < block_table_host_.size(); ++i)  // logical page i = (b, p) -> physical page table[b, p]
-      std::copy_n(logical.begin() + i * page, page, pages.begin() + block_table_host_[i] * page);
-    return upload_new(pages);
-  }
 
   // [B, T, HKV, last] or [B·T/P, P, HKV, last].
   TensorView cache_view(const DeviceBuffer& b, DType dtype, int64_t last) const {
@@ -342,8 +346,8 @@ class DecodeCase final : public CaseInstance {
       c.k_scale = cache_view(s.k_scale, DType::kFP16, 2 * ng);
       c.v_scale = cache_view(s.v_scale, DType::kFP16, 2 * ng);
     } else if (format_ == KVFormat::kFP8) {
-      c.k_scale = TensorView::contiguous(s.k_scale.get(), DType::kFP32, {sh_.hkv}, device_);
-      c.v_scale = TensorView::contiguous(s.v_scale.get(), DType::kFP32, {sh_.hkv}, device_);
+      c.k_scale = TensorView::contiguous(s.k_fp8.get(), DType::kFP32, {sh_.hkv}, device_);
+      c.v_scale = TensorView::contiguous(s.v_fp8.get(), DType::kFP32, {sh_.hkv}, device_);
     }
     if (sh_.paged())
       c.block_table = TensorView::contiguous(block_table_.get(), DType::kInt32, {sh_.batch, sh_.pages_per_seq()},
@@ -365,14 +369,25 @@ class DecodeCase final : public CaseInstance {
   std::vector<int32_t> lengths_;
   attention::DecodeParams params_;
   int sets_ = 1;
-  int check_seqs_ = 1;
+  CheckPlan plan_;
   std::vector<Set> sets_data_;
   std::vector<int32_t> block_table_host_;
   DeviceBuffer seqlens_, block_table_, o_, workspace_;
   std::size_t workspace_bytes_ = 0;
-  HostRows host_k_, host_v_;      // set 0, sequences [0, check_seqs_), logical layout
-  std::vector<uint16_t> host_q_;  // set 0, the same sequences
 };
+
+// Headline decode rows (docs/perf/decode.md): the seed grid B 128 in every format, its largest batch, Llama-3-8B
+// at B 1 and 64, long context, paged, skewed lengths and speculative decoding.
+bool decode_headline(const std::string& name) {
+  static const char* const kRows[] = {
+      "hq8kv1/B128/T8192/native",       "hq8kv1/B128/T8192/fp8",         "hq8kv1/B128/T8192/int8",
+      "hq8kv1/B128/T8192/int4",         "hq8kv1/B128/T8192/int4_group32", "hq8kv1/B512/T8192/native",
+      "hq8kv1/B512/T8192/int4",         "llama3_8b/B1/T4096/native",      "llama3_8b/B64/T4096/native",
+      "llama3_8b/B64/T4096/int8",       "llama3_8b/B64/T4096/int4",       "llama3_8b/B1/T131072/int4",
+      "hq8kv1/B128/T8192/paged16/int4", "hq8kv1/B64/T8192/zipf/int4",     "llama3_8b/B16/T4096/S4/int4",
+  };
+  return std::find(std::begin(kRows), std::end(kRows), name) != std::end(kRows);
+}
 
 void add_decode_shape_cases(std::vector<CaseSpec>& cases, const DecodeShape& sh, std::vector<KVFormat> formats) {
   const std::vector<int32_t> lengths = decode_lengths(sh);
@@ -385,6 +400,7 @@ void add_decode_shape_cases(std::vector<CaseSpec>& cases, const DecodeShape& sh,
     c.setup = [op = c.op, name = c.name, sh, f](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
       return std::make_unique<DecodeCase>(ctx, op, name, sh, f);
     };
+    c.headline = decode_headline(c.name);
     cases.push_back(std::move(c));
   }
 }
@@ -444,25 +460,27 @@ class AppendCase final : public CaseInstance {
     for (int s = 0; s < sets_; ++s) {
       Rng rng(case_seed(op, name, s));
       const uint64_t k_seed = rng.next(), v_seed = rng.next();
-      // The new rows and what the cache must hold afterwards (the fp8 scales are inputs: make_rows' own).
-      HostRows k = make_rows(f, sh.new_rows(), sh.hkv, sh.d, k_seed, true);
-      HostRows v = make_rows(f, sh.new_rows(), sh.hkv, sh.d, v_seed, true);
       std::vector<int32_t> positions(B);
       for (int32_t& p : positions) p = rng.below(static_cast<int>(T - sh.num_new + 1));
       Set set;
-      set.k_new = upload_new(k.values);
-      set.v_new = upload_new(v.values);
+      // The new rows: bf16 m_h·N(0, 1) per KV head, [B, S, HKV, D] (a native "cache" of S tokens).
+      for (auto [rows, fp8, seed, heads] : {std::tuple{&set.k_new, &set.k_fp8, k_seed, &set.k_heads},
+                                            std::tuple{&set.v_new, &set.v_fp8, v_seed, &set.v_heads}}) {
+        *heads = head_scales(sh.hkv, seed);
+        gen::KVCacheFill fill;
+        fill.format = KVFormat::kNative;
+        fill.batch = B;
+        fill.capacity = sh.num_new;
+        fill.hkv = sh.hkv;
+        fill.head_dim = sh.d;
+        fill.head_mag = heads->mag;
+        rows->allocate(sh.new_rows() * sh.d * 2);
+        gen::fill_kv_cache(fill, rows->get(), nullptr, gen::sub_seed(seed, 1), ctx.stream);
+        if (f == KVFormat::kFP8) *fp8 = upload_new(heads->fp8_scale);
+      }
       set.positions = upload_new(positions);
-      if (f == KVFormat::kFP8) {
-        set.k_fp8 = upload_new(k.fp8_scales);
-        set.v_fp8 = upload_new(v.fp8_scales);
-      }
       sets_data_.push_back(std::move(set));
-      if (s == 0) {
-        expect_k_ = std::move(k);
-        expect_v_ = std::move(v);
-        positions_ = std::move(positions);
-      }
+      if (s == 0) positions_ = std::move(positions);
     }
     // The cache is output only (its previous contents do not matter to append_kv).
     k_.allocate(B * T * HKV * rb);
@@ -503,14 +521,17 @@ class AppendCase final : public CaseInstance {
     const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
     for (const DeviceBuffer* b : {&k_, &v_, &k_pairs_, &v_pairs_}) b->fill_async(0xFF, stream);
     run(stream, 0);
+    // What the cache must hold: the reference quantizer over set 0's new rows (downloaded).
+    const Set& set = sets_data_[0];
+    Expected expect_k = expected(set.k_new, set.k_heads, stream), expect_v = expected(set.v_new, set.v_heads, stream);
     int64_t bad_rows = 0, bad_guard = 0, compared = 0;
     std::string first;
     const struct {
       const char* name;
       const DeviceBuffer& data;
       const DeviceBuffer& pairs;
-      const HostRows& expect;
-    } tensors[] = {{"k", k_, k_pairs_, expect_k_}, {"v", v_, v_pairs_, expect_v_}};
+      const Expected& expect;
+    } tensors[] = {{"k", k_, k_pairs_, expect_k}, {"v", v_, v_pairs_, expect_v}};
     for (const auto& t : tensors) {
       for (int64_t b = 0; b < sh_.batch; ++b) {
         // Tokens [pos - 1, pos + S] of sequence b, clipped to the capacity: one contiguous range of rows.
@@ -561,7 +582,29 @@ class AppendCase final : public CaseInstance {
  private:
   struct Set {
     DeviceBuffer k_new, v_new, positions, k_fp8, v_fp8;
+    HeadScales k_heads, v_heads;
   };
+  struct Expected {
+    std::vector<uint8_t> data;    // [rows][row_bytes]
+    std::vector<uint16_t> pairs;  // [rows][2·NG]
+  };
+
+  Expected expected(const DeviceBuffer& new_rows, const HeadScales& heads, cudaStream_t stream) const {
+    const int64_t rows = sh_.new_rows();
+    const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
+    const auto bits = new_rows.download<uint16_t>(rows * sh_.d, stream);
+    Expected e;
+    e.data.resize(rows * rb);
+    e.pairs.resize(rows * np);
+    std::vector<float> x(sh_.d);
+    for (int64_t r = 0; r < rows; ++r) {  // row r: KV head r % HKV
+      for (int i = 0; i < sh_.d; ++i) x[i] = host::bf16_to_f32(bits[r * sh_.d + i]);
+      reference::quantize_kv_row(format_, x.data(), sh_.d, DType::kBF16,
+                                 format_ == KVFormat::kFP8 ? heads.fp8_scale[r % sh_.hkv] : 1.0f,
+                                 e.data.data() + r * rb, np ? e.pairs.data() + r * np : nullptr);
+    }
+    return e;
+  }
 
   AppendShape sh_;
   KVFormat format_;
@@ -569,7 +612,6 @@ class AppendCase final : public CaseInstance {
   int sets_ = 1;
   std::vector<Set> sets_data_;
   DeviceBuffer k_, v_, k_pairs_, v_pairs_;
-  HostRows expect_k_, expect_v_;  // set 0: the quantized new rows
   std::vector<int32_t> positions_;
 };
 
@@ -585,6 +627,7 @@ void add_append_cases(std::vector<CaseSpec>& cases) {
     c.setup = [op = c.op, name = c.name, sh, f](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
       return std::make_unique<AppendCase>(ctx, op, name, sh, f);
     };
+    c.headline = f == KVFormat::kNative || f == KVFormat::kInt4;
     cases.push_back(std::move(c));
   }
 }
