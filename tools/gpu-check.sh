@@ -2,12 +2,16 @@
 # The GPU-machine pass: build with all cores, C++ tests, pytest (in-tree and pip-installed), compute-sanitizer
 # memcheck + racecheck over a reduced subset, the benchmark and the PyTorch comparison. Full logs go to OUTDIR;
 # a short summary is printed last.
-#   tools/gpu-check.sh OUTDIR [STEP...]    steps: build test pytest pip sanitize bench compare (default: all)
+#   tools/gpu-check.sh OUTDIR [STEP...]
+#   steps: build test pytest pip sanitize stress mainjob overhead compare (default: all)
+#     stress    the randomized GPU tests over STRESS_SEEDS seeds (default 200), failures with their seeds
+#     mainjob   the README's main job, tools/bench.sh (its own build folder), timed without its build
+#     overhead  host time per eager Python call of each op (bench/host_overhead.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: tools/gpu-check.sh OUTDIR [STEP...]}
 shift
-steps=${*:-build test pytest pip sanitize bench compare}
+steps=${*:-build test pytest pip sanitize stress mainjob overhead compare}
 mkdir -p "$out"
 build=${BUILD_DIR:-build}
 jobs=$(nproc)
@@ -35,8 +39,13 @@ fi
 has test && run_step ctest ctest --test-dir "$build" --output-on-failure -j 4
 has pytest && run_step pytest env PYTHONPATH="$build/python" python3 -m pytest -q tests/python -p no:cacheprovider
 if has pip; then
-  run_step pip_install python3 -m pip install --no-build-isolation --no-deps --target /tmp/tessera_pip . &&
-    run_step pip_import env PYTHONPATH=/tmp/tessera_pip python3 -m pytest -q tests/python -p no:cacheprovider -k "import or version"
+  # A fresh virtual environment over the machine's packages (torch, scikit-build-core, pybind11; no network).
+  rm -rf /tmp/tessera_venv
+  run_step pip_install bash -c "python3 -m venv --system-site-packages /tmp/tessera_venv &&
+    /tmp/tessera_venv/bin/pip install --no-build-isolation --no-deps -q . &&
+    /tmp/tessera_venv/bin/pip show tessera-kernels" &&
+    run_step pip_import bash -c "cd /tmp && /tmp/tessera_venv/bin/python -c 'import tessera, torch; from tessera import _torch_ops; assert _torch_ops.available(), _torch_ops.load_error; print(tessera.__version__)' &&
+      cd '$PWD' && TESSERA_PYTHONPATH= /tmp/tessera_venv/bin/python -m pytest -q tests/python -p no:cacheprovider -k 'torch_ops or import or version or readme'"
 fi
 if has sanitize; then
   run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$build/tests/tessera_gpu_tests" --gtest_filter="$subset"
@@ -46,13 +55,18 @@ if has sanitize; then
     run_step "ptx_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/tessera_ptx_tests"
   done
 fi
-has bench && run_step bench "$build/bench/tessera-bench" --check --json "$out/bench.json" ${BENCH_ARGS:-}
+has stress && run_step stress tools/stress.sh "$build" "${STRESS_SEEDS:-200}"
+if has mainjob; then
+  run_step mainjob env BENCH_OUT="$out/mainjob" tools/bench.sh ${BENCH_ARGS:-}
+  cp "$out/mainjob/bench.json" "$out/bench.json" 2>/dev/null || true
+fi
+has overhead && run_step overhead env PYTHONPATH="$build/python" python3 bench/host_overhead.py --json "$out/overhead.json"
 has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py --json "$out/compare.json" ${COMPARE_ARGS:-}
 
-for f in bench compare; do
+for f in mainjob compare overhead; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 45 "$out/$f.log"; }
 done
-for f in ctest pytest memcheck racecheck synccheck; do
+for f in ctest pytest pip_import memcheck racecheck synccheck stress; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 6 "$out/$f.log"; }
 done
 echo

@@ -33,7 +33,9 @@ try:
 except ImportError:
     _torch = None
 if _torch is not None:
-    from . import _torch_ops  # noqa: F401  (registers torch.ops.tessera.*)
+    from . import _dlpack, _torch_ops  # registers torch.ops.tessera.*
+
+    _dlpack.bind_ops(_torch_ops)
 
 from . import attention, dlpack, gemm, moe
 from .attention import (

@@ -14,25 +14,25 @@ Rules, kept deliberately simple:
 The capsule is never consumed by tessera: the caller keeps the tensor alive across the (synchronous launch) call,
 and the capsule's own deleter releases its reference when the capsule is collected.
 
-torch is looked up lazily, so importing tessera does not import torch.
+torch is imported here when it is installed; without it tessera still imports (tessera.dlpack needs no torch).
 """
-
-import sys
 
 __all__ = ["torch_module", "torch_ops", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of", "launch",
            "stream_arg"]
 
 
+try:
+    import torch as _torch  # optional: only the torch layer needs it
+except ImportError:  # pragma: no cover - depends on the environment
+    _torch = None
+
+
 def torch_module():
-    """Imports and returns torch (ImportError with a clear message when it is missing)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        return torch
-    try:
-        import torch  # noqa: F401  (lazy: tessera itself does not need torch to import)
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("tessera ops need PyTorch to allocate their outputs; install torch") from e
-    return torch
+    """torch (ImportError with a clear message when it is missing). A plain global read, so that torch.compile
+    traces through it."""
+    if _torch is None:
+        raise ImportError("tessera's torch layer needs PyTorch (pip install torch); without it, use tessera.dlpack")
+    return _torch
 
 
 def _fp8_dtypes(torch):
@@ -87,18 +87,23 @@ def cuda_device_of(tensor, op, arg):
 
 
 _ops = None
+_ops_error = "tessera's PyTorch operators are not registered (torch is not installed)"
+
+
+def bind_ops(module):
+    """Called once by tessera/__init__.py with tessera._torch_ops (schemas registered, kernels loaded or not)."""
+    global _ops, _ops_error
+    if module.available():
+        _ops = module.ops
+    else:
+        _ops_error = module.load_error
 
 
 def torch_ops():
     """torch.ops.tessera with its CUDA implementations loaded (RuntimeError with the reason when they are not)."""
-    global _ops
     if _ops is None:
         torch_module()
-        from . import _torch_ops
-
-        if not _torch_ops.available():
-            raise RuntimeError(_torch_ops.load_error)
-        _ops = _torch_ops.ops
+        raise RuntimeError(_ops_error)
     return _ops
 
 

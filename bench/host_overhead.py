@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Host time per eager call of each tessera op from Python (what the CPU spends before the GPU sees the work).
+
+    PYTHONPATH=build/python python3 bench/host_overhead.py [--calls 200] [--reps 7] [--json PATH]
+
+Method: the stream is first held busy by torch.cuda._sleep (longer than the timed loop), then `calls` calls are
+issued back to back and timed with the host clock; no call waits for the GPU, so the time per call is the host
+cost alone (argument checks, allocation of outputs, the operator dispatch and the kernel launches). Median over
+`reps` rounds. Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
+(out=, workspace=: nothing allocated) and, where it can allocate, without. For reference the same decode call
+through the DLPack entry point (tessera.dlpack, one capsule per tensor) and a bare torch op (torch.add with out=)
+are measured in the same run.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import tessera
+import tessera.dlpack as td
+
+
+def _busy(seconds):
+    # ~1.7 GHz: cycles for `seconds` of GPU time on an H100/H200 (only needs to outlast the loop).
+    torch.cuda._sleep(int(seconds * 2.0e9))
+
+
+def host_us(fn, calls, reps):
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        _busy(0.05)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        samples.append((t1 - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def cases():
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(1)
+    T, E, H, N, k = 64, 256, 1024, 512, 8
+    logits = torch.randn((T, E), device=dev, generator=g)
+    bias = torch.randn((E,), device=dev, generator=g) * 0.1
+    weights = torch.empty((T, k), device=dev)
+    ids = torch.empty((T, k), dtype=torch.int32, device=dev)
+    gate_kw = dict(topk=k, num_groups=8, topk_groups=4, renormalize=True, routed_scaling_factor=2.5)
+    tessera.fused_gate(logits, bias, out=(weights, ids), **gate_kw)
+
+    x = torch.randn((T, H), device=dev, generator=g).bfloat16()
+    p = tessera.permute(x, ids, E, quant="fp8_blockwise")
+    p_out = tessera.PermuteResult(*(t.clone() if t is not None else None for t in p))
+    p_ws = torch.empty(max(1, tessera.permute_workspace_bytes(T, k, E, quant="fp8_blockwise")), dtype=torch.uint8,
+                       device=dev)
+    w = torch.randn((E, N, H), device=dev, generator=g).to(torch.float8_e4m3fn)
+    w_scale = torch.rand((E, N // 128, H // 128), device=dev, generator=g) * 0.01
+    y = tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, scale_mode="blockwise")
+    red = torch.empty((T, N), dtype=torch.bfloat16, device=dev)
+
+    B, HQ, HKV, D, cap = 8, 32, 8, 128, 1024
+    q = torch.randn((B, HQ, D), device=dev, generator=g).bfloat16()
+    kc = torch.randint(0, 256, (B, cap, HKV, D), dtype=torch.uint8, device=dev, generator=g)
+    vc = kc.clone()
+    ks = (torch.rand((B, cap, HKV, 2), device=dev, generator=g) * 0.05).half()
+    vs = ks.clone()
+    lengths = torch.full((B,), 700, dtype=torch.int32, device=dev)
+    kv = dict(format="int8", k_scale=ks, v_scale=vs)
+    o = torch.empty_like(q)
+    lse = torch.empty((B, HQ), device=dev)
+    ws = torch.empty(max(1, tessera.decode_workspace_size(q, kc, vc, num_splits=4, **kv)), dtype=torch.uint8,
+                     device=dev)
+    k_new = torch.randn((B, 1, HKV, D), device=dev, generator=g).bfloat16()
+    pos = lengths - 1
+    o_dl = torch.empty_like(q)
+
+    def decode_dlpack():
+        td.attention_decode(q, kc, vc, ks, vs, None, lengths, o_dl, lse, ws, "int8", 0.0, 0.0, 0, 4,
+                            torch.cuda.current_stream().cuda_stream)
+
+    a = torch.randn((64,), device=dev)
+    b = torch.empty_like(a)
+    return [
+        ("torch.add (out=), for scale", "given", lambda: torch.add(a, a, out=b)),
+        ("fused_gate", "given", lambda: tessera.fused_gate(logits, bias, out=(weights, ids), **gate_kw)),
+        ("fused_gate", "allocating", lambda: tessera.fused_gate(logits, bias, **gate_kw)),
+        ("permute fp8_blockwise", "given",
+         lambda: tessera.permute(x, ids, E, quant="fp8_blockwise", out=p_out, workspace=p_ws)),
+        ("permute fp8_blockwise", "allocating", lambda: tessera.permute(x, ids, E, quant="fp8_blockwise")),
+        ("grouped_gemm_fp8 blockwise", "given",
+         lambda: tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, scale_mode="blockwise",
+                                          out=y)),
+        ("grouped_gemm_fp8 blockwise", "allocating",
+         lambda: tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale,
+                                          scale_mode="blockwise")),
+        ("unpermute_reduce", "given", lambda: tessera.unpermute_reduce(y, p.row_index, weights, out=red)),
+        ("unpermute_reduce", "allocating", lambda: tessera.unpermute_reduce(y, p.row_index, weights)),
+        ("attention_decode int8 (4 splits)", "given",
+         lambda: tessera.attention_decode(q, kc, vc, lengths, out=o, lse=lse, workspace=ws, num_splits=4, **kv)),
+        ("attention_decode int8 (4 splits)", "allocating",
+         lambda: tessera.attention_decode(q, kc, vc, lengths, num_splits=4, **kv)),
+        ("attention_decode int8, tessera.dlpack", "given", decode_dlpack),
+        ("append_kv int8", "given", lambda: tessera.append_kv(k_new, k_new, pos, kc, vc, **kv)),
+    ]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    rows = []
+    for name, outputs, fn in cases():
+        us = host_us(fn, args.calls, args.reps)
+        rows.append(dict(op=name, outputs=outputs, host_us=round(us, 2)))
+    gpu = torch.cuda.get_device_name()
+    print(f"host time per eager call ({gpu}, torch {torch.__version__}, median of {args.reps} x {args.calls} calls)")
+    print(f"{'op':<40} {'outputs':<11} {'host us':>8}")
+    for r in rows:
+        print(f"{r['op']:<40} {r['outputs']:<11} {r['host_us']:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=gpu, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
