@@ -48,6 +48,50 @@ def test_import_without_torch():
     assert r.stdout.strip() == tessera.__version__
 
 
+def test_every_op_takes_out_workspace_and_stream():
+    import inspect
+
+    ops = {"fused_gate": ("out",), "permute": ("out", "workspace"), "unpermute_reduce": ("out",),
+           "grouped_gemm_fp8": ("out", "workspace"), "grouped_gemm_fp8_masked": ("out", "workspace"),
+           "grouped_gemm_bf16": ("out", "workspace"), "grouped_gemm_bf16_masked": ("out", "workspace"),
+           "attention_decode": ("out", "workspace"), "append_kv": ()}  # append_kv writes into the cache it is given
+    for name, extra in ops.items():
+        params = inspect.signature(getattr(tessera, name)).parameters
+        for arg in extra + ("stream",):
+            assert arg in params, f"tessera.{name} has no {arg}="
+            assert params[arg].default is None, f"tessera.{name}: {arg} must default to None"
+
+
+def test_bench_and_tests_never_share_a_build_folder():
+    import re
+    from pathlib import Path
+
+    tools = Path(__file__).resolve().parents[2] / "tools"
+    default = {}
+    for script in ("test.sh", "bench.sh"):
+        m = re.search(r"build=\$\{BUILD_DIR:-([^}]+)\}", (tools / script).read_text())
+        assert m, f"tools/{script} does not name its build folder"
+        default[script] = m.group(1)
+    assert default["test.sh"] != default["bench.sh"], default
+
+
+def test_summary_counts_skipped_tests(tmp_path):
+    from pathlib import Path
+
+    ctest = tmp_path / "ctest.xml"
+    ctest.write_text('<testsuite><testcase name="A.Cpu" status="run"/>'
+                     '<testcase name="B.Gpu" status="run"><skipped message="no GPU"/></testcase>'
+                     '<testcase name="C.Gpu" status="fail"><failure message="x"/></testcase></testsuite>')
+    pyx = tmp_path / "pytest.xml"
+    pyx.write_text('<testsuites><testsuite><testcase name="t1"/><testcase name="t2"><skipped message="needs torch '
+                   'with a CUDA device"/></testcase></testsuite></testsuites>')
+    script = Path(__file__).resolve().parents[2] / "tools" / "test_summary.py"
+    r = subprocess.run([sys.executable, str(script), str(ctest), str(pyx)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "3 in ctest: 2 ran (1 passed, 1 failed), 1 skipped" in r.stdout, r.stdout
+    assert "2 cases: 1 passed, 0 failed, 1 skipped" in r.stdout, r.stdout
+
+
 @needs_torch
 def test_every_op_is_registered_with_its_mutations():
     from tessera import _torch_ops
