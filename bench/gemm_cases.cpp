@@ -195,7 +195,6 @@ CheckResult check_grouped(const GemmShape& sh, const Variant& v, const DeviceInp
                           cudaStream_t stream) {
   const int64_t N = sh.n, K = sh.k, KB = sh.kb(), NB = sh.nb();
   const int G = sh.groups;
-  const std::size_t e = elt(v.operand);
   const std::vector<int64_t> nbs = sample_indices(NB, kCheckColBlocks, 1, 0xC01Bull);  // 128-column blocks
   const int64_t NBc = static_cast<int64_t>(nbs.size()), Nc = NBc * kBlock;
   const bool full = v.masked || static_cast<double>(sh.total_rows()) * Nc * K <= kCheckMacs;
@@ -270,7 +269,6 @@ CheckResult check_grouped(const GemmShape& sh, const Variant& v, const DeviceInp
     const auto w = download_rows<uint16_t>(in.w, K, w_rows, stream);
     ref = reference::grouped_gemm_bf16(x, w, group_rows, rs);
   }
-  (void)e;
   reference::GroupedGemmCheck c =
       reference::check_grouped_gemm(ref, got, Nc, v.masked ? sh.max_m * Nc : 0, uint16_t{0xFFFF}, tol);
   CheckResult res = c;

@@ -51,7 +51,11 @@ void DeviceBuffer::fill_async(int byte, cudaStream_t stream) const {
 void DeviceBuffer::copy_in(const void* src, std::size_t bytes) {
   if (bytes > bytes_) throw Error("tessera-bench: upload of " + std::to_string(bytes) + " bytes into a buffer of " +
                                   std::to_string(bytes_));
-  if (bytes) TESSERA_CUDA_CHECK(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice));
+  if (!bytes) return;
+  // cudaMemcpy from pageable memory may return before its DMA lands, and the cases' streams do not wait for the
+  // legacy stream: wait for it, so that a kernel on any stream sees the data.
+  TESSERA_CUDA_CHECK(cudaMemcpy(ptr_, src, bytes, cudaMemcpyHostToDevice));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
 }
 
 void DeviceBuffer::copy_out(void* dst, std::size_t bytes, cudaStream_t stream) const {
@@ -80,7 +84,8 @@ void download_rows_bytes(const DeviceBuffer& b, int64_t row_bytes, const std::ve
       throw Error("tessera-bench: row " + std::to_string(r) + " past the end of a buffer");
   const std::size_t bytes = rows.size() * static_cast<std::size_t>(row_bytes);
   DeviceBuffer index(rows.size() * sizeof(int64_t)), staged(bytes);
-  index.upload(rows);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(index.get(), rows.data(), rows.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                     stream));
   gen::gather_rows(b.get(), row_bytes, index.as<const int64_t>(), static_cast<int64_t>(rows.size()), staged.get(),
                    stream);
   TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, staged.get(), bytes, cudaMemcpyDeviceToHost, stream));

@@ -9,7 +9,8 @@
 //                     kCheckTokens in all; the reference runs on worker threads over chunks of them
 //   permute           the index outputs (offsets, counts, row_index, row_token) in full; x_perm (and its scales) on
 //                     every expert group's first and last row plus random rows, kCheckRows in all
-//   unpermute_reduce  every token up to kCheckReduceTokens, else first / last kCheckEdge and random ones
+//   unpermute_reduce  every token up to kCheckReduceTokens, else the first and last kCheckReduceEdge and random
+//                     ones, kCheckReduceTokens in all
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -31,6 +32,7 @@ constexpr int64_t kCheckTokens = 4096;        // fused_gate tokens the reference
 constexpr int64_t kCheckEdge = 256;           // leading and trailing tokens always in a sample
 constexpr int64_t kCheckRows = 2048;          // permute: x_perm rows compared (group ends included)
 constexpr int64_t kCheckReduceTokens = 512;   // unpermute_reduce tokens the reference covers
+constexpr int64_t kCheckReduceEdge = 64;      // of them, leading and trailing
 constexpr int64_t kGateChunk = 256;           // fused_gate tokens per reference work item
 
 // Salts of the tensors of one set (gen::sub_seed).
@@ -459,7 +461,7 @@ class UnpermuteCase final : public CaseInstance {
     const int k = sh_.topk;
     out_.fill_async(0xFF, stream);  // NaN
     run(stream, 0);
-    const std::vector<int64_t> tokens = sample_indices(sh_.tokens, kCheckReduceTokens, kCheckEdge, 0x5ED0ull);
+    const std::vector<int64_t> tokens = sample_indices(sh_.tokens, kCheckReduceTokens, kCheckReduceEdge, 0x5ED0ull);
     const int64_t n = static_cast<int64_t>(tokens.size());
     const auto out = download_rows<uint16_t>(out_, H, tokens, stream);
     const auto all_weights = weights_[0].download<float>(sh_.tokens * k, stream);
@@ -489,7 +491,7 @@ class UnpermuteCase final : public CaseInstance {
     std::vector<double> got(n * H);
     for (int64_t i = 0; i < n * H; ++i) got[i] = from16(out[i], sh_.dtype);
     CheckResult r = reference::check_close(ref, got, 1e-2);  // bf16 output rounding: ~2^-9 relative per element
-    r.message += sample_note(n, sh_.tokens, "tokens", kCheckEdge);
+    r.message += sample_note(n, sh_.tokens, "tokens", kCheckReduceEdge);
     return r;
   }
 
