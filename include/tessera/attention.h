@@ -105,6 +105,11 @@ void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_s
 // positions[b] + i (int32 [B] on the device), i < S, quantized as described above. Positions at or beyond the
 // capacity, negative ones, and (paged) pages outside [0, num_pages) are skipped: nothing out of bounds is
 // written. cache_seqlens are not updated. For kFP8 the scales are inputs; for the integer formats outputs.
+// Contract (not validated: device values): no two written rows of one call may land on the same slot (the same
+// sequence row, or the same (page, slot) when block tables share a page); rows are written in no defined order and
+// a row's codes and scales are separate stores. The inputs, positions and block table are read on `stream`: write
+// them in stream order before the call (a pageable cudaMemcpy on the legacy stream does not order a non-blocking
+// stream and may return before its copy lands).
 void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& positions, const KVCache& cache,
                cudaStream_t stream);
 

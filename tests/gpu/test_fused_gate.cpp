@@ -166,7 +166,7 @@ void check_case(const GateConfigCase& c, int64_t T, DType dtype, Values kind, in
   const reference::GateRef ref = reference::fused_gate(in.logits, T, c.E, in.bias, c.p);
   const reference::CheckResult r =
       reference::check_fused_gate(ref, got.weights.data(), got.ids.data(), T, c.E, c.p);
-  EXPECT_TRUE(r.ok) << c.name << " T=" << T << " dtype=" << dtype_name(dtype) << " seed=" << seed << ": "
+  EXPECT_TRUE(r.ok) << c.name << " T=" << T << " dtype=" << dtype_name(dtype) << " " << test::seed_note(seed) << ": "
                     << r.message;
   if (compared_rows) *compared_rows += r.compared;
 }
@@ -237,7 +237,9 @@ TEST_F(FusedGateGpu, CudaGraphCaptureAndReplay) {
   const GateConfigCase c = config_grid()[0];
   const int64_t T = 96;
   const int E = c.E, width = c.p.topk;
-  std::mt19937_64 rng(test::fresh_seed());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   GateInputs in = make_inputs(T, E, E, true, DType::kFP32, Values::kRandom, rng);
   DeviceBuffer<uint8_t> logits(in.logits_raw), bias(in.bias_raw);
   DeviceBuffer<float> weights(T * width);
@@ -272,7 +274,9 @@ TEST_F(FusedGateGpu, CudaGraphCaptureAndReplay) {
 
 TEST_F(FusedGateGpu, Deterministic) {
   for (const GateConfigCase& c : config_grid()) {
-    std::mt19937_64 rng(test::fresh_seed());
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(test::seed_note(seed));
+    std::mt19937_64 rng(seed);
     const int64_t T = 777;
     const GateInputs in = make_inputs(T, c.E, c.E, c.bias, DType::kFP32, Values::kRandom, rng);
     const GateRun a = run_gate(in, T, c.E, c.E, DType::kFP32, c.p);

@@ -241,10 +241,14 @@ reference::GroupedGemmRef reference_of(const Host& h) {
 using test::current_device;
 using test::strided;
 
+// Blocking like DeviceBuffer::upload: a pageable cudaMemcpy may return before its DMA has landed, and the legacy
+// stream does not order the tests' non-blocking streams.
 template <typename T>
 void copy_in(const DeviceBuffer<uint8_t>& dst, const std::vector<T>& src) {
   ASSERT_EQ(dst.size(), src.size() * sizeof(T));
-  if (!src.empty()) TESSERA_CUDA_CHECK(cudaMemcpy(dst.get(), src.data(), dst.size(), cudaMemcpyHostToDevice));
+  if (src.empty()) return;
+  TESSERA_CUDA_CHECK(cudaMemcpy(dst.get(), src.data(), dst.size(), cudaMemcpyHostToDevice));
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 struct Device {
@@ -349,7 +353,7 @@ void expect_matches(const Host& h, const reference::GroupedGemmRef& ref, const s
 // Generates, runs and checks one case.
 void check_case(const GemmCase& c) {
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+  SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
   const Host h = make_host(c, seed);
   Device d(h);
   const std::vector<uint16_t> y = run(h, d);
@@ -398,7 +402,7 @@ TEST_F(GroupedGemmGpu, ShapeGrid) {
                               {Kind::kFP8Blockwise, true},  {Kind::kBF16, false},         {Kind::kBF16, true}};
   const int64_t dims[] = {128, 256, 384, 512, 1024};
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
-  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
   int idx = 0;
   for (int G : {1, 8, 32, 128, 256})
@@ -509,7 +513,7 @@ TEST_F(GroupedGemmGpu, ExpectedMHintsChooseTilesNotResults) {
   for (int64_t hint : hints) tiles.insert(detail::select_block_m(hint));
   EXPECT_EQ(tiles, (std::set<int>{8, 16, 32, 64, 128})) << "the hints no longer reach every tile size";
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
-  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
   // N = 512 also lets the larger tiles take 256 weight rows at once; 384 does not.
   for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
@@ -526,7 +530,7 @@ TEST_F(GroupedGemmGpu, ExpectedMHintsChooseTilesNotResults) {
         c.tail = 9;
         c.max_m_extra = 4;
         const uint64_t seed = test::fresh_seed();
-        SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+        SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
         const Host h = make_host(c, seed);
         const reference::GroupedGemmRef ref = reference_of(h);
         Device d(h);
@@ -583,7 +587,7 @@ TEST_F(GroupedGemmGpu, OutOfRangeAndNonMonotoneGroupRows) {
     }
   // Random offsets over [-M, 2M].
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
-  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
   for (Kind kind : {Kind::kFP8Blockwise, Kind::kBF16}) {
     GemmCase c;
@@ -616,7 +620,7 @@ TEST_F(GroupedGemmGpu, CudaGraphCapture) {
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
-  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
   for (bool masked : {false, true}) {
     GemmCase c;
@@ -649,7 +653,7 @@ TEST_F(GroupedGemmGpu, CudaGraphCapture) {
     for (int replay = 0; replay < 3; ++replay) {
       c.raw_group_rows = group_rows();
       const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(describe(c) + " replay " + std::to_string(replay) + " seed=" + std::to_string(seed));
+      SCOPED_TRACE(describe(c) + " replay " + std::to_string(replay) + " " + test::seed_note(seed));
       h = make_host(c, seed);
       d.upload(h);
       d.y.poison();
@@ -667,7 +671,7 @@ TEST_F(GroupedGemmGpu, Deterministic) {
   cudaStream_t stream;
   TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
-  SCOPED_TRACE("shape seed=" + std::to_string(shape_seed));
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
   for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
     for (bool masked : {false, true}) {
@@ -679,7 +683,7 @@ TEST_F(GroupedGemmGpu, Deterministic) {
       c.k = 1024;
       c.sizes = random_sizes(8, 512, rng);
       const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+      SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
       const Host h = make_host(c, seed);
       Device d(h);
       const std::vector<uint16_t> first = run(h, d, stream);

@@ -138,7 +138,7 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
 }
 
 void check_permute(const PermuteCase& c, const PermuteResult& r, uint64_t seed) {
-  SCOPED_TRACE(describe(c) + " seed=" + std::to_string(seed));
+  SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
   const auto idx = reference::check_permute_index(r.ref, r.offsets.data(), r.counts.data(), r.row_index.data(),
                                                   r.row_token.data(), c.T, c.k, c.E);
   ASSERT_TRUE(idx.ok) << idx.message;
@@ -229,7 +229,9 @@ TEST_F(PermuteGpu, CudaGraphCapture) {
   TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::mt19937_64 rng(test::fresh_seed());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   for (int replay = 0; replay < 3; ++replay) {
     std::vector<int64_t> ids64(T * k);
     std::vector<int32_t> ids32(T * k);
@@ -312,7 +314,7 @@ TEST_F(PermuteGpu, UnpermuteHostPointerAndWrongDeviceRejectedBeforeLaunch) {
 void check_unpermute(int64_t T, int k, int64_t H, DType dtype, bool with_residual, uint64_t seed,
                      cudaStream_t stream = nullptr) {
   SCOPED_TRACE("T=" + std::to_string(T) + " k=" + std::to_string(k) + " H=" + std::to_string(H) + " " +
-               dtype_name(dtype) + (with_residual ? " residual" : "") + " seed=" + std::to_string(seed));
+               dtype_name(dtype) + (with_residual ? " residual" : "") + " " + test::seed_note(seed));
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const int64_t R = T * k + 5;
@@ -381,7 +383,9 @@ TEST_F(PermuteGpu, UnpermuteInCudaGraph) {
   TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   cudaGraphExec_t exec;
   TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  std::mt19937_64 rng(test::fresh_seed());
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   std::vector<int32_t> rows(T * k);
   std::vector<float> wh(T * k);
   std::vector<uint16_t> yh(T * k * H);

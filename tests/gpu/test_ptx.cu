@@ -76,7 +76,9 @@ __global__ void tma_box_kernel(const __grid_constant__ CUtensorMap map, int rows
 
 TEST(Ptx, TmaSwizzledBoxWithOutOfBoundsRows) {
   REQUIRE_SM90();
-  std::mt19937_64 rng(tessera::test::fresh_seed());
+  const uint64_t seed = tessera::test::fresh_seed();
+  SCOPED_TRACE(tessera::test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   const int dim0 = 384, dim1 = 100, dim2 = 3, rows = 64;
   const int64_t stride1 = 512, stride2 = stride1 * dim1;  // padded rows
   std::vector<uint8_t> host(static_cast<size_t>(stride2 * dim2));
@@ -149,7 +151,9 @@ __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, con
 
 template <int N, bool kFP8>
 void check_wgmma_tile() {
-  std::mt19937_64 rng(tessera::test::fresh_seed());
+  const uint64_t seed = tessera::test::fresh_seed();
+  SCOPED_TRACE(tessera::test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   const int elem = kFP8 ? 1 : 2, k = kRowBytes / elem;
   std::vector<uint8_t> a(64 * kRowBytes), b(N * kRowBytes);
   std::vector<double> av(64 * k), bv(N * k);
@@ -243,7 +247,9 @@ __global__ void ring_kernel(const int* src, int items, long long* sums) {
 
 TEST(Pipeline, RingOverManyPhases) {
   REQUIRE_SM90();
-  std::mt19937_64 rng(tessera::test::fresh_seed());
+  const uint64_t seed = tessera::test::fresh_seed();
+  SCOPED_TRACE(tessera::test::seed_note(seed));
+  std::mt19937_64 rng(seed);
   const int items = 1000;
   std::vector<int> src(items * 32);
   for (auto& v : src) v = static_cast<int>(rng() % 100000);
