@@ -186,12 +186,14 @@ __global__ void __launch_bounds__(kThreads) fill_kv_kernel(const KVParams p, uin
 }
 
 // ---- --check helpers ---------------------------------------------------------------------------------------------
-__global__ void __launch_bounds__(kThreads) gather_rows_kernel(const uint8_t* src, int64_t row_bytes,
-                                                               const int64_t* rows, int64_t n, uint8_t* dst) {
+// Elem: uint4 when the rows and both bases are 16-byte aligned, else bytes.
+template <typename Elem>
+__global__ void __launch_bounds__(kThreads) gather_rows_kernel(const Elem* src, int64_t row_elems,
+                                                               const int64_t* rows, int64_t n, Elem* dst) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
-    const uint8_t* s = src + rows[r] * row_bytes;
-    uint8_t* d = dst + r * row_bytes;
-    for (int64_t j = threadIdx.x; j < row_bytes; j += kThreads) d[j] = s[j];
+    const Elem* s = src + rows[r] * row_elems;
+    Elem* d = dst + r * row_elems;
+    for (int64_t j = threadIdx.x; j < row_elems; j += kThreads) d[j] = s[j];
   }
 }
 
@@ -301,8 +303,15 @@ void fill_kv_cache(const KVCacheFill& f, void* data, uint16_t* pairs, uint64_t s
 
 void gather_rows(const void* src, int64_t row_bytes, const int64_t* rows, int64_t n, void* dst, cudaStream_t stream) {
   if (n <= 0 || row_bytes <= 0) return;
-  gather_rows_kernel<<<static_cast<int>(std::min<int64_t>(n, 65535)), kThreads, 0, stream>>>(
-      static_cast<const uint8_t*>(src), row_bytes, rows, n, static_cast<uint8_t*>(dst));
+  const int blocks = static_cast<int>(std::min<int64_t>(n, 65535));
+  const bool wide = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+  if (wide)
+    gather_rows_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const uint4*>(src), row_bytes / 16, rows, n,
+                                                        static_cast<uint4*>(dst));
+  else
+    gather_rows_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), row_bytes, rows, n,
+                                                        static_cast<uint8_t*>(dst));
   check_launch();
 }
 

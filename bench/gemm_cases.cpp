@@ -9,7 +9,8 @@
 //                             e4m3 in, bf16 out, fp32 compute, the same scale modes
 //   cublaslt_bf16_loop        peer of the two bf16 ops
 // The group sizes are host data here, so the peer loop launches exactly the GEMMs that have rows; the loop is
-// captured into the same CUDA graph tessera's calls are.
+// captured into the same CUDA graph tessera's calls are. X, W and the scales are generated on the GPU (make_inputs);
+// --check compares a sample of rows and columns that covers every group (check_grouped).
 //
 // Shapes (groups x rows per group, N, K):
 //   dsv3_gate_up       32 x {8, 128, 1024}, 4096, 7168      dsv3_down   32 x 1024, 7168, 2048

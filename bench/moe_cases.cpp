@@ -21,6 +21,7 @@
 #include "common/host_numeric.h"
 #include "device_random.h"
 #include "harness.h"
+#include "reference/format.h"
 #include "reference/moe_checks.h"
 #include "reference/moe_reference.h"
 #include "tessera/moe.h"
@@ -34,6 +35,8 @@ constexpr int64_t kCheckRows = 2048;          // permute: x_perm rows compared (
 constexpr int64_t kCheckReduceTokens = 512;   // unpermute_reduce tokens the reference covers
 constexpr int64_t kCheckReduceEdge = 64;      // of them, leading and trailing
 constexpr int64_t kGateChunk = 256;           // fused_gate tokens per reference work item
+constexpr int64_t kPermuteChunk = 256;        // permute x_perm rows per check work item
+constexpr int64_t kReduceChunk = 32;          // unpermute_reduce tokens per reference work item
 
 // Salts of the tensors of one set (gen::sub_seed).
 enum Salt : uint64_t { kLogits = 1, kBias, kX, kIds, kY, kWeights, kResidual };
@@ -330,22 +333,42 @@ class PermuteCase final : public CaseInstance {
       if (t >= 0) tokens.push_back(t);
     }
     const std::vector<uint16_t> x = download_rows<uint16_t>(x_[0], H, tokens, stream);
-    const int64_t nt = static_cast<int64_t>(tokens.size());
-    CheckResult data;
-    if (!sh_.fp8()) {
-      const auto x_perm = download_rows<uint16_t>(x_perm_, H, rows, stream);
-      data = reference::check_permute_rows(sampled, x.data(), x_perm.data(), nt, H);
-    } else {
-      const auto x_perm = download_rows<uint8_t>(x_perm_, H, rows, stream);
-      std::vector<float> scales;
-      if (sh_.quant == moe::PermuteQuant::kFP8Blockwise) scales = download_rows<float>(scales_, sh_.num_blocks(), rows, stream);
-      data = reference::check_permute_fp8(sampled, x.data(), sh_.dtype, x_perm.data(), sh_.quant, scales.data(),
-                                          sh_.num_blocks(), 1, host_input_scale_, nt, H);
-    }
+    const int64_t nt = static_cast<int64_t>(tokens.size()), nb = sh_.num_blocks();
+    std::vector<uint16_t> x_perm16;
+    std::vector<uint8_t> x_perm8;
+    std::vector<float> scales;
+    if (!sh_.fp8()) x_perm16 = download_rows<uint16_t>(x_perm_, H, rows, stream);
+    else x_perm8 = download_rows<uint8_t>(x_perm_, H, rows, stream);
+    if (sh_.quant == moe::PermuteQuant::kFP8Blockwise) scales = download_rows<float>(scales_, nb, rows, stream);
+    // Chunks of sampled rows on worker threads, each against its slice of the re-indexed reference.
+    const int64_t chunks = (n + kPermuteChunk - 1) / kPermuteChunk;
+    std::vector<CheckResult> parts(chunks);
+    std::vector<std::string> labels(chunks);
+    parallel_for(chunks, static_cast<double>(n) * H * 20, [&](int64_t c) {
+      const int64_t r0 = c * kPermuteChunk, m = std::min(kPermuteChunk, n - r0);
+      reference::PermuteIndexRef part;
+      part.offsets = {0, static_cast<int32_t>(m)};
+      part.row_token.assign(sampled.row_token.begin() + r0, sampled.row_token.begin() + r0 + m);
+      if (!sh_.fp8())
+        parts[c] = reference::check_permute_rows(part, x.data(), x_perm16.data() + r0 * H, nt, H);
+      else
+        parts[c] = reference::check_permute_fp8(part, x.data(), sh_.dtype, x_perm8.data() + r0 * H, sh_.quant,
+                                                scales.empty() ? nullptr : scales.data() + r0 * nb, nb, 1,
+                                                host_input_scale_, nt, H);
+      labels[c] = "x_perm rows " + std::to_string(rows[r0]) + ".." + std::to_string(rows[r0 + m - 1]) +
+                  " ('x_perm[i]': sampled row " + std::to_string(r0) + " + i)";
+    });
+    double worst = 0;
+    for (const CheckResult& p : parts) worst = std::max(worst, p.error);
+    std::string summary = std::to_string(n) + " rows ";
+    summary += !sh_.fp8() ? "equal to their tokens' x rows bitwise"
+                          : std::string("within half an e4m3 step of x / scale") +
+                                (sh_.quant == moe::PermuteQuant::kFP8Blockwise ? ", block scales within 1e-6" : "") +
+                                ", worst relative Frobenius error " + reference::detail::fmt(worst);
     if (n < used)
-      data.message += " (" + std::to_string(n) + " of " + std::to_string(used) +
-                      " rows: every expert group's first and last row and random ones; 'x_perm[i]' counts the "
-                      "sampled rows)";
+      summary += " (" + std::to_string(n) + " of " + std::to_string(used) +
+                 " rows: every expert group's first and last row and random ones)";
+    CheckResult data = merge_checks(parts, labels, summary);
     CheckResult r;
     r.ok = index.ok && data.ok;
     r.error = data.error;
@@ -466,31 +489,47 @@ class UnpermuteCase final : public CaseInstance {
     const auto out = download_rows<uint16_t>(out_, H, tokens, stream);
     const auto all_weights = weights_[0].download<float>(sh_.tokens * k, stream);
 
-    // The reference on the sampled tokens: gather the y rows they use into a compact y (row i·k + j).
-    std::vector<int64_t> y_rows;
-    std::vector<int32_t> row_index(n * k, -1);
-    std::vector<double> weights(n * k), residual;
-    for (int64_t i = 0; i < n; ++i)
-      for (int j = 0; j < k; ++j) {
-        weights[i * k + j] = all_weights[tokens[i] * k + j];
-        const int32_t row = host_row_index_[tokens[i] * k + j];
-        if (row < 0) continue;
-        row_index[i * k + j] = static_cast<int32_t>(y_rows.size());
-        y_rows.push_back(row);
-      }
-    const auto y16 = download_rows<uint16_t>(y_[0], H, y_rows, stream);
-    std::vector<double> y(y16.size());
-    for (size_t i = 0; i < y16.size(); ++i) y[i] = from16(y16[i], sh_.dtype);
-    if (sh_.residual) {
-      const auto r16 = download_rows<uint16_t>(residual_[0], H, tokens, stream);
-      residual.resize(r16.size());
-      for (size_t i = 0; i < r16.size(); ++i) residual[i] = from16(r16[i], sh_.dtype);
+    // The reference on the sampled tokens: the y rows they use gathered in token order (token i's from
+    // first_row[i]), then chunks of tokens on worker threads, each against its own compact y.
+    std::vector<int64_t> y_rows, first_row(n + 1, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int j = 0; j < k; ++j)
+        if (const int32_t row = host_row_index_[tokens[i] * k + j]; row >= 0) y_rows.push_back(row);
+      first_row[i + 1] = static_cast<int64_t>(y_rows.size());
     }
-    const std::vector<double> ref =
-        reference::unpermute_reduce(y, row_index, weights, residual, n, k, H, sh_.routed_scale);
-    std::vector<double> got(n * H);
-    for (int64_t i = 0; i < n * H; ++i) got[i] = from16(out[i], sh_.dtype);
-    CheckResult r = reference::check_close(ref, got, 1e-2);  // bf16 output rounding: ~2^-9 relative per element
+    const auto y16 = download_rows<uint16_t>(y_[0], H, y_rows, stream);
+    std::vector<uint16_t> r16;
+    if (sh_.residual) r16 = download_rows<uint16_t>(residual_[0], H, tokens, stream);
+    const int64_t chunks = (n + kReduceChunk - 1) / kReduceChunk;
+    std::vector<CheckResult> parts(chunks);
+    std::vector<std::string> labels(chunks);
+    parallel_for(chunks, static_cast<double>(n) * k * H * 8, [&](int64_t c) {
+      const int64_t i0 = c * kReduceChunk, m = std::min(kReduceChunk, n - i0), y0 = first_row[i0];
+      std::vector<double> y((first_row[i0 + m] - y0) * H), weights(m * k), residual, got(m * H);
+      for (size_t e = 0; e < y.size(); ++e) y[e] = from16(y16[y0 * H + e], sh_.dtype);
+      std::vector<int32_t> row_index(m * k, -1);
+      for (int64_t i = 0; i < m; ++i) {
+        int64_t next = first_row[i0 + i] - y0;
+        for (int j = 0; j < k; ++j) {
+          weights[i * k + j] = all_weights[tokens[i0 + i] * k + j];
+          if (host_row_index_[tokens[i0 + i] * k + j] >= 0) row_index[i * k + j] = static_cast<int32_t>(next++);
+        }
+      }
+      if (sh_.residual) {
+        residual.resize(m * H);
+        for (int64_t e = 0; e < m * H; ++e) residual[e] = from16(r16[i0 * H + e], sh_.dtype);
+      }
+      for (int64_t e = 0; e < m * H; ++e) got[e] = from16(out[i0 * H + e], sh_.dtype);
+      const std::vector<double> ref =
+          reference::unpermute_reduce(y, row_index, weights, residual, m, k, H, sh_.routed_scale);
+      parts[c] = reference::check_close(ref, got, 1e-2);  // bf16 output rounding: ~2^-9 relative per element
+      labels[c] = "tokens " + std::to_string(tokens[i0]) + ".." + std::to_string(tokens[i0 + m - 1]);
+    });
+    double worst = 0;
+    for (const CheckResult& p : parts) worst = std::max(worst, p.error);
+    CheckResult r = merge_checks(parts, labels,
+                                 std::to_string(n) + " tokens, relative Frobenius error within 1e-2 per chunk of " +
+                                     std::to_string(kReduceChunk) + " tokens, worst " + reference::detail::fmt(worst));
     r.message += sample_note(n, sh_.tokens, "tokens", kCheckReduceEdge);
     return r;
   }
