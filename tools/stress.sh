@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Reruns the randomized GPU tests over many seeds: one process per test binary, --gtest_repeat=NUM_SEEDS, with
-# TESSERA_SEED=BASE so that repeat i runs with seed BASE + i (tests/common/gpu_util.h, "seeds"). Every failed test
-# prints "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."; this script lists those, then a last line
+# Reruns the randomized GPU tests over many seeds. Seed s = BASE + i for i in [0, NUM_SEEDS): the test binaries run
+# with TESSERA_SEED=<first seed of a chunk> --gtest_repeat=<chunk length>, and gtest repeat j of that process runs
+# with seed TESSERA_SEED + j (tests/common/gpu_util.h, "seeds"), so one process covers a chunk of seeds and a crash
+# loses only its chunk. Every failed test prints "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."; this script
+# lists those, then a last line
 #   stress: N seeds, F failures
-# and exits 1 when F > 0 (a crash or timeout counts as a failure).
+# and exits 1 when F > 0 (a crash, a timeout or a missing binary counts as a failure).
 #
 #   tools/stress.sh BUILD_DIR [NUM_SEEDS=200] [GTEST_FILTER]
-#     BUILD_DIR     the CMake build directory (BUILD_DIR/tests/tessera_gpu_tests, tessera_ptx_tests)
+#     BUILD_DIR     the CMake build directory (BUILD_DIR/tests/tessera_gpu_tests and tessera_ptx_tests)
 #     GTEST_FILTER  default: the fast randomized tests below, plus all of tessera_ptx_tests; a filter given here
 #                   applies to both binaries
-#   env: STRESS_BASE_SEED (default: random), STRESS_LOG (default: BUILD_DIR/stress.log),
-#        STRESS_TIMEOUT seconds per binary (default 1200)
+#   env: STRESS_BASE_SEED   first seed (default: random)
+#        STRESS_CHUNK       seeds per process (default 25)
+#        STRESS_MAX_SECONDS start no new chunk after this many seconds (default: none); N then counts the seeds run
+#        STRESS_TIMEOUT     seconds per process (default 600)
+#        STRESS_LOG         the full gtest output (default: BUILD_DIR/stress.log)
 #
 # Reproduce a failure: TESSERA_SEED=S BUILD_DIR/tests/tessera_gpu_tests --gtest_filter=Suite.Name
 #
@@ -39,63 +44,79 @@ default_tests=(
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}
 base=${STRESS_BASE_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
+chunk=${STRESS_CHUNK:-25}
+max_seconds=${STRESS_MAX_SECONDS:-0}
+limit=${STRESS_TIMEOUT:-600}
 log=${STRESS_LOG:-$build/stress.log}
-limit=${STRESS_TIMEOUT:-1200}
 
-if ! [[ "$num_seeds" =~ ^[1-9][0-9]*$ ]]; then
-  echo "stress: NUM_SEEDS must be a positive integer, got '$num_seeds'" >&2
-  exit 2
-fi
-if ! [[ "$base" =~ ^[0-9]+$ ]]; then
-  echo "stress: STRESS_BASE_SEED must be a decimal integer, got '$base'" >&2
-  exit 2
-fi
+for v in num_seeds chunk; do
+  if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "stress: $v must be a positive integer, got '${!v}'" >&2
+    exit 2
+  fi
+done
+for v in base max_seconds limit; do
+  if ! [[ "${!v}" =~ ^[0-9]+$ ]]; then
+    echo "stress: $v must be a non-negative decimal integer, got '${!v}'" >&2
+    exit 2
+  fi
+done
 
-# binary and filter pairs
-runs=()
+# (binary, filter) pairs
 if [ -z "$filter" ]; then
-  runs+=("$build/tests/tessera_gpu_tests" "$default_filter" "$build/tests/tessera_ptx_tests" '*')
+  runs=("$build/tests/tessera_gpu_tests" "$default_filter" "$build/tests/tessera_ptx_tests" '*')
 else
-  runs+=("$build/tests/tessera_gpu_tests" "$filter" "$build/tests/tessera_ptx_tests" "$filter")
+  runs=("$build/tests/tessera_gpu_tests" "$filter" "$build/tests/tessera_ptx_tests" "$filter")
 fi
+for ((r = 0; r < ${#runs[@]}; r += 2)); do
+  if [ ! -x "${runs[r]}" ]; then
+    echo "stress: missing ${runs[r]} (build the tests first)"
+    echo "stress: 0 seeds, 1 failures"
+    exit 1
+  fi
+done
 
 : >"$log"
-failures=0
+failures=0 passed=0 skipped=0 seeds_run=0
 start=$(date +%s)
-echo "stress: $num_seeds seeds from TESSERA_SEED=$base (repeat i runs with $base + i); log $log"
-for ((r = 0; r < ${#runs[@]}; r += 2)); do
-  bin=${runs[r]} f=${runs[r + 1]}
-  if [ ! -x "$bin" ]; then
-    echo "stress: missing $bin (build the tests first)" >&2
-    failures=$((failures + 1))
-    continue
+echo "stress: $num_seeds seeds from $base (seed s runs with TESSERA_SEED=s), $chunk per process; log $log"
+for ((first = 0; first < num_seeds; first += chunk)); do
+  if [ "$max_seconds" -gt 0 ] && [ $(($(date +%s) - start)) -ge "$max_seconds" ]; then
+    echo "stress: stopped after $seeds_run seeds: STRESS_MAX_SECONDS=$max_seconds reached"
+    break
   fi
-  part=$(mktemp)
-  t0=$(date +%s)
-  TESSERA_SEED=$base timeout "$limit" "$bin" --gtest_repeat="$num_seeds" --gtest_filter="$f" \
-    --gtest_color=no >"$part" 2>&1
-  rc=$?
-  cat "$part" >>"$log"
-  name=$(basename "$bin")
-  # One line per failed test run: "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."
-  n=$(grep -c '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part")
-  grep '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part" | sed "s/^\[   SEED   \] /FAIL $name /"
-  failures=$((failures + n))
-  done_iterations=$(grep -c '^\[==========\] .* ran\.' "$part")
-  if [ "$done_iterations" -lt "$num_seeds" ] || { [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; }; then
-    # Crashed, hung or failed outside a test: name the last test that started and the seed of its iteration.
-    last_test=$(grep '^\[ RUN      \]' "$part" | tail -n 1 | sed 's/^\[ RUN      \] //')
-    last_seed=$(grep -o 'run seed [0-9]*' "$part" | tail -n 1 | sed 's/run seed //')
-    why=$([ "$rc" -eq 124 ] && echo "timed out after ${limit}s" || echo "exited with $rc")
-    echo "FAIL $name ${last_test:-<no test started>} TESSERA_SEED=${last_seed:-$base}: $why"
-    failures=$((failures + 1))
-  fi
-  ran=$(grep -c '^\[       OK \]' "$part")
-  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$part")
-  echo "stress: $name: $ran test runs passed, $skipped skipped, $n failed, $(($(date +%s) - t0))s"
-  rm -f "$part"
+  n_chunk=$((num_seeds - first < chunk ? num_seeds - first : chunk))
+  seed=$((base + first))
+  for ((r = 0; r < ${#runs[@]}; r += 2)); do
+    bin=${runs[r]} f=${runs[r + 1]} name=$(basename "${runs[r]}")
+    part=$(mktemp)
+    TESSERA_SEED=$seed timeout "$limit" "$bin" --gtest_repeat="$n_chunk" --gtest_filter="$f" --gtest_color=no \
+      >"$part" 2>&1
+    rc=$?
+    cat "$part" >>"$log"
+    # One line per failed test run: "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."
+    n=$(grep -c '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part")
+    grep '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part" | sed "s/^\[   SEED   \] /FAIL $name /"
+    failures=$((failures + n))
+    completed=$(grep -c '^\[==========\] .* ran\.' "$part")
+    if [ "$completed" -lt "$n_chunk" ] || { [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; }; then
+      # Crashed, hung or failed outside a test: the last test that started and the seed of its repeat.
+      last_test=$(grep '^\[ RUN      \]' "$part" | tail -n 1 | sed 's/^\[ RUN      \] //')
+      last_seed=$(grep -o 'run seed [0-9]*' "$part" | tail -n 1 | sed 's/run seed //')
+      why=$([ "$rc" -eq 124 ] && echo "timed out after ${limit}s" || echo "exited with $rc")
+      echo "FAIL $name ${last_test:-<no test started>} TESSERA_SEED=${last_seed:-$seed}: $why" \
+           "after $completed of $n_chunk repeats"
+      failures=$((failures + 1))
+    fi
+    passed=$((passed + $(grep -c '^\[       OK \]' "$part")))
+    skipped=$((skipped + $(grep -c '^\[  SKIPPED \] .*(' "$part")))
+    rm -f "$part"
+  done
+  seeds_run=$((seeds_run + n_chunk))
+  echo "stress: seeds $seed..$((seed + n_chunk - 1)) done, $failures failures so far, $(($(date +%s) - start))s"
 done
 elapsed=$(($(date +%s) - start))
-echo "stress: ${elapsed}s in all, $(awk -v e="$elapsed" -v n="$num_seeds" 'BEGIN { printf "%.2f", e / n }')s per seed"
-echo "stress: $num_seeds seeds, $failures failures"
+echo "stress: $passed test runs passed, $skipped skipped; ${elapsed}s in all," \
+     "$(awk -v e="$elapsed" -v n="$seeds_run" 'BEGIN { printf "%.2f", n ? e / n : 0 }')s per seed"
+echo "stress: $seeds_run seeds, $failures failures"
 [ "$failures" -eq 0 ]
