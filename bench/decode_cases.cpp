@@ -90,18 +90,6 @@ HeadScales head_scales(int hkv, uint64_t seed) {
   return h;
 }
 
-// `bytes` bytes at byte offset `offset` of a device buffer, copied to the host.
-std::vector<uint8_t> download_bytes(const DeviceBuffer& b, std::size_t offset, std::size_t bytes,
-                                    cudaStream_t stream) {
-  if (offset + bytes > b.bytes()) throw Error("tessera-bench: download past the end of a buffer");
-  std::vector<uint8_t> host(bytes);
-  if (!bytes) return host;
-  TESSERA_CUDA_CHECK(cudaMemcpyAsync(host.data(), b.as<const uint8_t>() + offset, bytes, cudaMemcpyDeviceToHost,
-                                     stream));
-  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return host;
-}
-
 // ============================================================================================================
 // decode
 enum class Lengths { kFull, kZipf, kUniform };
@@ -537,8 +525,8 @@ class AppendCase final : public CaseInstance {
         // Tokens [pos - 1, pos + S] of sequence b, clipped to the capacity: one contiguous range of rows.
         const int64_t pos = positions_[b], lo = std::max<int64_t>(pos - 1, 0), hi = std::min<int64_t>(pos + S + 1, T);
         const int64_t row0 = (b * T + lo) * HKV, rows = (hi - lo) * HKV;
-        const auto data = download_bytes(t.data, row0 * rb, rows * rb, stream);
-        const auto pairs = download_bytes(t.pairs, row0 * np * 2, rows * np * 2, stream);
+        const auto data = download_range<uint8_t>(t.data, row0 * rb, rows * rb, stream);
+        const auto pairs = download_range<uint8_t>(t.pairs, row0 * np * 2, rows * np * 2, stream);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t tok = lo + r / HKV, h = r % HKV;
           const uint8_t* got = data.data() + r * rb;

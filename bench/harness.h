@@ -34,7 +34,7 @@ struct DeviceContext {
   int device = 0;
   int64_t l2_bytes = 0;
   int num_sms = 0;
-  cudaStream_t stream = nullptr;  // where setup enqueues its fills (the harness synchronizes it after setup)
+  cudaStream_t stream = nullptr;  // where setup enqueues its fills (the harness syncs the device after setup)
 };
 
 class CaseInstance {
