@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build tessera-bench and run the benchmark suite on the GPU, every case checked against the CPU reference before it
-# is timed (--check). By default the headline cases (every op, the rows of docs/perf/*.md; about two minutes on an
-# H200); --all runs every case (about six). Arguments go to tessera-bench (--all, --op, --case, --quick, ...).
+# is timed (--check). By default the headline cases (every op, the rows of docs/perf/*.md: within two minutes on an
+# H200, build excluded); --all runs every case (within six). Arguments go to tessera-bench (--all, --op, --case,
+# --quick, --list, ...).
 #
 #   BUILD_DIR  build folder (default build-bench/: never tools/test.sh's build/)
 #   OUT_DIR    results (default bench-results/): table.txt (stdout of the run), bench.json, bench.csv, plots/
