@@ -5,14 +5,15 @@
 # --quick, --list, ...).
 #
 #   BUILD_DIR  build folder (default build-bench/: never tools/test.sh's build/)
-#   OUT_DIR    results (default bench-results/): table.txt (stdout of the run), bench.json, bench.csv, plots/
+#   BENCH_OUT  results (default bench-results/; OUT_DIR is read too): table.txt (stdout of the run), bench.json,
+#              bench.csv, plots/
 #   JOBS       build parallelism (default: all cores)
 #
 # Exit status: tessera-bench's (0 all good, 1 a check failed or a case threw, 2 bad usage or no usable device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build-bench}
-out=${OUT_DIR:-bench-results}
+out=${BENCH_OUT:-${OUT_DIR:-bench-results}}
 jobs=${JOBS:-$(nproc)}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_PYTHON=OFF
 cmake --build "$build" -j "$jobs" --target tessera-bench
