@@ -158,16 +158,23 @@ class StreamGate {
   StreamGate(const StreamGate&) = delete;
   StreamGate& operator=(const StreamGate&) = delete;
   void open() { open_.store(true, std::memory_order_release); }
+  // True if the host function gave up before open(): something the test did waited for the held stream.
+  bool gave_up() const { return gave_up_.load(std::memory_order_acquire); }
 
  private:
   static void CUDART_CB hold(void* self) {
-    const auto* gate = static_cast<const StreamGate*>(self);
+    auto* gate = static_cast<StreamGate*>(self);
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!gate->open_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < give_up)
+    while (!gate->open_.load(std::memory_order_acquire)) {
+      if (std::chrono::steady_clock::now() >= give_up) {
+        gate->gave_up_.store(true, std::memory_order_release);
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
   cudaStream_t stream_;
-  std::atomic<bool> open_{false};
+  std::atomic<bool> open_{false}, gave_up_{false};
 };
 
 // ---- seeds ---------------------------------------------------------------------------------------------------

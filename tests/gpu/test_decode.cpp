@@ -1052,7 +1052,8 @@ TEST_F(AppendKvGpu, CudaGraphReplaysWithNewPositions) {
 // (not ordered with the fixture's non-blocking stream) and may return before its DMA lands. No two rows of one call
 // share a slot and no page is shared, so the kernel's writes do not depend on their order; the kernel was right.
 // This test replays that case and seed with the fixed upload, and holds the stream while it uploads: an upload that
-// is not ordered on the stream lands while the stream is held, which the old fixture did every time.
+// is not ordered on the stream lands while the stream is held, which the old fixture's did every time (the read
+// below is ordered after it on the legacy stream), so the old fixture fails here deterministically.
 TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
   const AppendCase c = append_case(kFormats[4], true, 3, 4);
   ASSERT_EQ(c.describe(), "int8 D=128 HKV=2 B=7 cap=64 paged/16 pads 16B/0 S=3 new=bf16 fused-kv");
@@ -1072,13 +1073,17 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
   fx.compare();
   const HostCache after_first = fx.expected();
   {
+    // Read on the legacy stream, after any upload the old fixture made there, and without waiting for the held
+    // stream. The replay is queued after the gate opens, so that nothing here can wait for the held stream.
     test::StreamGate gate(fx.stream());
     fx.set_positions(second);
-    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
     EXPECT_EQ(fx.positions_on_device(), first)
-        << "the positions changed while the fixture's stream was held: the upload is not ordered before the replay";
+        << "the positions changed while the fixture's stream was held: the upload is not ordered on the stream, so a "
+           "replay queued after it can read the previous positions";
     gate.open();
+    EXPECT_FALSE(gate.gave_up()) << "reading the positions waited for the held stream";
   }
+  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
   fx.expect_append(second);
   fx.compare();
   // The data set is the reported one: the rows the second replay must write differ from what they overwrite exactly
