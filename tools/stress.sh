@@ -19,7 +19,7 @@
 #
 # Reproduce a failure: TESSERA_SEED=S BUILD_DIR/tests/tessera_gpu_tests --gtest_filter=Suite.Name
 #
-# The default filter aims at 200 seeds in under 5 minutes on an H200 (estimated ~1.1 s per seed, mostly host-side
+# The default filter aims at 200 seeds in under 5 minutes on an H200 (estimated 0.7-1.5 s per seed, mostly host-side
 # data generation and float64 references; the last lines print the measured time per seed): the CUDA-graph replays
 # of every family (where an upload not ordered with the stream shows, issue 14), append_kv, the fused-gate ties,
 # near-ties and NaN/inf cases, and the small grouped-GEMM edge shapes. The large grids (DecodeGpu.Grid,
