@@ -220,7 +220,8 @@ inline State& state() {
     if (env && *env) {
       char* end = nullptr;
       errno = 0;
-      st.base = std::strtoull(env, &end, 0);
+      const bool hex = env[0] == '0' && (env[1] == 'x' || env[1] == 'X');
+      st.base = std::strtoull(env, &end, hex ? 16 : 10);  // "012" is twelve, not octal
       if (errno != 0 || end == env || *end != '\0' || *env == '-') {
         std::fprintf(stderr, "TESSERA_SEED must be an unsigned 64-bit integer (decimal or 0x-hex), got '%s'\n", env);
         std::abort();
