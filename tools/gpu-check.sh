@@ -55,7 +55,7 @@ if has sanitize; then
     run_step "ptx_$tool" compute-sanitizer --tool $tool --error-exitcode 1 "$build/tests/tessera_ptx_tests"
   done
 fi
-has stress && run_step stress tools/stress.sh "$build" "${STRESS_SEEDS:-200}"
+has stress && run_step stress env STRESS_LOG="$out/stress_gtest.log" tools/stress.sh "$build" "${STRESS_SEEDS:-200}"
 if has mainjob; then
   run_step mainjob env BENCH_OUT="$out/mainjob" tools/bench.sh ${BENCH_ARGS:-}
   cp "$out/mainjob/bench.json" "$out/bench.json" 2>/dev/null || true
