@@ -81,6 +81,8 @@ def parse_args(argv):
     ap.add_argument("--gemm-cases", default="", help="gemm: only shapes whose name contains one of these "
                     "comma-separated substrings (dsv3_gate_up/m8, qwen3, skewed, ...); default all")
     ap.add_argument("--gemm-kinds", default=",".join(gemm.KINDS), help="gemm: comma list of " + ",".join(gemm.KINDS))
+    ap.add_argument("--gemm-peers", default="torch", help="gemm: comma list of torch,flashinfer (flashinfer: "
+                    "SegmentGEMMWrapper on the bf16 cases; its first call JIT-builds CUTLASS grouped GEMMs, minutes)")
     ap.add_argument("--fast-accum", action="store_true",
                     help="gemm: torch._scaled_grouped_mm with use_fast_accum=True (default False)")
     ap.add_argument("--decode-cases", default="", help="decode: only cases whose name contains one of these "
@@ -148,6 +150,7 @@ def main(argv=None):
         return 2
 
     bench = None
+    args.graph_first = bool(args.with_bench or args.bench_json)  # merged tables show graph times only
     if args.with_bench or args.bench_json:
         if args.with_bench:
             try:

@@ -159,9 +159,14 @@ def measure(fn, mode, calls, reps, warmup):
 
 
 def timed(fn, calls, args, modes=("eager", "graph")):
-    """{mode: µs | None} and the error texts of fn in each mode."""
+    """{mode: µs | None} and the error texts of fn in each mode. With args.graph_first (merged runs, where the
+    tables use graph times only) eager is measured only when the graph capture failed."""
+    if getattr(args, "graph_first", False):
+        modes = ("graph", "eager")
     times, errors = {}, []
     for mode in modes:
+        if mode == "eager" and getattr(args, "graph_first", False) and times.get("graph"):
+            continue
         t, err = measure(fn, mode, calls, args.reps, args.warmup)
         times[mode] = t
         if err:

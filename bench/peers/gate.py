@@ -2,8 +2,9 @@
 fused_topk_deepseek where it computes the same thing.
 
 Cases: tessera-bench's (bench/moe_cases.cpp) '<config>/T<tokens>/<dtype>': logits 1.5 N(0, 1), bias U(-0.1, 0.1) fp32.
-FlashInfer's kernel always takes sigmoid scores, adds the bias, renormalizes and scales: it serves dsv3 (8 groups,
-4 kept) and kimik2 (384 experts, one group), not the softmax configs nor odd160 (no renormalization). It wants the
+FlashInfer's kernel always takes sigmoid scores, adds the bias, renormalizes and scales, and its argument check wants
+real grouping (topk_group * n_group >= topk, <= 32 experts a group, <= 128 in the kept groups): it serves dsv3 (8
+groups, 4 kept) only; not kimik2 (one group of 384), the softmax configs nor odd160 (no renormalization). It wants the
 bias in the logits' dtype (a bf16 copy for bf16 logits) and writes weights in that dtype; tessera writes fp32.
 """
 
@@ -73,6 +74,13 @@ def flashinfer_serves(s):
         return "flashinfer fused_topk_deepseek: sigmoid scores with a bias only"
     if not s["renorm"]:
         return "flashinfer fused_topk_deepseek: always renormalizes (this config does not)"
+    # flashinfer 0.7.2's argument check: topk_group <= n_group, topk_group * n_group >= topk, topk <= 8; with
+    # n_group > 1: E / n_group <= 32 and E / n_group * topk_group <= 128. One group (kimik2) cannot pass the first
+    # two, nor can all groups kept (E = 384 > 128).
+    E, G, TG, k = s["E"], s["G"], s["TG"], s["k"]
+    if not (TG <= G and TG * G >= k and k <= 8 and G > 1 and E % G == 0 and E // G <= 32 and E // G * TG <= 128):
+        return (f"flashinfer fused_topk_deepseek: its argument check refuses E={E}, n_group={G}, topk_group={TG}, "
+                f"topk={k}")
     return None
 
 

@@ -5,6 +5,10 @@ Cases: tessera-bench's (bench/gemm_cases.cpp): '<shape>/m<rows>[/tensor|/block]'
 (decode shapes: max_m = 4 x rows, expected_m = rows). tessera-bench's own peer, a cuBLASLt loop over the groups,
 joins these rows in a merged run.
 
+With --gemm-peers torch,flashinfer the bf16 rows also run flashinfer.SegmentGEMMWrapper (CUTLASS grouped GEMM;
+opt-in, its JIT build takes minutes). FlashInfer 0.7.2's grouped fp8 GEMMs (group_gemm_fp8_nt_groupwise,
+group_deepgemm_fp8_nt_groupwise) are Blackwell-only: no fp8 FlashInfer peer on Hopper.
+
 torch._scaled_grouped_mm takes row-wise scales (scale_a [M], scale_b [G, N]; mat_b = w.transpose(-2, -1); offs =
 int32 cumulative ends [G]; bf16 out; use_fast_accum per --fast-accum), on the contiguous layout; it is the peer of
 tessera's masked rows too. Block-wise scales have no torch grouped equivalent: torch runs the same GEMM with
@@ -13,6 +17,7 @@ GPU reference from the dequantized inputs (of torch's own scales for the block-w
 """
 
 import math
+import time
 
 from . import common as C
 from .common import Case, Row
@@ -273,12 +278,16 @@ def group_rows(group, args, seed):
         r.add_peer(label, times, errs)
         if peer_err:
             r.errors.append(f"{label}: {peer_err}")
+    if kind == "bf16" and "flashinfer" in args.gemm_peers.split(","):
+        _flashinfer_segment_gemm(d, rows, outputs, calls, args)
 
     try:
         errs = rel_fro_errors(d, outputs)
         for layout, r in rows.items():
             r.rel_err["tessera"] = errs.get(layout)
             r.rel_err[label] = errs.get("peer")
+            if errs.get("flashinfer") is not None:
+                r.notes.append(f"FI segment: rel err {errs['flashinfer']:.1e} vs the float64 reference")
     except Exception as e:  # noqa: BLE001
         for r in rows.values():
             r.notes.append(f"error check failed: {C.short(e)}")
@@ -294,6 +303,42 @@ def group_rows(group, args, seed):
             label_name = "torch._grouped_mm"
         r.notes.append(f"torch = {label_name}, contiguous layout")
     return list(rows.values())
+
+
+def _flashinfer_segment_gemm(d, rows, outputs, calls, args):
+    """flashinfer.SegmentGEMMWrapper (CUTLASS grouped GEMM, its SM90 kernels on Hopper) on tessera's bf16 contiguous
+    layout: x [M, K], w [G, N, K] (weight_column_major=True), seg_indptr int64 [G+1]. Opt-in (--gemm-peers): its
+    JIT build is a CUTLASS grouped GEMM, minutes rather than seconds. The peer of the masked rows too."""
+    fi, _ = C.optional_module("flashinfer")
+    if fi is None:  # named once under the tables
+        return
+    torch = C.torch
+    label = "FI segment"
+    try:
+        seg = fi.SegmentGEMMWrapper(torch.empty((128 << 20,), dtype=torch.int8, device=C.DEVICE))
+        indptr = d.offsets.to(torch.int64)
+        y_f = torch.empty((d.m, d.n), dtype=torch.bfloat16, device=C.DEVICE)
+        fn = lambda: seg.run(d.x, d.w, d.groups, True, out=y_f, seg_indptr=indptr)  # noqa: E731
+        t0 = time.perf_counter()
+        fn()
+        C.sync()
+        if not _FI_BUILT.get("segment"):
+            _FI_BUILT["segment"] = True
+            C.NOTES.append(f"flashinfer: SegmentGEMMWrapper's first call took {time.perf_counter() - t0:.1f} s "
+                           "(its JIT build)")
+        outputs["flashinfer"] = ((lambda e: y_f[d.starts[e]:d.starts[e + 1]]), False)
+    except Exception as e:  # noqa: BLE001
+        C.sync_quietly()
+        for r in rows.values():
+            r.peers[label] = {}
+            r.errors.append(f"{label}: unavailable ({C.short(e)})")
+        return
+    times, errs = C.timed(fn, calls, args)
+    for r in rows.values():
+        r.add_peer(label, times, errs, ["FI segment = flashinfer.SegmentGEMMWrapper, contiguous layout"])
+
+
+_FI_BUILT = {}
 
 
 def cases_from_args(args):
