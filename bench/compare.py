@@ -96,6 +96,15 @@ def parse_args(argv):
     for op in args.ops_list:
         if op not in OPS:
             ap.error(f"unknown op {op!r} (expected {', '.join(OPS)})")
+    for k in args.gemm_kinds.split(","):
+        if k and k not in gemm.KINDS:
+            ap.error(f"unknown --gemm-kinds item {k!r} (expected {', '.join(gemm.KINDS)})")
+    for f in args.decode_formats.split(","):
+        if f and f not in decode.FORMATS:
+            ap.error(f"unknown --decode-formats item {f!r} (expected {', '.join(decode.FORMATS)})")
+    for p in args.gemm_peers.split(","):
+        if p and p not in ("torch", "flashinfer"):
+            ap.error(f"unknown --gemm-peers item {p!r} (expected torch, flashinfer)")
     for p in args.decode_peers.split(","):
         if p and p not in decode.PEERS:
             ap.error(f"unknown --decode-peers item {p!r} (expected {', '.join(decode.PEERS)})")

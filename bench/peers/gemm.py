@@ -254,7 +254,10 @@ def group_rows(group, args, seed):
     # The torch peer, on the contiguous layout (it is the masked rows' peer too).
     label = "torch"
     peer_fn, peer_err = None, None
-    if kind == "bf16" and not hasattr(torch, "_grouped_mm"):
+    use_torch = "torch" in args.gemm_peers.split(",")
+    if not use_torch:
+        pass
+    elif kind == "bf16" and not hasattr(torch, "_grouped_mm"):
         peer_err = f"peer unavailable: torch {torch.__version__} has no torch._grouped_mm"
     elif kind != "bf16" and not hasattr(torch, "_scaled_grouped_mm"):
         peer_err = f"peer unavailable: torch {torch.__version__} has no torch._scaled_grouped_mm"
@@ -275,7 +278,8 @@ def group_rows(group, args, seed):
             C.sync_quietly()
     times, errs = (C.timed(peer_fn, calls, args) if peer_fn is not None else ({}, []))
     for r in rows.values():
-        r.add_peer(label, times, errs)
+        if use_torch:
+            r.add_peer(label, times, errs)
         if peer_err:
             r.errors.append(f"{label}: {peer_err}")
     if kind == "bf16" and "flashinfer" in args.gemm_peers.split(","):
@@ -292,6 +296,8 @@ def group_rows(group, args, seed):
         for r in rows.values():
             r.notes.append(f"error check failed: {C.short(e)}")
     for r in rows.values():
+        if not use_torch:
+            continue
         if r.rel_err.get(label) is not None:
             r.notes.append(f"{label}: rel err {r.rel_err[label]:.1e} vs the float64 reference")
         if kind == "fp8_block":

@@ -142,4 +142,10 @@ def merge(bench, results, ops_list):
             if p.get("error"):
                 row.errors.append(f"{label} (tessera-bench): {p['error']}")
         out.setdefault(key, []).append(row)
+    # Python rows tessera-bench has no row for (a family that failed as a whole reports in one such row)
+    attached = {id(r) for rows in out.values() for r in rows}
+    for key, rows in results.items():
+        for r in rows:
+            if id(r) not in attached:
+                out.setdefault(key, []).append(r)
     return out
