@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+import torch.utils.dlpack
 
 import tessera
 import tessera.dlpack as td
@@ -87,8 +88,29 @@ def cases():
 
     a = torch.randn((64,), device=dev)
     b = torch.empty_like(a)
-    return [
+    raw = torch.ops.tessera
+    gate_args = (logits, bias, weights, ids, k, 8, 4, "sigmoid", "top2_sum", True, 2.5, 0, 1.0)
+    dec_args = (q, kc, vc, ks, vs, None, lengths, o, lse, ws, "int8", 0.0, 0.0, 0, 4)
+    rows = [
         ("torch.add (out=), for scale", "given", lambda: torch.add(a, a, out=b)),
+        ("torch.empty((64,)), for scale", "-", lambda: torch.empty((64,), device=dev)),
+        ("torch.ops.tessera.fused_gate.default", "given", lambda: raw.fused_gate.default(*gate_args)),
+        ("torch.ops.tessera.attention_decode.default", "given", lambda: raw.attention_decode.default(*dec_args)),
+    ]
+    caps = [torch.utils.dlpack.to_dlpack(t) for t in (logits, bias, weights, ids)]
+    rows.append(("tessera._C.fused_gate, capsules made once", "given",
+                 lambda: tessera._C.fused_gate(caps[0], caps[1], caps[2], caps[3], k, 8, 4, "sigmoid", "top2_sum",
+                                               True, 2.5, 0, 1.0, 0)))
+    try:
+        import cupy
+
+        ptr = q.data_ptr()
+        rows.append(("cudaPointerGetAttributes (cupy), for scale", "-",
+                     lambda: cupy.cuda.runtime.pointerGetAttributes(ptr)))
+        rows.append(("cudaGetDevice (cupy), for scale", "-", lambda: cupy.cuda.runtime.getDevice()))
+    except ImportError:
+        pass
+    return rows + [
         ("fused_gate", "given", lambda: tessera.fused_gate(logits, bias, out=(weights, ids), **gate_kw)),
         ("fused_gate", "allocating", lambda: tessera.fused_gate(logits, bias, **gate_kw)),
         ("permute fp8_blockwise", "given",

@@ -1,4 +1,5 @@
-// libtessera_torch: tessera's ops as PyTorch operators (namespace "tessera", dispatch key CUDA).
+// tessera._torch_C: tessera's ops as PyTorch operators (namespace "tessera", dispatch key CUDA), and the same
+// functions bound directly for the torch layer's eager calls.
 //
 // The schemas and fake implementations are defined once, in Python (python/tessera/_torch_ops.py), and this
 // library only implements them. The kernels take at::Tensor directly (no DLPack capsule per argument), run on
@@ -15,11 +16,16 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
+
+#include <pybind11/stl.h>
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -68,6 +74,7 @@ TensorView view_of(const at::Tensor& t, const char* op, const char* arg) {
     v.strides[d] = t.stride(d);
   }
   v.device = t.is_cuda() ? t.get_device() : TensorView::kHostDevice;
+  v.device_verified = t.is_cuda() && t.has_storage();  // torch's CUDA storage is device memory of t.device()
   return v;
 }
 
@@ -106,29 +113,11 @@ std::optional<at::Tensor> workspace_or_new(const std::optional<at::Tensor>& give
   return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
 }
 
-// Runs body(stream) with the device current; turns tessera's errors into PyTorch's.
+// Runs body(stream) with the device current, on PyTorch's current stream of that device.
 template <typename Body>
 void run_on(c10::Device device, Body&& body) {
-  try {
-    const c10::DeviceGuard guard(device);
-    body(c10::cuda::getCurrentCUDAStream(device.index()).stream());
-  } catch (const tessera::CudaError& e) {
-    throw c10::Error(kNoLocation, e.what());
-  } catch (const tessera::Error& e) {
-    throw c10::ValueError(kNoLocation, e.what());
-  }
-}
-
-// Argument errors raised before run_on (while reading the tensors) get the same translation.
-template <typename Body>
-void guarded(Body&& body) {
-  try {
-    body();
-  } catch (const tessera::CudaError& e) {
-    throw c10::Error(kNoLocation, e.what());
-  } catch (const tessera::Error& e) {
-    throw c10::ValueError(kNoLocation, e.what());
-  }
+  const c10::DeviceGuard guard(device);
+  body(c10::cuda::getCurrentCUDAStream(device.index()).stream());
 }
 
 // ---- MoE routing ---------------------------------------------------------------------------------------------
@@ -141,11 +130,11 @@ tessera::moe::PermuteQuant parse_quant(const std::string& s, const char* op) {
 }
 
 void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
-                const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups, c10::string_view scoring,
-                c10::string_view group_score, bool renormalize, double routed_scaling_factor,
+                const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups, std::string_view scoring,
+                std::string_view group_score, bool renormalize, double routed_scaling_factor,
                 int64_t num_shared_experts, double shared_expert_weight) {
   constexpr const char* op = "tessera.fused_gate";
-  guarded([&] {
+  {
     tessera::moe::GateParams p;
     p.topk = static_cast<int>(topk);
     p.num_groups = static_cast<int>(num_groups);
@@ -166,16 +155,16 @@ void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
     const TensorView wv = view_of(weights, op, "weights");
     const TensorView iv = view_of(ids, op, "ids");
     run_on(device, [&](cudaStream_t s) { tessera::moe::fused_gate(lv, bv, wv, iv, p, s); });
-  });
+  }
 }
 
 void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& input_scale,
              const at::Tensor& x_perm, const std::optional<at::Tensor>& scales, const at::Tensor& expert_offsets,
              const at::Tensor& expert_counts, const at::Tensor& row_index, const std::optional<at::Tensor>& row_token,
              const std::optional<at::Tensor>& workspace, int64_t num_experts, int64_t pad_multiple,
-             c10::string_view quant) {
+             std::string_view quant) {
   constexpr const char* op = "tessera.permute";
-  guarded([&] {
+  {
     tessera::moe::PermuteParams params;
     params.num_experts = static_cast<int>(num_experts);
     params.pad_multiple = static_cast<int>(pad_multiple);
@@ -200,13 +189,13 @@ void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at:
       const auto ws = workspace_or_new(workspace, need, device);
       tessera::moe::permute(xv, idv, isv, out, workspace_of(ws, op), params, s);
     });
-  });
+  }
 }
 
 void unpermute_reduce(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
                       const std::optional<at::Tensor>& residual, const at::Tensor& out, double routed_scale) {
   constexpr const char* op = "tessera.unpermute_reduce";
-  guarded([&] {
+  {
     const c10::Device device = device_of(y_perm, op, "y_perm");
     const TensorView yv = view_of(y_perm, op, "y_perm");
     const TensorView rv = view_of(row_index, op, "row_index");
@@ -216,7 +205,7 @@ void unpermute_reduce(const at::Tensor& y_perm, const at::Tensor& row_index, con
     run_on(device, [&](cudaStream_t s) {
       tessera::moe::unpermute_reduce(yv, rv, wv, resv, ov, static_cast<float>(routed_scale), s);
     });
-  });
+  }
 }
 
 // ---- grouped GEMM ----------------------------------------------------------------------------------------------
@@ -234,8 +223,8 @@ std::size_t gemm_workspace_need(const at::Tensor& w) {
 void grouped_gemm_fp8_common(const char* op, bool masked, const char* rows_arg, const at::Tensor& x,
                              const at::Tensor& w, const at::Tensor& group_rows, const at::Tensor& x_scale,
                              const at::Tensor& w_scale, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
-                             c10::string_view scale_mode, int64_t expected_m) {
-  guarded([&] {
+                             std::string_view scale_mode, int64_t expected_m) {
+  {
     tessera::gemm::FP8Scales scales;
     if (scale_mode == "per_tensor") scales.mode = tessera::gemm::ScaleMode::kPerTensor;
     else if (scale_mode == "blockwise") scales.mode = tessera::gemm::ScaleMode::kBlockwise;
@@ -255,13 +244,13 @@ void grouped_gemm_fp8_common(const char* op, bool masked, const char* rows_arg, 
       else
         tessera::gemm::grouped_gemm_fp8(xv, wv, rv, scales, yv, workspace_of(ws, op), s, options);
     });
-  });
+  }
 }
 
 void grouped_gemm_bf16_common(const char* op, bool masked, const char* rows_arg, const at::Tensor& x,
                               const at::Tensor& w, const at::Tensor& group_rows, const at::Tensor& y,
                               const std::optional<at::Tensor>& workspace, int64_t expected_m) {
-  guarded([&] {
+  {
     const c10::Device device = device_of(x, op, "x");
     const TensorView xv = view_of(x, op, "x");
     const TensorView wv = view_of(w, op, "w");
@@ -275,19 +264,19 @@ void grouped_gemm_bf16_common(const char* op, bool masked, const char* rows_arg,
       else
         tessera::gemm::grouped_gemm_bf16(xv, wv, rv, yv, workspace_of(ws, op), s, options);
     });
-  });
+  }
 }
 
 void grouped_gemm_fp8(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offsets, const at::Tensor& x_scale,
                       const at::Tensor& w_scale, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
-                      c10::string_view scale_mode, int64_t expected_m) {
+                      std::string_view scale_mode, int64_t expected_m) {
   grouped_gemm_fp8_common("tessera.grouped_gemm_fp8", false, "offsets", x, w, offsets, x_scale, w_scale, y, workspace,
                           scale_mode, expected_m);
 }
 
 void grouped_gemm_fp8_masked(const at::Tensor& x, const at::Tensor& w, const at::Tensor& masked_m,
                              const at::Tensor& x_scale, const at::Tensor& w_scale, const at::Tensor& y,
-                             const std::optional<at::Tensor>& workspace, c10::string_view scale_mode,
+                             const std::optional<at::Tensor>& workspace, std::string_view scale_mode,
                              int64_t expected_m) {
   grouped_gemm_fp8_common("tessera.grouped_gemm_fp8_masked", true, "masked_m", x, w, masked_m, x_scale, w_scale, y,
                           workspace, scale_mode, expected_m);
@@ -306,7 +295,7 @@ void grouped_gemm_bf16_masked(const at::Tensor& x, const at::Tensor& w, const at
 
 // ---- attention decode --------------------------------------------------------------------------------------------
 
-ta::KVFormat parse_kv_format(c10::string_view s, const char* op) {
+ta::KVFormat parse_kv_format(std::string_view s, const char* op) {
   if (s == "native") return ta::KVFormat::kNative;
   if (s == "fp8") return ta::KVFormat::kFP8;
   if (s == "int8") return ta::KVFormat::kInt8;
@@ -315,7 +304,7 @@ ta::KVFormat parse_kv_format(c10::string_view s, const char* op) {
   fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + std::string(s) + "'");
 }
 
-ta::KVCache kv_cache_of(const char* op, c10::string_view format, const at::Tensor& k, const at::Tensor& v,
+ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tensor& k, const at::Tensor& v,
                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                         const std::optional<at::Tensor>& block_table) {
   ta::KVCache cache;
@@ -333,10 +322,10 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                       const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
                       const at::Tensor& out, const std::optional<at::Tensor>& lse,
-                      const std::optional<at::Tensor>& workspace, c10::string_view format, double softmax_scale,
+                      const std::optional<at::Tensor>& workspace, std::string_view format, double softmax_scale,
                       double softcap, int64_t window, int64_t num_splits) {
   constexpr const char* op = "tessera.attention_decode";
-  guarded([&] {
+  {
     ta::DecodeParams params;
     params.softmax_scale = static_cast<float>(softmax_scale);
     params.softcap = static_cast<float>(softcap);
@@ -354,36 +343,74 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
       const auto ws = workspace_or_new(workspace, need, device);
       ta::decode(qv, cache, sv, ov, lv, workspace_of(ws, op), params, s);
     });
-  });
+  }
 }
 
 void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& positions,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& block_table,
-               c10::string_view format) {
+               std::string_view format) {
   constexpr const char* op = "tessera.append_kv";
-  guarded([&] {
+  {
     const c10::Device device = device_of(k_new, op, "k_new");
     const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
     const TensorView kv = view_of(k_new, op, "k_new");
     const TensorView vv = view_of(v_new, op, "v_new");
     const TensorView pv = view_of(positions, op, "positions");
     run_on(device, [&](cudaStream_t s) { ta::append_kv(kv, vv, pv, cache, s); });
-  });
+  }
 }
+
+// ---- the two entry points of every op -------------------------------------------------------------------------
+// Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
+// torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
+// layer, which skips the dispatcher's boxing of a dozen arguments (its largest host cost). Only the error
+// translation differs: c10 errors for the dispatcher, Python exceptions for pybind.
+
+template <auto Fn>
+struct Entry;
+
+template <typename... Args, void (*Fn)(Args...)>
+struct Entry<Fn> {
+  static void dispatcher(Args... args) {
+    try {
+      Fn(args...);
+    } catch (const tessera::CudaError& e) {
+      throw c10::Error(kNoLocation, e.what());
+    } catch (const tessera::Error& e) {
+      throw c10::ValueError(kNoLocation, e.what());
+    }
+  }
+  static void python(Args... args) {
+    try {
+      Fn(args...);
+    } catch (const tessera::CudaError& e) {
+      throw std::runtime_error(e.what());
+    } catch (const tessera::Error& e) {
+      throw pybind11::value_error(e.what());
+    }
+  }
+};
+
+#define TESSERA_TORCH_OPS(X)                                                                                     \
+  X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
+  X(grouped_gemm_bf16_masked) X(attention_decode) X(append_kv)
 
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
 // its schema is matched to it when the schema arrives.
 TORCH_LIBRARY_IMPL(tessera, CUDA, m) {
-  m.impl("fused_gate", &fused_gate);
-  m.impl("permute", &permute);
-  m.impl("unpermute_reduce", &unpermute_reduce);
-  m.impl("grouped_gemm_fp8", &grouped_gemm_fp8);
-  m.impl("grouped_gemm_fp8_masked", &grouped_gemm_fp8_masked);
-  m.impl("grouped_gemm_bf16", &grouped_gemm_bf16);
-  m.impl("grouped_gemm_bf16_masked", &grouped_gemm_bf16_masked);
-  m.impl("attention_decode", &attention_decode);
-  m.impl("append_kv", &append_kv);
+#define TESSERA_IMPL(name) m.impl(#name, &Entry<&name>::dispatcher);
+  TESSERA_TORCH_OPS(TESSERA_IMPL)
+#undef TESSERA_IMPL
+}
+
+// Importing the module loads the registrations above; its functions are the eager entry points (positional
+// arguments in schema order, tensors as torch tensors, None for absent optional tensors).
+PYBIND11_MODULE(_torch_C, m) {
+  m.doc() = "tessera's PyTorch operators (registration) and their direct eager entry points; use tessera.*";
+#define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python);
+  TESSERA_TORCH_OPS(TESSERA_DEF)
+#undef TESSERA_DEF
 }

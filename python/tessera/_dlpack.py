@@ -87,24 +87,30 @@ def cuda_device_of(tensor, op, arg):
 
 
 _ops = None
+_eager = None
 _ops_error = "tessera's PyTorch operators are not registered (torch is not installed)"
 
 
 def bind_ops(module):
     """Called once by tessera/__init__.py with tessera._torch_ops (schemas registered, kernels loaded or not)."""
-    global _ops, _ops_error
+    global _ops, _eager, _ops_error
     if module.available():
         _ops = module.ops
+        _eager = module.eager
     else:
         _ops_error = module.load_error
 
 
 def torch_ops():
-    """torch.ops.tessera with its CUDA implementations loaded (RuntimeError with the reason when they are not)."""
+    """The kernels to call: torch.ops.tessera under torch.compile (traced as custom operators), else the same C++
+    functions bound directly (tessera._torch_C), which skip the dispatcher's host cost. RuntimeError with the
+    reason when they are not built."""
     if _ops is None:
         torch_module()
         raise RuntimeError(_ops_error)
-    return _ops
+    if _torch.compiler.is_compiling():
+        return _ops
+    return _eager
 
 
 def stream_arg(op, stream):

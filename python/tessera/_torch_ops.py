@@ -3,19 +3,21 @@
 Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
 (``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
 layer (tessera.moe, tessera.gemm, tessera.attention) allocates the outputs, and torch.compile traces that
-allocation like any other torch code. The CUDA implementations live in libtessera_torch (python/src/torch_ops.cpp),
+allocation like any other torch code. The CUDA implementations live in tessera._torch_C (python/src/torch_ops.cpp),
 which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
+
+Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op>; eager calls go to
+tessera._torch_C.<op>, the same C++ function bound directly, because the dispatcher's boxed call from Python costs
+several microseconds of host time per call for ops with a dozen arguments (docs/python.md has the measurements).
 
 A family added later adds its schemas here and its kernels to torch_ops.cpp; nothing else registers ops.
 
 This module imports torch; tessera imports it only when torch is installed.
 """
 
-import os
-
 import torch
 
-__all__ = ["OPS", "ops", "available", "load_error"]
+__all__ = ["OPS", "ops", "eager", "available", "load_error"]
 
 NAMESPACE = "tessera"
 
@@ -60,32 +62,26 @@ def _fake(*args, **kwargs):
 
 _LIB = None
 load_error = None
-
-
-def _library_path():
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in os.listdir(here):
-        if name.startswith("libtessera_torch") and name.endswith(".so"):
-            return os.path.join(here, name)
-    return None
+eager = None  # tessera._torch_C: the same kernels, bound directly (no dispatcher) for eager calls
 
 
 def _register():
-    global _LIB, load_error
+    global _LIB, load_error, eager
     lib = torch.library.Library(NAMESPACE, "DEF")
     for name, schema in OPS.items():
         lib.define(schema)
         torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=lib)
     _LIB = lib
-    path = _library_path()
-    if path is None:
-        load_error = ("tessera was built without its PyTorch operators (libtessera_torch); rebuild with torch "
-                      "installed in the Python that CMake finds")
-        return
     try:
-        torch.ops.load_library(path)
-    except OSError as e:  # pragma: no cover - depends on the installation
-        load_error = f"tessera: libtessera_torch could not be loaded ({e})"
+        from . import _torch_C  # registers the CUDA kernels with the dispatcher
+    except ImportError as e:
+        if "_torch_C" in str(e) and "No module named" in str(e):
+            load_error = ("tessera was built without its PyTorch operators (tessera._torch_C): rebuild with torch "
+                          "installed in the Python that CMake finds")
+        else:  # pragma: no cover - depends on the installation
+            load_error = f"tessera: tessera._torch_C could not be loaded ({e}); rebuild against this torch"
+        return
+    eager = _torch_C
 
 
 _register()

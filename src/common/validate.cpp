@@ -74,6 +74,7 @@ void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
     fail(arg, "must be on the current CUDA device " + std::to_string(current) + ", got " +
                   (t.device == TensorView::kHostDevice ? std::string("host memory")
                                                        : "device " + std::to_string(t.device)));
+  if (t.device_verified) return;
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, t.data);
   if (err != cudaSuccess) {
