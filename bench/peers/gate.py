@@ -123,9 +123,9 @@ def case_row(case, args):
             logits[st], bias[st], topk=k, num_groups=s["G"], topk_groups=s["TG"], scoring=s["scoring"],
             group_score="top2_sum", renormalize=s["renorm"], routed_scaling_factor=s["scale"], out=(w_out, i_out))
 
-    C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
+    ran = C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
     t_ids = None
-    if row.tessera.get("eager") is not None:
+    if ran is not None:
         tessera_call(0)()
         t_ids = i_out.clone()
 

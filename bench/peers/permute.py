@@ -148,11 +148,11 @@ def permute_row(case, args):
         return lambda: C.tessera.permute(x, ids, E, quant=quant, input_scale=input_scale if quant == "fp8_per_tensor"
                                          else None, with_row_token=True)
 
-    C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
+    ran = C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
     label = "torch" + ("" if quant is None else " +fp8")
     peer = [lambda st=st: torch_permute_quant(*inputs[st], E, quant, input_scale) for st in range(sets)]
     C.run_peer_fn(row, label, C.rotating(peer), calls, args)
-    if row.tessera.get("eager") is not None and row.peers.get(label):
+    if ran is not None and row.peers.get(label):
         try:
             res = tessera_call(0)()
             p = peer[0]()
@@ -192,9 +192,9 @@ def unpermute_row(case, args):
         y, ri, _, w, _, res = data[st]
         return lambda: C.tessera.unpermute_reduce(y, ri, w, res, routed_scale, out=out)
 
-    C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
+    ran = C.run_tessera_fn(row, lambda: C.rotating([tessera_call(st) for st in range(sets)]), calls, args)
     got = None
-    if row.tessera.get("eager") is not None:
+    if ran is not None:
         tessera_call(0)()
         got = out.float().clone()
     peers = {
