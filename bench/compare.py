@@ -89,8 +89,8 @@ def parse_args(argv):
                     "comma-separated substrings (hq8kv1/B128, llama3_8b, paged16, zipf, T131072, ...); default all")
     ap.add_argument("--decode-formats", default=",".join(decode.FORMATS),
                     help="decode: comma list of " + ",".join(decode.FORMATS) + " (a case runs those of its own)")
-    ap.add_argument("--decode-peers", default=",".join(decode.PEERS), help="decode: comma list of " +
-                    ",".join(decode.PEERS))
+    ap.add_argument("--decode-peers", default=",".join(decode.DEFAULT_PEERS), help="decode: comma list of " +
+                    ",".join(decode.PEERS) + " (default: all but flashinfer_cudnn)")
     args = ap.parse_args(argv)
     args.ops_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in args.ops_list:

@@ -14,6 +14,8 @@ Peers (labels in the table)
              (it has no integer KV). Paged cases pass tessera's block table as FlashInfer's page list; contiguous ones
              view the [B, T, HKV, D] cache as 16-token pages with an identity page list. plan() runs once per case
              (and JIT-builds each kernel family on its first use, 10-20 s), outside the timed region.
+  FI cudnn   (--decode-peers ...,flashinfer_cudnn) the same wrapper with backend='cudnn' (cuDNN's paged SDPA decode
+             graph through FlashInfer), bf16 only: the paged cuDNN peer; every format's row gets its bf16 time.
   cuDNN, flash  F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION) / (FLASH_ATTENTION) on a dense
              bf16 cache K/V [B, HKV, L, D], q either [B, HQ, 1, D] with enable_gqa=True or packed [B, HKV, G, D] (the
              faster is kept; the notes say which); variable lengths: K/V cut to the longest sequence with a boolean
@@ -36,7 +38,9 @@ OP = "decode"
 FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
 MODELS = {"hq8kv1": (8, 1), "llama3_8b": (32, 8)}
 LENGTH_SEED = 0xDEC0DE  # skewed lengths: the same seed and generator as bench/decode_cases.cpp
-PEERS = ("flashinfer", "flashinfer_tc", "cudnn", "flash", "fa_kvcache")
+PEERS = ("flashinfer", "flashinfer_tc", "cudnn", "flash", "fa_kvcache", "flashinfer_cudnn")
+DEFAULT_PEERS = PEERS[:5]  # flashinfer_cudnn (its cuDNN paged decode graph, bf16 only) on request
+FI_LABELS = {"flashinfer": "FI", "flashinfer_tc": "FI tc", "flashinfer_cudnn": "FI cudnn"}
 FI_PAGE = 16  # FlashInfer's page size over a contiguous cache
 _NAME = re.compile(r"^(hq8kv1|llama3_8b)/B(\d+)/T(\d+)(?:/paged(\d+))?(?:/(zipf|uniform))?(?:/S(\d+))?/"
                    r"(native|fp8|int8|int4|int4_group32)$")
@@ -352,10 +356,10 @@ def _cumsum(xs):
         yield total
 
 
-def _fi_peer(data, kv_sets, kv_dtype, scales, use_tc, calls, args, ref):
+def _fi_peer(data, kv_sets, kv_dtype, scales, peer, calls, args, ref):
     """FlashInfer's paged decode wrapper on kv_sets [(k, v)] (tessera layout) with per-set (k_scale, v_scale) floats
     or None. Returns (times, notes, errors)."""
-    label = "FI tc" if use_tc else "FI"
+    label = FI_LABELS[peer]
     fi, _ = C.optional_module("flashinfer")
     if fi is None:  # named once under the tables
         return None, [], []
@@ -365,7 +369,8 @@ def _fi_peer(data, kv_sets, kv_dtype, scales, use_tc, calls, args, ref):
     try:
         ps, indptr, indices, last, view = _fi_pages(data)
         workspace = torch.zeros((128 << 20,), dtype=torch.uint8, device=C.DEVICE)
-        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=use_tc)
+        wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=peer == "flashinfer_tc",
+                                                        backend="cudnn" if peer == "flashinfer_cudnn" else "auto")
         t0 = time.perf_counter()
         wrapper.plan(indptr, indices, last, HQ, HKV, D, ps, q_data_type=torch.bfloat16, kv_data_type=kv_dtype,
                      o_data_type=torch.bfloat16)
@@ -375,7 +380,7 @@ def _fi_peer(data, kv_sets, kv_dtype, scales, use_tc, calls, args, ref):
         C.sync_quietly()
         return {}, [], [f"{label}: plan failed ({C.short(e)})"]
     notes = []
-    variant = (use_tc, str(kv_dtype))
+    variant = (peer, str(kv_dtype))
     if variant not in _FI_PLANNED:
         _FI_PLANNED.add(variant)
         C.NOTES.append(f"flashinfer: the first plan() of decode {label} {str(kv_dtype).replace('torch.', '')} took "
@@ -452,10 +457,10 @@ def shape_rows(group, args, seed):
     ref_native = data.reference(native[0]["logical"], "native")
     shared = {}  # label -> (times, notes, errors)
     for peer in peers:
-        if peer in ("flashinfer", "flashinfer_tc"):
-            res = _fi_peer(data, [(c["k"], c["v"]) for c in native], torch.bfloat16, None, peer.endswith("_tc"),
+        if peer in FI_LABELS:
+            res = _fi_peer(data, [(c["k"], c["v"]) for c in native], torch.bfloat16, None, peer,
                            peer_calls, args, ref_native)
-            label = "FI tc" if peer.endswith("_tc") else "FI"
+            label = FI_LABELS[peer]
         elif peer == "fa_kvcache":
             res, label = _fa_kvcache_peer(data, native, peer_calls, args, ref_native), "fa_kvcache"
         elif peer in ("cudnn", "flash"):
@@ -476,7 +481,7 @@ def shape_rows(group, args, seed):
 
     for fmt, row in rows.items():
         for label, (times, notes, errors) in shared.items():
-            if label.startswith("FI") and fmt == "fp8":
+            if label in ("FI", "FI tc") and fmt == "fp8":
                 continue  # measured on the fp8 cache below
             if times is not None:
                 row.add_peer(label, times, errors, notes)
@@ -490,7 +495,7 @@ def shape_rows(group, args, seed):
             row.errors.append(f"tessera: {C.short(e)}")
             C.sync_quietly()
         if fmt == "fp8":
-            fi_fp8(args, data, row, [p for p in peers if p.startswith("flashinfer")], sets["fp8"], ref_native)
+            fi_fp8(args, data, row, [p for p in peers if p in ("flashinfer", "flashinfer_tc")], sets["fp8"], ref_native)
         C.empty_cache()
     if s["page_size"]:
         for row in rows.values():
@@ -512,9 +517,9 @@ def fi_fp8(args, data, row, fi_peers, n_sets, ref_native):
         del c["logical"]
     calls = C.calls_for(row.bytes / 3e12 * 1e6, n_sets)
     for peer in fi_peers:
-        times, notes, errors = _fi_peer(data, kv_sets, C.fp8_dtype(), scales, peer.endswith("_tc"), calls, args,
+        times, notes, errors = _fi_peer(data, kv_sets, C.fp8_dtype(), scales, peer, calls, args,
                                         ref_native)
-        label = "FI tc" if peer.endswith("_tc") else "FI"
+        label = FI_LABELS[peer]
         if times is not None:
             row.add_peer(label, times, errors, notes)
         else:
