@@ -94,7 +94,11 @@ def cases():
     rows = [
         ("torch.add (out=), for scale", "given", lambda: torch.add(a, a, out=b)),
         ("torch.empty((64,)), for scale", "-", lambda: torch.empty((64,), device=dev)),
+        ("torch.cuda._sleep(1): a bare launch, for scale", "-", lambda: torch.cuda._sleep(1)),
         ("torch.ops.tessera.fused_gate.default", "given", lambda: raw.fused_gate.default(*gate_args)),
+        ("tessera._torch_C.fused_gate (direct)", "given", lambda: tessera._torch_C.fused_gate(*gate_args)),
+        ("tessera._torch_C.attention_decode (direct)", "given",
+         lambda: tessera._torch_C.attention_decode(*dec_args)),
         ("torch.ops.tessera.attention_decode.default", "given", lambda: raw.attention_decode.default(*dec_args)),
     ]
     caps = [torch.utils.dlpack.to_dlpack(t) for t in (logits, bias, weights, ids)]

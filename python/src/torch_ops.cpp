@@ -22,6 +22,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -66,6 +67,12 @@ TensorView view_of(const at::Tensor& t, const char* op, const char* arg) {
   if (rank > TensorView::kMaxRank)
     fail(op, arg, "has rank " + std::to_string(rank) + "; tessera takes at most " +
                       std::to_string(TensorView::kMaxRank));
+  // Fake, meta and subclass tensors (a Python dispatch key) carry no memory to launch on; they belong on
+  // torch.ops.tessera.*, whose fake implementation handles them.
+  if (!t.has_storage() || t.key_set().has(c10::DispatchKey::Python) || t.is_meta())
+    fail(op, arg, "is a fake, meta or subclass tensor; call torch.ops.tessera." +
+                      std::string(std::strchr(op, '.') != nullptr ? std::strchr(op, '.') + 1 : op) +
+                      " (or trace under torch.compile) instead of the eager entry point");
   v.data = t.data_ptr();
   v.dtype = dtype_of(t, op, arg);
   v.rank = static_cast<int>(rank);

@@ -81,7 +81,7 @@ def _uint8():
 
 def cuda_device_of(tensor, op, arg):
     """The tensor's torch.device; ValueError naming the argument when it is not a CUDA tensor."""
-    if tensor.device.type != "cuda":
+    if not tensor.is_cuda:
         raise ValueError(f"{op}: '{arg}' must be a CUDA tensor, got a tensor on device '{tensor.device}'")
     return tensor.device
 
@@ -108,7 +108,8 @@ def torch_ops():
     if _ops is None:
         torch_module()
         raise RuntimeError(_ops_error)
-    if _torch.compiler.is_compiling():
+    # Traced code, and any active dispatch mode (FakeTensorMode, a TorchDispatchMode), must see the operator.
+    if _torch.compiler.is_compiling() or _torch._C._len_torch_dispatch_stack():
         return _ops
     return _eager
 
