@@ -27,7 +27,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from peers import common as C  # noqa: E402
-from peers import decode, gate, gemm, merge, permute  # noqa: E402
+from peers import decode, fi_jit, gate, gemm, merge, permute  # noqa: E402
 
 OPS = ("gate", "permute", "unpermute", "gemm", "decode")
 
@@ -188,6 +188,9 @@ def main(argv=None):
                  " (this tessera-bench has no headline subset: every case of the chosen ops)"))
         cases = merge.cases_of(bench, args)
     print()
+    note = fi_jit.prebuild(cases, args)
+    if note:
+        C.NOTES.append(note)
     results = run_families(cases, args)
     if bench is not None:
         results = merge.merge(bench, results, args.ops_list)
