@@ -13,7 +13,7 @@ Peers (labels in the table)
              scale, which is tessera's own cache where HKV = 1); the integer formats run FlashInfer on the bf16 cache
              (it has no integer KV). Paged cases pass tessera's block table as FlashInfer's page list; contiguous ones
              view the [B, T, HKV, D] cache as 16-token pages with an identity page list. plan() runs once per case
-             (and JIT-builds each kernel family on its first use, 10-20 s), outside the timed region.
+             outside the timed region (its JIT modules are built before, in parallel: fi_jit.py).
   FI cudnn   (--decode-peers ...,flashinfer_cudnn) the same wrapper with backend='cudnn' (cuDNN's paged SDPA decode
              graph through FlashInfer), bf16 only: the paged cuDNN peer; every format's row gets its bf16 time.
   cuDNN, flash  F.scaled_dot_product_attention under sdpa_kernel(CUDNN_ATTENTION) / (FLASH_ATTENTION) on a dense
