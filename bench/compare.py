@@ -2,7 +2,9 @@
 """tessera vs its peers (PyTorch, FlashInfer, flash-attn; cuBLASLt through tessera-bench) on one GPU.
 
     # tessera-bench and the Python peers together, one merged table (tessera-bench's headline cases; --all: all)
-    PYTHONPATH=build/python python3 bench/compare.py --with-bench build/bench/tessera-bench [--all] [--json m.json]
+    PYTHONPATH=build/python python3 bench/compare.py --with-bench build-bench/bench/tessera-bench [--all] \
+        [--json compare.json] [--save-bench-json bench.json]
+    python3 bench/plot.py --bench-json bench.json --compare-json compare.json --out plots/
     # the Python peers alone, timing tessera through its Python API (every case of the chosen ops)
     PYTHONPATH=build/python python3 bench/compare.py [--json results.json] [--ops gate,permute,unpermute,gemm,decode]
     PYTHONPATH=build/python python3 bench/compare.py --ops gemm [--gemm-cases dsv3,qwen3] [--gemm-kinds fp8_tensor]
@@ -67,6 +69,8 @@ def parse_args(argv):
                     "running tessera-bench")
     ap.add_argument("--all", action="store_true", help="with --with-bench: every case, not tessera-bench's headline "
                     "subset (passed on as --all where tessera-bench has it)")
+    ap.add_argument("--save-bench-json", metavar="PATH", help="with --with-bench: keep tessera-bench's --json output "
+                    "there (for bench/plot.py --bench-json)")
     ap.add_argument("--bench-args", default="", help="more arguments for tessera-bench, with '=': --bench-args='--quick --case dsv3'")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument("--list", action="store_true", help="list the cases a standalone run would measure and exit")

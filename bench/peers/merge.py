@@ -46,8 +46,11 @@ def run_bench(path, args, all_ops):
         usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=60).stdout
     except OSError as e:
         raise RuntimeError(f"cannot run tessera-bench at {path!r}: {C.short(e)}") from e
-    fd, out = tempfile.mkstemp(prefix="tessera-bench-", suffix=".json")
-    os.close(fd)
+    if args.save_bench_json:
+        out = args.save_bench_json
+    else:
+        fd, out = tempfile.mkstemp(prefix="tessera-bench-", suffix=".json")
+        os.close(fd)
     cmd = [path, "--json", out]
     if args.all:
         if "--all" in usage:
@@ -58,11 +61,12 @@ def run_bench(path, args, all_ops):
     print(f"$ {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     rc = subprocess.run(cmd).returncode
     print(flush=True)
-    if rc not in (0, 1) or not os.path.getsize(out):
+    if rc not in (0, 1) or not os.path.exists(out) or not os.path.getsize(out):
         raise RuntimeError(f"tessera-bench exited with {rc} and wrote no JSON (command above)")
     with open(out) as f:
         data = json.load(f)
-    os.unlink(out)
+    if not args.save_bench_json:
+        os.unlink(out)
     data["command"] = cmd
     data["exit_code"] = rc
     data["has_headline_subset"] = "--all" in usage
