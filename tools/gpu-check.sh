@@ -61,7 +61,20 @@ if has mainjob; then
   cp "$out/mainjob/bench.json" "$out/bench.json" 2>/dev/null || true
 fi
 has overhead && run_step overhead env PYTHONPATH="$build/python" python3 bench/host_overhead.py --json "$out/overhead.json"
-has compare && run_step compare env PYTHONPATH="$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py --json "$out/compare.json" ${COMPARE_ARGS:-}
+if has compare; then
+  # FlashInfer, where its pack was carried (.fi/, made by ../shared/tools/pack-flashinfer.sh; docs/perf/peers.md).
+  fi_path=
+  if [ -f .fi/flashinfer-site.tar.xz ]; then
+    mkdir -p /tmp/fi && tar xJf .fi/flashinfer-site.tar.xz -C /tmp/fi && fi_path=/tmp/fi:
+    export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} FLASHINFER_CUDA_ARCH_LIST=9.0a
+  fi
+  # The peers on the main job's cases, merged with its tessera-bench rows (or a run of its own without them).
+  if [ -f "$out/bench.json" ]; then src=(--bench-json "$out/bench.json"); else src=(--with-bench "build-bench/bench/tessera-bench" --save-bench-json "$out/bench.json"); fi
+  run_step compare env PYTHONPATH="$fi_path$build/python" PYTHONUNBUFFERED=1 python3 bench/compare.py "${src[@]}" \
+    --json "$out/compare.json" ${COMPARE_ARGS:-}
+  run_step plots env PYTHONPATH="$build/python" python3 bench/plot.py --bench-json "$out/bench.json" \
+    --compare-json "$out/compare.json" --out "$out/plots"
+fi
 
 for f in mainjob compare overhead; do
   [ -f "$out/$f.log" ] && { echo; echo "---- $f (tail)"; tail -n 45 "$out/$f.log"; }
