@@ -11,5 +11,6 @@ cmake --build "$build" -j "$jobs"
 rm -f "$build/ctest.xml" "$build/pytest.xml"
 rc=0
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-junit "$PWD/$build/ctest.xml" || rc=$?
-python3 tools/test_summary.py "$build/ctest.xml" "$build/pytest.xml" || true
+ctest --test-dir "$build" -N -L gpu | sed -n 's/^ *Test *#[0-9]*: //p' >"$build/gpu_tests.txt" || true
+python3 tools/test_summary.py "$build/ctest.xml" "$build/pytest.xml" "$build/gpu_tests.txt" || true
 exit $rc

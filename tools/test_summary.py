@@ -2,7 +2,9 @@
 """Prints what tools/test.sh ran: ctest's tests (passed / failed / skipped, by label), and inside the pytest
 test, pytest's own counts, so that "100% tests passed" can never hide that the GPU half did not run.
 
-    tools/test_summary.py CTEST_JUNIT.xml [PYTEST_JUNIT.xml]
+    tools/test_summary.py CTEST_JUNIT.xml [PYTEST_JUNIT.xml] [GPU_TEST_NAMES.txt]
+
+GPU_TEST_NAMES.txt: ctest's tests labelled gpu, one a line (`ctest -N -L gpu`).
 """
 import collections
 import os
@@ -39,9 +41,13 @@ def main(argv):
     print(f"\n==== tests: {len(ctest)} in ctest: {ran} ran ({n['passed']} passed, {n['failed']} failed), "
           f"{n['skipped']} skipped")
     if n["skipped"]:
-        gpu = sum(1 for name, state, _ in ctest if state == "skipped" and ("Gpu" in name or "gpu" in name
-                                                                           or "Ptx" in name or "readme" in name))
-        print(f"     skipped: {n['skipped']} ({gpu} of them GPU tests: no GPU visible here)")
+        gpu_names = set()
+        if len(argv) > 3 and os.path.exists(argv[3]):
+            gpu_names = {line.strip() for line in open(argv[3]) if line.strip()}
+        gpu = sum(1 for name, state, _ in ctest if state == "skipped" and name in gpu_names)
+        other = [name for name, state, _ in ctest if state == "skipped" and name not in gpu_names]
+        print(f"     skipped: {n['skipped']}: {gpu} GPU tests (label gpu: no GPU visible here)"
+              + (f", {len(other)} others: {', '.join(other[:5])}" if other else ""))
     py = cases(argv[2]) if len(argv) > 2 else []
     if py:
         m = collections.Counter(state for _, state, _ in py)
