@@ -39,11 +39,14 @@ def _fp8_dtypes(torch):
     return tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
 
 
+_Tensor = _torch.Tensor if _torch is not None else None
+
+
 def as_tensor(obj, op, arg):
     """obj as a torch.Tensor: torch tensors as is, other DLPack producers through torch.from_dlpack."""
-    torch = torch_module()
-    if isinstance(obj, torch.Tensor):
+    if _Tensor is not None and isinstance(obj, _Tensor):  # the common case first: this runs on every call
         return obj
+    torch = torch_module()
     if not hasattr(obj, "__dlpack__"):
         raise TypeError(
             f"{op}: '{arg}' must be a torch.Tensor or an object with __dlpack__, got {type(obj).__name__}")
@@ -51,7 +54,9 @@ def as_tensor(obj, op, arg):
 
 
 def as_optional_tensor(obj, op, arg):
-    return None if obj is None else as_tensor(obj, op, arg)
+    if obj is None or (_Tensor is not None and isinstance(obj, _Tensor)):
+        return obj
+    return as_tensor(obj, op, arg)
 
 
 _to_dlpack = None

@@ -30,7 +30,7 @@ import operator
 from . import _C
 from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule, torch_module,
                       torch_ops)
-from .moe import _choice, _int
+from .moe import _choice, _hashable, _int
 
 __all__ = [
     "FORMATS",
@@ -116,12 +116,21 @@ class _Cache:
 
 def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
     """The checks both decode entry points start with: format and params, then q (a CUDA tensor, not fp8)."""
-    _choice(op, "format", format, FORMATS)
-    params = _params(op, softmax_scale, softcap, window, num_splits)
+    key = (format, softmax_scale, softcap, window, num_splits)
+    params = _DECODE_PARAMS.get(key) if _hashable(key) else None
+    if params is None:
+        _choice(op, "format", format, FORMATS)
+        params = _params(op, softmax_scale, softcap, window, num_splits)
+        if _hashable(key) and len(_DECODE_PARAMS) < 256:
+            _DECODE_PARAMS[key] = params
     torch = torch_module()
     q = as_tensor(q, op, "q")
     _not_fp8(op, "q", q)
     return torch, q, cuda_device_of(q, op, "q"), params
+
+
+# Validated (format, params) of recent calls (see moe._GATE_OPTIONS).
+_DECODE_PARAMS = {}
 
 
 def _workspace_bytes(cache, q, params):
@@ -194,7 +203,6 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     workspace = as_optional_tensor(workspace, op, "workspace")
 
     ops = torch_ops()
-    stream = stream_arg(op, stream)
 
     def run():
         o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=device)
@@ -205,7 +213,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
         ops.attention_decode(q, *cache.tensors(), cache_seqlens, o, m, workspace, format, *params)
         return (o, m) if return_lse else o
 
-    return launch(stream, run)
+    return run() if stream is None else launch(stream_arg(op, stream), run)
 
 
 
@@ -237,8 +245,10 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
 
     ops = torch_ops()
-    stream = stream_arg(op, stream)
-    launch(stream, lambda: ops.append_kv(k_new, v_new, positions, *cache.tensors(), format))
+    if stream is None:
+        ops.append_kv(k_new, v_new, positions, *cache.tensors(), format)
+    else:
+        launch(stream_arg(op, stream), lambda: ops.append_kv(k_new, v_new, positions, *cache.tensors(), format))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------

@@ -95,18 +95,22 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.fused_gate"
-    _choice(op, "scoring", scoring, SCORINGS)
-    _choice(op, "group_score", group_score, GROUP_SCORES)
-    topk = _int(op, "topk", topk, 1)
-    num_groups = _int(op, "num_groups", num_groups)
-    topk_groups = _int(op, "topk_groups", topk_groups)
-    num_shared_experts = _int(op, "num_shared_experts", num_shared_experts, 0)
+    key = (topk, num_groups, topk_groups, scoring, group_score, num_shared_experts)
+    opts = _GATE_OPTIONS.get(key) if _hashable(key) else None
+    if opts is None:
+        _choice(op, "scoring", scoring, SCORINGS)
+        _choice(op, "group_score", group_score, GROUP_SCORES)
+        opts = (_int(op, "topk", topk, 1), _int(op, "num_groups", num_groups), _int(op, "topk_groups", topk_groups),
+                _int(op, "num_shared_experts", num_shared_experts, 0))
+        if _hashable(key) and len(_GATE_OPTIONS) < 256:
+            _GATE_OPTIONS[key] = opts
+    topk, num_groups, topk_groups, num_shared_experts = opts
 
     torch = torch_module()
     ops = torch_ops()
-    stream = stream_arg(op, stream)
     logits = as_tensor(logits, op, "logits")
-    bias = as_optional_tensor(bias, op, "bias")
+    if bias is not None:
+        bias = as_tensor(bias, op, "bias")
     device = cuda_device_of(logits, op, "logits")
     _rank(op, "logits", logits, 2, "[T, E]")
     if out is not None:
@@ -126,7 +130,20 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
                        float(shared_expert_weight))
         return weights, ids
 
-    return launch(stream, run)
+    return run() if stream is None else launch(stream_arg(op, stream), run)
+
+
+# Validated scalar options of recent calls: the same options come back on every call of a model's layer, and
+# checking them again costs more host time than the lookup.
+_GATE_OPTIONS = {}
+
+
+def _hashable(key):
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
