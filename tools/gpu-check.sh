@@ -39,9 +39,11 @@ fi
 has test && run_step ctest ctest --test-dir "$build" --output-on-failure -j 4
 has pytest && run_step pytest env PYTHONPATH="$build/python" python3 -m pytest -q tests/python -p no:cacheprovider
 if has pip; then
-  # A fresh virtual environment over the machine's packages (torch, scikit-build-core, pybind11; no network).
+  # A fresh virtual environment that sees the machine's Python packages (torch, scikit-build-core, pybind11: there
+  # is no network). python3 there is itself a venv, so its site-packages are linked in with a .pth file.
   rm -rf /tmp/tessera_venv
-  run_step pip_install bash -c "python3 -m venv --system-site-packages /tmp/tessera_venv &&
+  run_step pip_install bash -c "python3 -m venv /tmp/tessera_venv &&
+    python3 -c 'import site; print(site.getsitepackages()[0])' >\$(/tmp/tessera_venv/bin/python -c 'import site; print(site.getsitepackages()[0])')/machine.pth &&
     /tmp/tessera_venv/bin/pip install --no-build-isolation --no-deps -q . &&
     /tmp/tessera_venv/bin/pip show tessera-kernels" &&
     run_step pip_import bash -c "cd /tmp && /tmp/tessera_venv/bin/python -c 'import tessera, torch; from tessera import _torch_ops; assert _torch_ops.available(), _torch_ops.load_error; print(tessera.__version__)' &&

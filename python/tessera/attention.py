@@ -30,7 +30,7 @@ import operator
 from . import _C
 from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule, torch_module,
                       torch_ops)
-from .moe import _choice, _hashable, _int
+from .moe import _choice, _int, _memo_get, _memo_put
 
 __all__ = [
     "FORMATS",
@@ -117,12 +117,11 @@ class _Cache:
 def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
     """The checks both decode entry points start with: format and params, then q (a CUDA tensor, not fp8)."""
     key = (format, softmax_scale, softcap, window, num_splits)
-    params = _DECODE_PARAMS.get(key) if _hashable(key) else None
+    params = _memo_get(_DECODE_PARAMS, key)
     if params is None:
         _choice(op, "format", format, FORMATS)
         params = _params(op, softmax_scale, softcap, window, num_splits)
-        if _hashable(key) and len(_DECODE_PARAMS) < 256:
-            _DECODE_PARAMS[key] = params
+        _memo_put(_DECODE_PARAMS, key, params)
     torch = torch_module()
     q = as_tensor(q, op, "q")
     _not_fp8(op, "q", q)

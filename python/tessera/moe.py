@@ -15,6 +15,7 @@ include/tessera/moe.h). Every op
 
 import collections
 import operator
+import sys
 
 from . import _C
 from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
@@ -96,14 +97,13 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     """
     op = "tessera.fused_gate"
     key = (topk, num_groups, topk_groups, scoring, group_score, num_shared_experts)
-    opts = _GATE_OPTIONS.get(key) if _hashable(key) else None
+    opts = _memo_get(_GATE_OPTIONS, key)
     if opts is None:
         _choice(op, "scoring", scoring, SCORINGS)
         _choice(op, "group_score", group_score, GROUP_SCORES)
         opts = (_int(op, "topk", topk, 1), _int(op, "num_groups", num_groups), _int(op, "topk_groups", topk_groups),
                 _int(op, "num_shared_experts", num_shared_experts, 0))
-        if _hashable(key) and len(_GATE_OPTIONS) < 256:
-            _GATE_OPTIONS[key] = opts
+        _memo_put(_GATE_OPTIONS, key, opts)
     topk, num_groups, topk_groups, num_shared_experts = opts
 
     torch = torch_module()
@@ -138,12 +138,29 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
 _GATE_OPTIONS = {}
 
 
-def _hashable(key):
+def _memo_get(memo, key):
+    """The memoized validation of `key`, or None (also for unhashable option values, or while torch.compile
+    traces: the trace evaluates the checks once anyway)."""
+    if _torch_compiling():
+        return None
     try:
-        hash(key)
+        return memo.get(key)
     except TypeError:
-        return False
-    return True
+        return None
+
+
+def _memo_put(memo, key, value):
+    if _torch_compiling() or len(memo) >= 256:
+        return
+    try:
+        memo[key] = value
+    except TypeError:
+        pass
+
+
+def _torch_compiling():
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
