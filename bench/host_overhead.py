@@ -99,6 +99,15 @@ def cases():
         ("tessera._torch_C.fused_gate (direct)", "given", lambda: tessera._torch_C.fused_gate(*gate_args)),
         ("tessera._torch_C.attention_decode (direct)", "given",
          lambda: tessera._torch_C.attention_decode(*dec_args)),
+        ("tessera._torch_C.permute (direct)", "given",
+         lambda: tessera._torch_C.permute(x, ids, None, *p_out, p_ws, E, 1, "fp8_blockwise")),
+        ("tessera._torch_C.grouped_gemm_fp8 (direct)", "given",
+         lambda: tessera._torch_C.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, y, None,
+                                                   "blockwise", 0)),
+        ("tessera._torch_C.unpermute_reduce (direct)", "given",
+         lambda: tessera._torch_C.unpermute_reduce(y, p.row_index, weights, None, red, 1.0)),
+        ("tessera._torch_C.append_kv (direct)", "given",
+         lambda: tessera._torch_C.append_kv(k_new, k_new, pos, kc, vc, ks, vs, None, "int8")),
         ("torch.ops.tessera.attention_decode.default", "given", lambda: raw.attention_decode.default(*dec_args)),
     ]
     caps = [torch.utils.dlpack.to_dlpack(t) for t in (logits, bias, weights, ids)]
