@@ -17,6 +17,8 @@ validation). fp8 tensors must be torch.float8_e4m3fn. Every op also takes worksp
 grouped_gemm_fp8).
 """
 
+import sys
+
 from . import _C
 from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
 from .moe import _choice, _int, _rank
@@ -55,58 +57,78 @@ def _not_fp8(torch, op, arg, t):
 
 
 def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, call):
-    """Shared argument handling; launches call(ops, x, w, group_rows, y, workspace), returns y."""
+    """Shared argument handling; launches call(ops, x, w, group_rows, y, workspace), returns y.
+    Each check runs its slow path (with the message) only when the fast test fails: this is every eager call."""
     torch = torch_module()
     ops = torch_ops()
-    stream = stream_arg(op, stream)
     x = as_tensor(x, op, "x")
     w = as_tensor(w, op, "w")
     group_rows = as_tensor(group_rows, op, rows_arg)
-    workspace = as_optional_tensor(workspace, op, "workspace")
-    device = cuda_device_of(x, op, "x")
-    check = _fp8 if fp8 else _not_fp8
-    check(torch, op, "x", x)
-    check(torch, op, "w", w)
-    if masked:
-        _rank(op, "x", x, 3, "[G, max_m, K]")
-    else:
-        _rank(op, "x", x, 2, "[M, K]")
-    _rank(op, "w", w, 3, "[G, N, K]")
-    n = w.shape[1]
+    if workspace is not None:
+        workspace = as_tensor(workspace, op, "workspace")
+    if not x.is_cuda:
+        cuda_device_of(x, op, "x")
+    if fp8:
+        if x.dtype != _E4M3 or w.dtype != _E4M3:
+            _fp8(torch, op, "x", x)
+            _fp8(torch, op, "w", w)
+    elif x.dtype in _FP8_DTYPES or w.dtype in _FP8_DTYPES:
+        _not_fp8(torch, op, "x", x)
+        _not_fp8(torch, op, "w", w)
+    if x.dim() != (3 if masked else 2):
+        _rank(op, "x", x, 3, "[G, max_m, K]") if masked else _rank(op, "x", x, 2, "[M, K]")
+    if w.dim() != 3:
+        _rank(op, "w", w, 3, "[G, N, K]")
     if out is not None:
         out = as_tensor(out, op, "out")
-        _not_fp8(torch, op, "out", out)
+        if out.dtype in _FP8_DTYPES:
+            _not_fp8(torch, op, "out", out)
 
     def run():
-        y = out if out is not None else torch.empty((*x.shape[:-1], n), dtype=torch.bfloat16, device=device)
+        y = out
+        if y is None:
+            y = torch.empty((*x.shape[:-1], w.shape[1]), dtype=torch.bfloat16, device=x.device)
         call(ops, x, w, group_rows, y, workspace)
         return y
 
-    return launch(stream, run)
+    return run() if stream is None else launch(stream_arg(op, stream), run)
 
 
 def _fp8_op(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m, workspace,
             stream):
-    _choice(op, "scale_mode", scale_mode, SCALE_MODES)
-    expected_m = _int(op, "expected_m", expected_m, 0)
+    if scale_mode not in SCALE_MODES or type(expected_m) is not int or expected_m < 0:
+        _choice(op, "scale_mode", scale_mode, SCALE_MODES)
+        expected_m = _int(op, "expected_m", expected_m, 0)
     x_scale = as_tensor(x_scale, op, "x_scale")
     w_scale = as_tensor(w_scale, op, "w_scale")
-    name = "grouped_gemm_fp8_masked" if masked else "grouped_gemm_fp8"
+    fn_name = "grouped_gemm_fp8_masked" if masked else "grouped_gemm_fp8"
 
     def call(ops, x, w, group_rows, y, workspace):
-        getattr(ops, name)(x, w, group_rows, x_scale, w_scale, y, workspace, scale_mode, expected_m)
+        getattr(ops, fn_name)(x, w, group_rows, x_scale, w_scale, y, workspace, scale_mode, expected_m)
 
     return _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, True, call)
 
 
 def _bf16_op(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace, stream):
-    expected_m = _int(op, "expected_m", expected_m, 0)
-    name = "grouped_gemm_bf16_masked" if masked else "grouped_gemm_bf16"
+    if type(expected_m) is not int or expected_m < 0:
+        expected_m = _int(op, "expected_m", expected_m, 0)
+    fn_name = "grouped_gemm_bf16_masked" if masked else "grouped_gemm_bf16"
 
     def call(ops, x, w, group_rows, y, workspace):
-        getattr(ops, name)(x, w, group_rows, y, workspace, expected_m)
+        getattr(ops, fn_name)(x, w, group_rows, y, workspace, expected_m)
 
     return _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, False, call)
+
+
+def _fp8_types():
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, ()
+    names = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    return getattr(torch, "float8_e4m3fn", None), tuple(getattr(torch, n) for n in names if hasattr(torch, n))
+
+
+_E4M3, _FP8_DTYPES = _fp8_types()
 
 
 def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0,

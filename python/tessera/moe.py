@@ -136,6 +136,7 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
 # Validated scalar options of recent calls: the same options come back on every call of a model's layer, and
 # checking them again costs more host time than the lookup.
 _GATE_OPTIONS = {}
+_PERMUTE_OPTIONS = {}
 
 
 def _memo_get(memo, key):
@@ -199,20 +200,27 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.permute"
-    q = _quant_name(op, quant)
-    num_experts = _int(op, "num_experts", num_experts, 1)
-    pad_multiple = _int(op, "pad_multiple", pad_multiple, 1)
+    key = (quant, num_experts, pad_multiple)
+    opts = _memo_get(_PERMUTE_OPTIONS, key)
+    if opts is None:
+        opts = (_quant_name(op, quant), _int(op, "num_experts", num_experts, 1),
+                _int(op, "pad_multiple", pad_multiple, 1))
+        _memo_put(_PERMUTE_OPTIONS, key, opts)
+    q, num_experts, pad_multiple = opts
 
     torch = torch_module()
     ops = torch_ops()
-    stream = stream_arg(op, stream)
     x = as_tensor(x, op, "x")
     ids = as_tensor(ids, op, "ids")
-    input_scale = as_optional_tensor(input_scale, op, "input_scale")
-    workspace = as_optional_tensor(workspace, op, "workspace")
-    device = cuda_device_of(x, op, "x")
-    _rank(op, "x", x, 2, "[T, H]")
-    _rank(op, "ids", ids, 2, "[T, k]")
+    if input_scale is not None:
+        input_scale = as_tensor(input_scale, op, "input_scale")
+    if workspace is not None:
+        workspace = as_tensor(workspace, op, "workspace")
+    if not x.is_cuda:
+        cuda_device_of(x, op, "x")
+    if x.dim() != 2 or ids.dim() != 2:
+        _rank(op, "x", x, 2, "[T, H]")
+        _rank(op, "ids", ids, 2, "[T, k]")
     num_tokens, hidden = x.shape
     topk = ids.shape[1]
     if topk < 1:
@@ -221,9 +229,13 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
         if not isinstance(out, PermuteResult):
             raise ValueError(f"{op}: 'out' must be a tessera.PermuteResult of preallocated tensors, "
                              f"got {type(out).__name__}")
-        out = PermuteResult(*(as_optional_tensor(t, op, name) for t, name in zip(out, PermuteResult._fields)))
+        for t in out:
+            if t is not None and not isinstance(t, torch.Tensor):  # a DLPack producer among them: convert all
+                out = PermuteResult(*(as_optional_tensor(t, op, name) for t, name in zip(out, PermuteResult._fields)))
+                break
         if out.x_perm.dtype == getattr(torch, "float8_e5m2", None):
             raise ValueError(f"{op}: 'x_perm' must be torch.float8_e4m3fn when quantized, got {out.x_perm.dtype}")
+    device = x.device
 
     def run():
         res = out
@@ -245,7 +257,7 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                     res.row_index, res.row_token, workspace, num_experts, pad_multiple, q)
         return res
 
-    return launch(stream, run)
+    return run() if stream is None else launch(stream_arg(op, stream), run)
 
 
 def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0, out=None, *, stream=None):
@@ -258,22 +270,24 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     op = "tessera.unpermute_reduce"
     torch = torch_module()
     ops = torch_ops()
-    stream = stream_arg(op, stream)
     y_perm = as_tensor(y_perm, op, "y_perm")
     row_index = as_tensor(row_index, op, "row_index")
     weights = as_tensor(weights, op, "weights")
-    residual = as_optional_tensor(residual, op, "residual")
-    device = cuda_device_of(y_perm, op, "y_perm")
-    _rank(op, "y_perm", y_perm, 2, "[R, H]")
-    _rank(op, "row_index", row_index, 2, "[T, k]")
+    if residual is not None:
+        residual = as_tensor(residual, op, "residual")
+    if not y_perm.is_cuda:
+        cuda_device_of(y_perm, op, "y_perm")
+    if y_perm.dim() != 2 or row_index.dim() != 2:
+        _rank(op, "y_perm", y_perm, 2, "[R, H]")
+        _rank(op, "row_index", row_index, 2, "[T, k]")
     if out is not None:
         out = as_tensor(out, op, "out")
 
     def run():
         o = out
         if o is None:
-            o = torch.empty((row_index.shape[0], y_perm.shape[1]), dtype=y_perm.dtype, device=device)
+            o = torch.empty((row_index.shape[0], y_perm.shape[1]), dtype=y_perm.dtype, device=y_perm.device)
         ops.unpermute_reduce(y_perm, row_index, weights, residual, o, float(routed_scale))
         return o
 
-    return launch(stream, run)
+    return run() if stream is None else launch(stream_arg(op, stream), run)
