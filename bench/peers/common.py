@@ -72,6 +72,23 @@ def empty_cache():
         torch.cuda.empty_cache()
 
 
+def guarded_rows(groups, make_rows):
+    """make_rows(group, index) -> Rows, for each group (a list of cases that share inputs); a group whose setup
+    raises becomes one error row per case, so that one broken case never hides the others."""
+    out = []
+    for index, group in enumerate(groups):
+        try:
+            out += make_rows(group, index)
+        except Exception as e:  # noqa: BLE001
+            for case in group:
+                r = Row(case.op, case.name)
+                r.errors.append(f"setup: {short(e)}")
+                out.append(r)
+            sync_quietly()
+        empty_cache()
+    return out
+
+
 def fp8_dtype():
     return getattr(torch, "float8_e4m3fn", None)
 

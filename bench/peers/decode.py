@@ -416,24 +416,16 @@ def rows(cases, args):
     groups = {}
     for case in cases:
         groups.setdefault(case.spec["shape"], []).append(case)
-    out = []
-    for si, (shape, group) in enumerate(groups.items()):
+    out, timed = [], []
+    for group in groups.values():
         if group[0].spec["S"] > 1:
             for case in group:
                 r = Row(case.op, case.name)
                 r.notes.append("no Python peer for several new tokens per sequence (S > 1)")
                 out.append(r)
-            continue
-        try:
-            out += shape_rows(group, args, 2000 + si)
-        except Exception as e:  # noqa: BLE001
-            for case in group:
-                r = Row(case.op, case.name)
-                r.errors.append(f"setup: {C.short(e)}")
-                out.append(r)
-            C.sync_quietly()
-        C.empty_cache()
-    return out
+        else:
+            timed.append(group)
+    return C.guarded_rows(timed, lambda group, si: shape_rows(group, args, 2000 + si)) + out
 
 
 def shape_rows(group, args, seed):

@@ -85,17 +85,7 @@ def flashinfer_serves(s):
 
 
 def rows(cases, args):
-    out = []
-    for case in cases:
-        try:
-            out.append(case_row(case, args))
-        except Exception as e:  # noqa: BLE001 - one broken case must not hide the others
-            r = Row(case.op, case.name)
-            r.errors.append(f"setup: {C.short(e)}")
-            C.sync_quietly()
-            out.append(r)
-        C.empty_cache()
-    return out
+    return C.guarded_rows([[case] for case in cases], lambda group, _: [case_row(group[0], args)])
 
 
 def case_row(case, args):

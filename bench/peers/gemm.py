@@ -193,18 +193,7 @@ def rows(cases, args):
     groups = {}
     for case in cases:
         groups.setdefault((case.spec["shape"]["name"], case.spec["kind"]), []).append(case)
-    out = []
-    for si, (key, group) in enumerate(groups.items()):
-        try:
-            out += group_rows(group, args, 1000 + si)
-        except Exception as e:  # noqa: BLE001
-            for case in group:
-                r = Row(case.op, case.name)
-                r.errors.append(f"setup: {C.short(e)}")
-                out.append(r)
-            C.sync_quietly()
-        C.empty_cache()
-    return out
+    return C.guarded_rows(list(groups.values()), lambda group, si: group_rows(group, args, 1000 + si))
 
 
 def group_rows(group, args, seed):

@@ -114,17 +114,11 @@ def routing_inputs(T, k, H, E, dtype, seed):
 
 
 def rows(cases, args):
-    out = []
-    for case in cases:
-        try:
-            out.append(permute_row(case, args) if case.op == PERMUTE else unpermute_row(case, args))
-        except Exception as e:  # noqa: BLE001
-            r = Row(case.op, case.name)
-            r.errors.append(f"setup: {C.short(e)}")
-            C.sync_quietly()
-            out.append(r)
-        C.empty_cache()
-    return out
+    def one(group, _):
+        case = group[0]
+        return [permute_row(case, args) if case.op == PERMUTE else unpermute_row(case, args)]
+
+    return C.guarded_rows([[case] for case in cases], one)
 
 
 def permute_row(case, args):

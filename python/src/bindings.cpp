@@ -34,6 +34,8 @@
 #include "tessera/tensor.h"
 #include "tessera/version.h"
 
+#include "options.h"
+
 namespace py = pybind11;
 
 namespace {
@@ -43,9 +45,11 @@ using tessera::TensorView;
 
 constexpr const char* kLegacyCapsule = "dltensor";
 
-[[noreturn]] void fail(const char* op, const char* arg, const std::string& what) {
-  throw tessera::Error(std::string(op) + ": '" + arg + "' " + what);
-}
+using tessera::python::fail;
+using tessera::python::parse_group_score;
+using tessera::python::parse_kv_format;
+using tessera::python::parse_scale_mode;
+using tessera::python::parse_scoring;
 
 // The TensorView of a DLPack capsule. The capsule is only read.
 TensorView view_of(const py::object& given, const char* op, const char* arg) {
@@ -110,28 +114,12 @@ tessera::Workspace workspace_of(const py::object& obj, const char* op) {
 
 cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
-tessera::moe::Scoring parse_scoring(const std::string& s, const char* op) {
-  if (s == "sigmoid") return tessera::moe::Scoring::kSigmoid;
-  if (s == "softmax") return tessera::moe::Scoring::kSoftmax;
-  fail(op, "scoring", "must be 'sigmoid' or 'softmax', got '" + s + "'");
-}
-
-tessera::moe::GroupScore parse_group_score(const std::string& s, const char* op) {
-  if (s == "top2_sum") return tessera::moe::GroupScore::kTop2Sum;
-  if (s == "max") return tessera::moe::GroupScore::kMax;
-  fail(op, "group_score", "must be 'top2_sum' or 'max', got '" + s + "'");
-}
-
 tessera::moe::PermuteQuant parse_quant(const py::object& q, const char* op) {
   if (q.is_none()) return tessera::moe::PermuteQuant::kNone;
   if (!py::isinstance<py::str>(q))
     fail(op, "quant", std::string("must be None, 'none', 'fp8_blockwise' or 'fp8_per_tensor', got an object of type ") +
                           Py_TYPE(q.ptr())->tp_name);
-  const std::string s = q.cast<std::string>();
-  if (s == "none") return tessera::moe::PermuteQuant::kNone;
-  if (s == "fp8_blockwise") return tessera::moe::PermuteQuant::kFP8Blockwise;
-  if (s == "fp8_per_tensor") return tessera::moe::PermuteQuant::kFP8PerTensor;
-  fail(op, "quant", "must be None, 'none', 'fp8_blockwise' or 'fp8_per_tensor', got '" + s + "'");
+  return tessera::python::parse_quant(q.cast<std::string>(), op);
 }
 
 tessera::moe::PermuteParams permute_params(int num_experts, int pad_multiple, const py::object& quant,
@@ -226,12 +214,6 @@ std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, int num_expert
 
 // ---- grouped GEMM -------------------------------------------------------------------------------------------
 
-tessera::gemm::ScaleMode parse_scale_mode(const std::string& s, const char* op) {
-  if (s == "per_tensor") return tessera::gemm::ScaleMode::kPerTensor;
-  if (s == "blockwise") return tessera::gemm::ScaleMode::kBlockwise;
-  fail(op, "scale_mode", "must be 'per_tensor' or 'blockwise', got '" + s + "'");
-}
-
 tessera::gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
   tessera::gemm::GroupedGemmOptions options;
   options.expected_m = expected_m;
@@ -311,15 +293,6 @@ void grouped_gemm_bf16_masked(const py::object& x, const py::object& w, const py
 // The cache travels as its parts (k, v, k_scale, v_scale, block_table: capsules or None) plus the format name.
 
 namespace ta = tessera::attention;
-
-ta::KVFormat parse_kv_format(const std::string& s, const char* op) {
-  if (s == "native") return ta::KVFormat::kNative;
-  if (s == "fp8") return ta::KVFormat::kFP8;
-  if (s == "int8") return ta::KVFormat::kInt8;
-  if (s == "int4") return ta::KVFormat::kInt4;
-  if (s == "int4_group32") return ta::KVFormat::kInt4Group32;
-  fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + s + "'");
-}
 
 // The callers parse the format first, so a bad name is reported before any tensor is looked at.
 ta::KVCache kv_cache_of(const char* op, ta::KVFormat format, const py::object& k, const py::object& v,

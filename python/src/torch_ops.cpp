@@ -34,6 +34,8 @@
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 
+#include "options.h"
+
 namespace {
 
 using tessera::DType;
@@ -42,9 +44,12 @@ namespace ta = tessera::attention;
 
 const c10::SourceLocation kNoLocation{"tessera", "", 0};
 
-[[noreturn]] void fail(const char* op, const char* arg, const std::string& what) {
-  throw tessera::Error(std::string(op) + ": '" + arg + "' " + what);
-}
+using tessera::python::fail;
+using tessera::python::parse_group_score;
+using tessera::python::parse_kv_format;
+using tessera::python::parse_quant;
+using tessera::python::parse_scale_mode;
+using tessera::python::parse_scoring;
 
 DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
   switch (t.scalar_type()) {
@@ -129,12 +134,6 @@ void run_on(c10::Device device, Body&& body) {
 
 // ---- MoE routing ---------------------------------------------------------------------------------------------
 
-tessera::moe::PermuteQuant parse_quant(const std::string& s, const char* op) {
-  if (s == "none") return tessera::moe::PermuteQuant::kNone;
-  if (s == "fp8_blockwise") return tessera::moe::PermuteQuant::kFP8Blockwise;
-  if (s == "fp8_per_tensor") return tessera::moe::PermuteQuant::kFP8PerTensor;
-  fail(op, "quant", "must be 'none', 'fp8_blockwise' or 'fp8_per_tensor', got '" + s + "'");
-}
 
 void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
                 const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups, std::string_view scoring,
@@ -146,12 +145,8 @@ void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
     p.topk = static_cast<int>(topk);
     p.num_groups = static_cast<int>(num_groups);
     p.topk_groups = static_cast<int>(topk_groups);
-    if (scoring == "sigmoid") p.scoring = tessera::moe::Scoring::kSigmoid;
-    else if (scoring == "softmax") p.scoring = tessera::moe::Scoring::kSoftmax;
-    else fail(op, "scoring", "must be 'sigmoid' or 'softmax', got '" + std::string(scoring) + "'");
-    if (group_score == "top2_sum") p.group_score = tessera::moe::GroupScore::kTop2Sum;
-    else if (group_score == "max") p.group_score = tessera::moe::GroupScore::kMax;
-    else fail(op, "group_score", "must be 'top2_sum' or 'max', got '" + std::string(group_score) + "'");
+    p.scoring = parse_scoring(scoring, op);
+    p.group_score = parse_group_score(group_score, op);
     p.renormalize = renormalize;
     p.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
     p.num_shared_experts = static_cast<int>(num_shared_experts);
@@ -175,7 +170,7 @@ void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at:
     tessera::moe::PermuteParams params;
     params.num_experts = static_cast<int>(num_experts);
     params.pad_multiple = static_cast<int>(pad_multiple);
-    params.quant = parse_quant(std::string(quant), op);
+    params.quant = parse_quant(quant, op);
     const c10::Device device = device_of(x, op, "x");
     const TensorView xv = view_of(x, op, "x");
     const TensorView idv = view_of(ids, op, "ids");
@@ -233,9 +228,7 @@ void grouped_gemm_fp8_common(const char* op, bool masked, const char* rows_arg, 
                              std::string_view scale_mode, int64_t expected_m) {
   {
     tessera::gemm::FP8Scales scales;
-    if (scale_mode == "per_tensor") scales.mode = tessera::gemm::ScaleMode::kPerTensor;
-    else if (scale_mode == "blockwise") scales.mode = tessera::gemm::ScaleMode::kBlockwise;
-    else fail(op, "scale_mode", "must be 'per_tensor' or 'blockwise', got '" + std::string(scale_mode) + "'");
+    scales.mode = parse_scale_mode(scale_mode, op);
     const c10::Device device = device_of(x, op, "x");
     const TensorView xv = fp8_view_of(x, op, "x");
     const TensorView wv = fp8_view_of(w, op, "w");
@@ -302,14 +295,6 @@ void grouped_gemm_bf16_masked(const at::Tensor& x, const at::Tensor& w, const at
 
 // ---- attention decode --------------------------------------------------------------------------------------------
 
-ta::KVFormat parse_kv_format(std::string_view s, const char* op) {
-  if (s == "native") return ta::KVFormat::kNative;
-  if (s == "fp8") return ta::KVFormat::kFP8;
-  if (s == "int8") return ta::KVFormat::kInt8;
-  if (s == "int4") return ta::KVFormat::kInt4;
-  if (s == "int4_group32") return ta::KVFormat::kInt4Group32;
-  fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + std::string(s) + "'");
-}
 
 ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tensor& k, const at::Tensor& v,
                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,

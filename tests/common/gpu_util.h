@@ -187,6 +187,30 @@ class StreamGate {
 //   TESSERA_SEED=R+i --gtest_filter=Suite.Name        reruns one test of iteration i, every case as it was.
 // When a test fails, a line "[   SEED   ] Suite.Name TESSERA_SEED=<R+i> ..." gives the exact command; the tests'
 // own traces name the case and its data seed (the value fresh_seed returned).
+// One capture of launch() on `stream` (thread-local mode), instantiated; graph and executable are released with
+// the object. replay() launches it on a stream.
+class CapturedGraph {
+ public:
+  template <typename Launch>
+  CapturedGraph(cudaStream_t stream, Launch&& launch) {
+    TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    launch();
+    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  ~CapturedGraph() {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void replay(cudaStream_t stream) const { TESSERA_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 namespace seed_detail {
 
 inline uint64_t splitmix64(uint64_t x) {

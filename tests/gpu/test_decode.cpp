@@ -766,21 +766,14 @@ TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
       DecodeParams p;
       p.num_splits = splits;
       auto ws = fx.workspace(p);
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(fx.stream(), cudaStreamCaptureModeThreadLocal));
-      fx.launch(p, *ws);
-      TESSERA_CUDA_CHECK(cudaStreamEndCapture(fx.stream(), &graph));
-      TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(p, *ws); });
       for (const auto& lens : {first, second, first}) {
         fx.set_seqlens(lens);
         fx.poison_outputs();
-        TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
+        graph.replay(fx.stream());
         const DecodeCheck r = fx.check(fx.download(), fx.reference(p, lens), grid_tolerance());
         EXPECT_TRUE(r.ok) << "splits " << splits << " lens[3]=" << lens[3] << ": " << r.message;
       }
-      TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
     }
   }
 }
@@ -1023,22 +1016,15 @@ TEST_F(AppendKvGpu, CudaGraphReplaysWithNewPositions) {
       SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
       AppendFixture fx(c, seed);
       fx.set_positions(append_positions(c.g.capacity, 0));
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      TESSERA_CUDA_CHECK(cudaStreamBeginCapture(fx.stream(), cudaStreamCaptureModeThreadLocal));
-      fx.launch();
-      TESSERA_CUDA_CHECK(cudaStreamEndCapture(fx.stream(), &graph));
-      TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(); });
       fx.compare();  // capture ran nothing
       for (int variant : {0, 1}) {
         const std::vector<int32_t> pos = append_positions(c.g.capacity, variant);
         fx.set_positions(pos);
-        TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
+        graph.replay(fx.stream());
         fx.expect_append(pos);
         fx.compare();
       }
-      TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
     }
 }
 
@@ -1062,13 +1048,8 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
   AppendFixture fx(c, seed);
   const std::vector<int32_t> first = append_positions(c.g.capacity, 0), second = append_positions(c.g.capacity, 1);
   fx.set_positions(first);
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(fx.stream(), cudaStreamCaptureModeThreadLocal));
-  fx.launch();
-  TESSERA_CUDA_CHECK(cudaStreamEndCapture(fx.stream(), &graph));
-  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
+  const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(); });
+  graph.replay(fx.stream());
   fx.expect_append(first);
   fx.compare();
   const HostCache after_first = fx.expected();
@@ -1083,7 +1064,7 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
     gate.open();
     EXPECT_FALSE(gate.gave_up()) << "reading the positions waited for the held stream";
   }
-  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, fx.stream()));
+  graph.replay(fx.stream());
   fx.expect_append(second);
   fx.compare();
   // The data set is the reported one: the rows the second replay must write differ from what they overwrite exactly
@@ -1103,8 +1084,6 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
   EXPECT_EQ(k_row, want.data_at(9, 15, 0) / c.g.sh);  // outer 9, slot 15, head 0
   EXPECT_EQ(after_first.k[want.data_at(9, 15, 0)], 147);
   EXPECT_EQ(want.k[want.data_at(9, 15, 0)], 92);
-  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
 }  // namespace
