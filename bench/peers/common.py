@@ -112,23 +112,32 @@ def _time_cpu(fn, calls, reps, warmup):
     return statistics.median(samples)
 
 
+def _event_median(run, work, reps):
+    """Median over `reps` samples of run() between two CUDA events, in us per unit of `work`."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / work)
+    return statistics.median(samples)
+
+
 def time_eager(fn, calls, reps, warmup):
     if not ON_GPU:
         return _time_cpu(fn, calls, reps, warmup)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        start.record()
+
+    def run():
         for _ in range(calls):
             fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
+
+    return _event_median(run, calls, reps)
 
 
 def time_graph(fn, calls, reps, warmup):
@@ -149,16 +158,7 @@ def time_graph(fn, calls, reps, warmup):
         for _ in range(warmup):
             graph.replay()
         torch.cuda.synchronize()
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        samples = []
-        for _ in range(reps):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / calls)
-        return statistics.median(samples)
+        return _event_median(graph.replay, calls, reps)
     finally:
         del graph
         torch.cuda.empty_cache()
