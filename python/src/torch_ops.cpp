@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -302,6 +303,19 @@ ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tenso
   ta::KVCache cache;
   cache.format = parse_kv_format(format, op);
   const bool fp8 = cache.format == ta::KVFormat::kFP8;
+  // The fp8 dtype rules of the torch layer: 'fp8' takes e4m3 (or its uint8 bytes), and no other format an fp8
+  // tensor (the C++ validation would name the dtype but not the format that would take it).
+  for (const auto& [t, arg] : {std::pair<const at::Tensor&, const char*>{k, "k_cache"}, {v, "v_cache"}}) {
+    const at::ScalarType st = t.scalar_type();
+    const bool is_fp8 = st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2 || st == at::kFloat8_e4m3fnuz ||
+                        st == at::kFloat8_e5m2fnuz;
+    if (fp8 && st != at::kFloat8_e4m3fn && st != at::kByte)
+      fail(op, arg, std::string("must be torch.float8_e4m3fn or torch.uint8 (e4m3 bytes) for format='fp8', got ") +
+                        c10::toString(st));
+    if (!fp8 && is_fp8)
+      fail(op, arg, std::string("is ") + c10::toString(st) + ", which only format='fp8' accepts (format='" +
+                        std::string(format) + "')");
+  }
   cache.k = fp8 ? fp8_view_of(k, op, "k_cache") : view_of(k, op, "k_cache");
   cache.v = fp8 ? fp8_view_of(v, op, "v_cache") : view_of(v, op, "v_cache");
   cache.k_scale = optional_view_of(k_scale, op, "k_scale");

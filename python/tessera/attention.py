@@ -126,6 +126,14 @@ class _Cache:
         return self.k, self.v, self.k_scale, self.v_scale, self.block_table
 
 
+def _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table):
+    """The cache arguments as torch tensors, in the operators' order (the eager path; dtype rules are the
+    operator's)."""
+    return (as_tensor(k_cache, op, "k_cache"), as_tensor(v_cache, op, "v_cache"),
+            as_optional_tensor(k_scale, op, "k_scale"), as_optional_tensor(v_scale, op, "v_scale"),
+            as_optional_tensor(block_table, op, "block_table"))
+
+
 def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
     """The checks both decode entry points start with: format and params, then q (a CUDA tensor, not fp8)."""
     key = (format, softmax_scale, softcap, window, num_splits)
@@ -205,7 +213,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     if q.dim() not in (3, 4):
         raise ValueError(f"{op}: 'q' must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), "
                          f"got shape {list(q.shape)}")
-    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+    # The cache's dtype rules are checked by the operator (python/src/torch_ops.cpp), with these messages.
+    cache = _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table)
     cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
     if out is not None:
         out = as_tensor(out, op, "out")
@@ -221,7 +230,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
         if m is None and return_lse:
             m = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
         # A workspace not given is allocated by the operator, on the stream it runs on, when the split needs one.
-        ops.attention_decode(q, *cache.tensors(), cache_seqlens, o, m, workspace, format, *params)
+        ops.attention_decode(q, *cache, cache_seqlens, o, m, workspace, format, *params)
         return (o, m) if return_lse else o
 
     return run() if stream is None else launch(stream_arg(op, stream), run)
@@ -251,15 +260,16 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     v_new = as_tensor(v_new, op, "v_new")
     _not_fp8(op, "k_new", k_new)
     _not_fp8(op, "v_new", v_new)
-    cuda_device_of(k_new, op, "k_new")
+    if not k_new.is_cuda:
+        cuda_device_of(k_new, op, "k_new")
     positions = as_tensor(positions, op, "positions")
-    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+    cache = _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table)
 
     ops = torch_ops()
     if stream is None:
-        ops.append_kv(k_new, v_new, positions, *cache.tensors(), format)
+        ops.append_kv(k_new, v_new, positions, *cache, format)
     else:
-        launch(stream_arg(op, stream), lambda: ops.append_kv(k_new, v_new, positions, *cache.tensors(), format))
+        launch(stream_arg(op, stream), lambda: ops.append_kv(k_new, v_new, positions, *cache, format))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------
