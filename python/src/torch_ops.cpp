@@ -21,6 +21,7 @@
 
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -51,6 +52,12 @@ using tessera::python::parse_kv_format;
 using tessera::python::parse_quant;
 using tessera::python::parse_scale_mode;
 using tessera::python::parse_scoring;
+
+// A schema int (int64) as the C++ API's int: out-of-range values are argument errors, never wrapped.
+int narrow(int64_t v, const char* op, const char* arg) {
+  if (v < INT32_MIN || v > INT32_MAX) fail(op, arg, "must fit in 32 bits, got " + std::to_string(v));
+  return static_cast<int>(v);
+}
 
 DType dtype_of(const at::Tensor& t, const char* op, const char* arg) {
   switch (t.scalar_type()) {
@@ -143,14 +150,14 @@ void fused_gate(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
   constexpr const char* op = "tessera.fused_gate";
   {
     tessera::moe::GateParams p;
-    p.topk = static_cast<int>(topk);
-    p.num_groups = static_cast<int>(num_groups);
-    p.topk_groups = static_cast<int>(topk_groups);
+    p.topk = narrow(topk, op, "topk");
+    p.num_groups = narrow(num_groups, op, "num_groups");
+    p.topk_groups = narrow(topk_groups, op, "topk_groups");
     p.scoring = parse_scoring(scoring, op);
     p.group_score = parse_group_score(group_score, op);
     p.renormalize = renormalize;
     p.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
-    p.num_shared_experts = static_cast<int>(num_shared_experts);
+    p.num_shared_experts = narrow(num_shared_experts, op, "num_shared_experts");
     p.shared_expert_weight = static_cast<float>(shared_expert_weight);
     const c10::Device device = device_of(logits, op, "logits");
     const TensorView lv = view_of(logits, op, "logits");
@@ -169,8 +176,8 @@ void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at:
   constexpr const char* op = "tessera.permute";
   {
     tessera::moe::PermuteParams params;
-    params.num_experts = static_cast<int>(num_experts);
-    params.pad_multiple = static_cast<int>(pad_multiple);
+    params.num_experts = narrow(num_experts, op, "num_experts");
+    params.pad_multiple = narrow(pad_multiple, op, "pad_multiple");
     params.quant = parse_quant(quant, op);
     const c10::Device device = device_of(x, op, "x");
     const TensorView xv = view_of(x, op, "x");
@@ -186,8 +193,9 @@ void permute(const at::Tensor& x, const at::Tensor& ids, const std::optional<at:
     out.row_token = optional_view_of(row_token, op, "row_token");
     const int64_t topk = ids.dim() == 2 ? ids.size(1) : 0;
     // The size query validates nothing the op does not validate again; a bad shape is reported by the op.
-    const std::size_t need =
-        topk > 0 ? tessera::moe::permute_workspace_bytes(ids.size(0), static_cast<int>(topk), params) : 0;
+    const std::size_t need = workspace.has_value() || topk <= 0 || topk > INT32_MAX
+                                 ? 0
+                                 : tessera::moe::permute_workspace_bytes(ids.size(0), static_cast<int>(topk), params);
     run_on(device, [&](cudaStream_t s) {
       const auto ws = workspace_or_new(workspace, need, device);
       tessera::moe::permute(xv, idv, isv, out, workspace_of(ws, op), params, s);
@@ -335,8 +343,8 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
     ta::DecodeParams params;
     params.softmax_scale = static_cast<float>(softmax_scale);
     params.softcap = static_cast<float>(softcap);
-    params.window = static_cast<int>(window);
-    params.num_splits = static_cast<int>(num_splits);
+    params.window = narrow(window, op, "window");
+    params.num_splits = narrow(num_splits, op, "num_splits");
     const c10::Device device = device_of(q, op, "q");
     const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
     const TensorView qv = view_of(q, op, "q");
@@ -416,7 +424,7 @@ TORCH_LIBRARY_IMPL(tessera, CUDA, m) {
 // arguments in schema order, tensors as torch tensors, None for absent optional tensors).
 PYBIND11_MODULE(_torch_C, m) {
   m.doc() = "tessera's PyTorch operators (registration) and their direct eager entry points; use tessera.*";
-#define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python);
+#define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python, pybind11::call_guard<pybind11::gil_scoped_release>());
   TESSERA_TORCH_OPS(TESSERA_DEF)
 #undef TESSERA_DEF
 }

@@ -119,15 +119,21 @@ def torch_ops():
     return _eager
 
 
-def stream_arg(op, stream):
-    """The stream= argument, checked: None, a torch.cuda.Stream (ExternalStream too) or a raw cudaStream_t int."""
+def stream_arg(op, stream, device):
+    """The stream= argument for an op on `device` (a torch.device), checked: None, a torch.cuda.Stream
+    (ExternalStream too) of that device, or a raw cudaStream_t int on it (0: the device's legacy default stream)."""
     if stream is None:
         return None
     torch = torch_module()
     if isinstance(stream, torch.cuda.Stream):
+        if stream.device != device:
+            raise ValueError(f"{op}: 'stream' must be a stream of the tensors' device {device}, got one of "
+                             f"{stream.device}")
         return stream
     if isinstance(stream, int) and not isinstance(stream, bool):
-        return torch.cuda.ExternalStream(stream)
+        if stream == 0:  # torch would read 0 as "no stream"; DLPack and CUDA mean the legacy default stream
+            return torch.cuda.default_stream(device)
+        return torch.cuda.ExternalStream(stream, device=device)
     raise TypeError(f"{op}: 'stream' must be None, a torch.cuda.Stream or a cudaStream_t as an int, "
                     f"got {type(stream).__name__}")
 

@@ -31,7 +31,7 @@ import sys
 from . import _C
 from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule, torch_module,
                       torch_ops)
-from .moe import _choice, _int, _memo_get, _memo_put
+from .moe import _choice, _int
 
 __all__ = [
     "FORMATS",
@@ -136,20 +136,12 @@ def _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table):
 
 def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
     """The checks both decode entry points start with: format and params, then q (a CUDA tensor, not fp8)."""
-    key = (format, softmax_scale, softcap, window, num_splits)
-    params = _memo_get(_DECODE_PARAMS, key)
-    if params is None:
-        _choice(op, "format", format, FORMATS)
-        params = _params(op, softmax_scale, softcap, window, num_splits)
-        _memo_put(_DECODE_PARAMS, key, params)
+    _choice(op, "format", format, FORMATS)
+    params = _params(op, softmax_scale, softcap, window, num_splits)
     torch = torch_module()
     q = as_tensor(q, op, "q")
     _not_fp8(op, "q", q)
     return torch, q, cuda_device_of(q, op, "q"), params
-
-
-# Validated (format, params) of recent calls (see moe._GATE_OPTIONS).
-_DECODE_PARAMS = {}
 
 
 def _workspace_bytes(cache, q, params):
@@ -233,7 +225,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
         ops.attention_decode(q, *cache, cache_seqlens, o, m, workspace, format, *params)
         return (o, m) if return_lse else o
 
-    return run() if stream is None else launch(stream_arg(op, stream), run)
+    return run() if stream is None else launch(stream_arg(op, stream, device), run)
 
 
 
@@ -269,7 +261,8 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     if stream is None:
         ops.append_kv(k_new, v_new, positions, *cache, format)
     else:
-        launch(stream_arg(op, stream), lambda: ops.append_kv(k_new, v_new, positions, *cache, format))
+        launch(stream_arg(op, stream, k_new.device),
+               lambda: ops.append_kv(k_new, v_new, positions, *cache, format))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------

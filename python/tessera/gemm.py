@@ -91,7 +91,7 @@ def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, ca
         call(ops, x, w, group_rows, y, workspace)
         return y
 
-    return run() if stream is None else launch(stream_arg(op, stream), run)
+    return run() if stream is None else launch(stream_arg(op, stream, x.device), run)
 
 
 def _fp8_op(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m, workspace,

@@ -15,7 +15,6 @@ include/tessera/moe.h). Every op
 
 import collections
 import operator
-import sys
 
 from . import _C
 from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
@@ -96,15 +95,12 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.fused_gate"
-    key = (topk, num_groups, topk_groups, scoring, group_score, num_shared_experts)
-    opts = _memo_get(_GATE_OPTIONS, key)
-    if opts is None:
-        _choice(op, "scoring", scoring, SCORINGS)
-        _choice(op, "group_score", group_score, GROUP_SCORES)
-        opts = (_int(op, "topk", topk, 1), _int(op, "num_groups", num_groups), _int(op, "topk_groups", topk_groups),
-                _int(op, "num_shared_experts", num_shared_experts, 0))
-        _memo_put(_GATE_OPTIONS, key, opts)
-    topk, num_groups, topk_groups, num_shared_experts = opts
+    _choice(op, "scoring", scoring, SCORINGS)
+    _choice(op, "group_score", group_score, GROUP_SCORES)
+    topk = _int(op, "topk", topk, 1)
+    num_groups = _int(op, "num_groups", num_groups)
+    topk_groups = _int(op, "topk_groups", topk_groups)
+    num_shared_experts = _int(op, "num_shared_experts", num_shared_experts, 0)
 
     torch = torch_module()
     ops = torch_ops()
@@ -130,38 +126,7 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
                        float(shared_expert_weight))
         return weights, ids
 
-    return run() if stream is None else launch(stream_arg(op, stream), run)
-
-
-# Validated scalar options of recent calls: the same options come back on every call of a model's layer, and
-# checking them again costs more host time than the lookup.
-_GATE_OPTIONS = {}
-_PERMUTE_OPTIONS = {}
-
-
-def _memo_get(memo, key):
-    """The memoized validation of `key`, or None (also for unhashable option values, or while torch.compile
-    traces: the trace evaluates the checks once anyway)."""
-    if _torch_compiling():
-        return None
-    try:
-        return memo.get(key)
-    except TypeError:
-        return None
-
-
-def _memo_put(memo, key, value):
-    if _torch_compiling() or len(memo) >= 256:
-        return
-    try:
-        memo[key] = value
-    except TypeError:
-        pass
-
-
-def _torch_compiling():
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.compiler.is_compiling()
+    return run() if stream is None else launch(stream_arg(op, stream, device), run)
 
 
 def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
@@ -200,13 +165,9 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
     op = "tessera.permute"
-    key = (quant, num_experts, pad_multiple)
-    opts = _memo_get(_PERMUTE_OPTIONS, key)
-    if opts is None:
-        opts = (_quant_name(op, quant), _int(op, "num_experts", num_experts, 1),
-                _int(op, "pad_multiple", pad_multiple, 1))
-        _memo_put(_PERMUTE_OPTIONS, key, opts)
-    q, num_experts, pad_multiple = opts
+    q = _quant_name(op, quant)
+    num_experts = _int(op, "num_experts", num_experts, 1)
+    pad_multiple = _int(op, "pad_multiple", pad_multiple, 1)
 
     torch = torch_module()
     ops = torch_ops()
@@ -257,7 +218,7 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                     res.row_index, res.row_token, workspace, num_experts, pad_multiple, q)
         return res
 
-    return run() if stream is None else launch(stream_arg(op, stream), run)
+    return run() if stream is None else launch(stream_arg(op, stream, device), run)
 
 
 def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0, out=None, *, stream=None):
@@ -290,4 +251,4 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
         ops.unpermute_reduce(y_perm, row_index, weights, residual, o, float(routed_scale))
         return o
 
-    return run() if stream is None else launch(stream_arg(op, stream), run)
+    return run() if stream is None else launch(stream_arg(op, stream, y_perm.device), run)

@@ -18,7 +18,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     TESSERA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
                                                         &status));
     if (status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-      throw Error("tessera: the CUDA driver does not provide cuTensorMapEncodeTiled");
+      throw CudaError("tessera: the CUDA driver does not provide cuTensorMapEncodeTiled");
     }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
   }();

@@ -77,10 +77,12 @@ void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
   if (t.device_verified) return;
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, t.data);
-  if (err != cudaSuccess) {
+  if (err == cudaErrorInvalidValue) {  // a pointer the runtime does not know: the argument's fault
     (void)cudaGetLastError();
     fail(arg, "is not a pointer CUDA knows (" + std::string(cudaGetErrorName(err)) + ")");
   }
+  // Anything else (a sticky error of an earlier kernel, a lost device) is the machine's: CudaError.
+  if (err != cudaSuccess) TESSERA_CUDA_CHECK(err);
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
     fail(arg, "must be in device memory, got a host pointer");
   if (attr.device != current)
