@@ -385,3 +385,15 @@ def test_every_op_takes_out_and_stream(seed):
     tessera.unpermute_reduce(want.x_perm, want.row_index, weights, out=red, stream=side.cuda_stream)
     side.synchronize()
     assert torch.equal(red, tessera.unpermute_reduce(want.x_perm, want.row_index, weights))
+
+
+@gpu
+def test_stream_zero_is_the_legacy_default_stream_and_ints_are_not_narrowed(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn((32, 64), device="cuda", generator=g)
+    want_w, want_ids = tessera.fused_gate(logits, topk=4)
+    w, ids = tessera.fused_gate(logits, topk=4, stream=0)  # cudaStreamLegacy: ordered with the default stream
+    torch.cuda.synchronize()
+    assert torch.equal(w, want_w) and torch.equal(ids, want_ids)
+    with pytest.raises(ValueError, match="'num_groups' must fit in 32 bits"):
+        tessera.fused_gate(logits, topk=4, num_groups=2**32 + 1, topk_groups=1)
