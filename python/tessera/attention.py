@@ -25,7 +25,6 @@ allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` o
 bytes; the size never depends on the sequence lengths, so one workspace serves every replay.
 """
 
-import operator
 import sys
 
 from . import _C
@@ -247,7 +246,7 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
 
-    torch = torch_module()
+    torch_module()  # ImportError naming torch when it is missing
     k_new = as_tensor(k_new, op, "k_new")
     v_new = as_tensor(v_new, op, "v_new")
     _not_fp8(op, "k_new", k_new)

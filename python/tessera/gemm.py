@@ -20,7 +20,7 @@ grouped_gemm_fp8).
 import sys
 
 from . import _C
-from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
+from ._dlpack import as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
 from .moe import _choice, _int, _rank
 
 __all__ = [
