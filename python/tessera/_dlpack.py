@@ -35,11 +35,12 @@ def torch_module():
     return _torch
 
 
-def _fp8_dtypes(torch):
-    return tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name))
-
-
 _Tensor = _torch.Tensor if _torch is not None else None
+# Every fp8 dtype this torch has (the torch layer's dtype checks), and the one tessera computes with.
+FP8_DTYPES = () if _torch is None else tuple(
+    getattr(_torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(_torch, n))
+E4M3 = getattr(_torch, "float8_e4m3fn", None)
 
 
 def as_tensor(obj, op, arg):
@@ -60,28 +61,22 @@ def as_optional_tensor(obj, op, arg):
 
 
 _to_dlpack = None
-_fp8 = ()
 
 
 def to_capsule(tensor):
     """A legacy ("dltensor") DLPack capsule aliasing a torch tensor; None stays None."""
-    global _to_dlpack, _fp8
+    global _to_dlpack
     if tensor is None:
         return None
     if _to_dlpack is None:
         torch = torch_module()
         import torch.utils.dlpack
 
-        _fp8 = _fp8_dtypes(torch)
         _to_dlpack = torch.utils.dlpack.to_dlpack
     t = tensor.detach() if tensor.requires_grad else tensor
-    if t.dtype in _fp8:
-        t = t.view(_uint8())
+    if t.dtype in FP8_DTYPES:
+        t = t.view(_torch.uint8)
     return _to_dlpack(t)
-
-
-def _uint8():
-    return torch_module().uint8
 
 
 def cuda_device_of(tensor, op, arg):

@@ -25,11 +25,9 @@ allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` o
 bytes; the size never depends on the sequence lengths, so one workspace serves every replay.
 """
 
-import sys
-
 from . import _C
-from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule, torch_module,
-                      torch_ops)
+from ._dlpack import (FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule,
+                      torch_module, torch_ops)
 from .moe import _choice, _int
 
 __all__ = [
@@ -48,19 +46,8 @@ GROUP_SIZE = _C.int4_group_size  # 32: elements per (scale, offset) pair of 'int
 # ---- argument handling ---------------------------------------------------------------------------------------
 
 
-def _fp8_dtype_set():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return ()
-    return tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-                 if hasattr(torch, n))
-
-
-_FP8_DTYPES = _fp8_dtype_set()
-
-
 def _is_fp8(t):
-    return t.dtype in _FP8_DTYPES  # a tuple lookup: cheaper than is_floating_point() and element_size()
+    return t.dtype in FP8_DTYPES  # a tuple lookup: cheaper than is_floating_point() and element_size()
 
 
 def _not_fp8(op, arg, t):
@@ -120,9 +107,6 @@ class _Cache:
     def capsules(self):
         return (to_capsule(self.k), to_capsule(self.v), to_capsule(self.k_scale), to_capsule(self.v_scale),
                 to_capsule(self.block_table))
-
-    def tensors(self):
-        return self.k, self.v, self.k_scale, self.v_scale, self.block_table
 
 
 def _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table):

@@ -17,10 +17,8 @@ validation). fp8 tensors must be torch.float8_e4m3fn. Every op also takes worksp
 grouped_gemm_fp8).
 """
 
-import sys
-
 from . import _C
-from ._dlpack import as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
+from ._dlpack import E4M3, FP8_DTYPES, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
 from .moe import _choice, _int, _rank
 
 __all__ = [
@@ -45,8 +43,7 @@ def grouped_gemm_workspace_bytes(num_groups, n, k):
 def _fp8(torch, op, arg, t):
     # The operator reads uint8 as e4m3 bytes (the DLPack path's convention), so the torch layer insists on the
     # real dtype: an e5m2 or a plain uint8 tensor would otherwise be reinterpreted silently.
-    e4m3 = getattr(torch, "float8_e4m3fn", None)
-    if e4m3 is None or t.dtype != e4m3:
+    if E4M3 is None or t.dtype != E4M3:
         raise ValueError(f"{op}: '{arg}' must be torch.float8_e4m3fn, got {t.dtype}")
 
 
@@ -69,10 +66,10 @@ def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, ca
     if not x.is_cuda:
         cuda_device_of(x, op, "x")
     if fp8:
-        if x.dtype != _E4M3 or w.dtype != _E4M3:
+        if x.dtype != E4M3 or w.dtype != E4M3:
             _fp8(torch, op, "x", x)
             _fp8(torch, op, "w", w)
-    elif x.dtype in _FP8_DTYPES or w.dtype in _FP8_DTYPES:
+    elif x.dtype in FP8_DTYPES or w.dtype in FP8_DTYPES:
         _not_fp8(torch, op, "x", x)
         _not_fp8(torch, op, "w", w)
     if x.dim() != (3 if masked else 2):
@@ -81,7 +78,7 @@ def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, ca
         _rank(op, "w", w, 3, "[G, N, K]")
     if out is not None:
         out = as_tensor(out, op, "out")
-        if out.dtype in _FP8_DTYPES:
+        if out.dtype in FP8_DTYPES:
             _not_fp8(torch, op, "out", out)
 
     def run():
@@ -118,17 +115,6 @@ def _bf16_op(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace,
         getattr(ops, fn_name)(x, w, group_rows, y, workspace, expected_m)
 
     return _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, False, call)
-
-
-def _fp8_types():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None, ()
-    names = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-    return getattr(torch, "float8_e4m3fn", None), tuple(getattr(torch, n) for n in names if hasattr(torch, n))
-
-
-_E4M3, _FP8_DTYPES = _fp8_types()
 
 
 def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0,
