@@ -13,8 +13,10 @@
 // fp8: the torch layer hands fp8 tensors over as torch.float8_e4m3fn; uint8 is accepted wherever the argument can
 // only hold e4m3 bytes (permute's quantized x_perm, the fp8 GEMM operands, an 'fp8' KV cache), as in tessera._C.
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
@@ -375,6 +377,61 @@ void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tenso
   }
 }
 
+// A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
+// Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
+// direct path, which names them as argument errors.
+bool needs_dispatcher(const at::Tensor& t) {
+  const c10::DispatchKeySet keys = t.key_set();
+  return keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
+         keys.has(c10::DispatchKey::FuncTorchGradWrapper) || t.is_meta();
+}
+bool needs_dispatcher(const std::optional<at::Tensor>& t) { return t.has_value() && needs_dispatcher(*t); }
+template <typename T>
+bool needs_dispatcher(const T&) {
+  return false;
+}
+
+// ---- eager conveniences (bound for Python only) ----------------------------------------------------------------
+
+// tessera.attention_decode's eager call in one crossing: out (shaped like q) and lse ([..., HQ] fp32, when
+// return_lse) are allocated here when not given, on q's device and current stream, as the torch layer's traced path
+// allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Returns (out, lse or None).
+void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                               const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
+                               const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                               const std::optional<at::Tensor>& workspace, std::string_view format,
+                               double softmax_scale, double softcap, int64_t window, int64_t num_splits);
+
+std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
+    const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+    const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& out,
+    const std::optional<at::Tensor>& lse, bool return_lse, const std::optional<at::Tensor>& workspace,
+    std::string_view format, std::optional<double> softmax_scale, double softcap, int64_t window,
+    int64_t num_splits) {
+  constexpr const char* op = "tessera.attention_decode";
+  at::Tensor o;
+  std::optional<at::Tensor> m = lse;
+  try {
+    // The scalar arguments first, as the torch layer checks them, then q's device before anything is allocated.
+    (void)parse_kv_format(format, op);
+    if (window < 0) fail(op, "window", "must be >= 0, got " + std::to_string(window));
+    if (num_splits < 0) fail(op, "num_splits", "must be >= 0, got " + std::to_string(num_splits));
+    if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+  } catch (const tessera::Error& e) {
+    throw pybind11::value_error(e.what());
+  }
+  o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
+  if (!m.has_value() && return_lse) {
+    const auto sizes = q.sizes();
+    m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
+  }
+  attention_decode_dispatch(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, o, m, workspace,
+                            format, softmax_scale.value_or(0.0), softcap, window, num_splits);
+  return {o, m};
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -384,8 +441,21 @@ void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tenso
 template <auto Fn>
 struct Entry;
 
+template <auto Fn>
+struct OpName;  // "tessera::<op>", specialized for every op below
+
 template <typename... Args, void (*Fn)(Args...)>
 struct Entry<Fn> {
+  // The direct call is an eager shortcut only: with a Python dispatch mode active (FakeTensorMode, a
+  // TorchDispatchMode) or a tensor only the dispatcher can handle, the call goes to torch.ops.tessera.<op>.
+  static bool through_dispatcher(const Args&... args) {
+    return c10::impl::TorchDispatchModeTLS::stack_len() > 0 || (needs_dispatcher(args) || ...);
+  }
+  static void call_dispatcher(Args... args) {
+    static const auto handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(OpName<Fn>::value, "").template typed<void(Args...)>();
+    handle.call(args...);
+  }
   static void dispatcher(Args... args) {
     try {
       Fn(args...);
@@ -396,6 +466,7 @@ struct Entry<Fn> {
     }
   }
   static void python(Args... args) {
+    if (through_dispatcher(args...)) return call_dispatcher(args...);  // its errors are already c10's
     try {
       Fn(args...);
     } catch (const tessera::CudaError& e) {
@@ -409,6 +480,24 @@ struct Entry<Fn> {
 #define TESSERA_TORCH_OPS(X)                                                                                     \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
   X(grouped_gemm_bf16_masked) X(attention_decode) X(append_kv)
+
+#define TESSERA_OP_NAME(name)                       \
+  template <>                                       \
+  struct OpName<&name> {                            \
+    static constexpr const char* value = "tessera::" #name; \
+  };
+TESSERA_TORCH_OPS(TESSERA_OP_NAME)
+#undef TESSERA_OP_NAME
+
+void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                               const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
+                               const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                               const std::optional<at::Tensor>& workspace, std::string_view format,
+                               double softmax_scale, double softcap, int64_t window, int64_t num_splits) {
+  Entry<&attention_decode>::python(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, out, lse,
+                                   workspace, format, softmax_scale, softcap, window, num_splits);
+}
 
 }  // namespace
 
@@ -427,4 +516,5 @@ PYBIND11_MODULE(_torch_C, m) {
 #define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python, pybind11::call_guard<pybind11::gil_scoped_release>());
   TESSERA_TORCH_OPS(TESSERA_DEF)
 #undef TESSERA_DEF
+  m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -17,7 +17,7 @@ and the capsule's own deleter releases its reference when the capsule is collect
 torch is imported here when it is installed; without it tessera still imports (tessera.dlpack needs no torch).
 """
 
-__all__ = ["torch_module", "torch_ops", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of", "launch",
+__all__ = ["torch_module", "torch_ops", "direct_ops", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of", "launch",
            "stream_arg"]
 
 
@@ -111,6 +111,15 @@ def torch_ops():
     # Traced code, and any active dispatch mode (FakeTensorMode, a TorchDispatchMode), must see the operator.
     if _torch.compiler.is_compiling() or _torch._C._len_torch_dispatch_stack():
         return _ops
+    return _eager
+
+
+def direct_ops():
+    """tessera._torch_C for an eager call on the current stream (its entries route fake and subclass tensors, and
+    calls under a dispatch mode, to torch.ops.tessera themselves); None under torch.compile or when the operators
+    are not built, where the caller takes its checked path."""
+    if _eager is None or _torch.compiler.is_compiling():
+        return None
     return _eager
 
 

@@ -26,8 +26,8 @@ bytes; the size never depends on the sequence lengths, so one workspace serves e
 """
 
 from . import _C
-from ._dlpack import (FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, to_capsule,
-                      torch_module, torch_ops)
+from ._dlpack import (FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg,
+                      to_capsule, torch_module, torch_ops)
 from .moe import _choice, _int
 
 __all__ = [
@@ -183,6 +183,19 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """
+    direct = direct_ops() if stream is None else None
+    if direct is not None:
+        # The eager fast path: one call into C++, which checks everything, allocates out/lse and launches. A
+        # TypeError here means an argument pybind could not convert (nothing ran): the checked path below takes it
+        # (DLPack producers) or names it.
+        try:
+            o, m = direct.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
+                                                 out, lse, return_lse, workspace, format, softmax_scale, softcap,
+                                                 window, num_splits)
+        except TypeError:
+            pass
+        else:
+            return (o, m) if return_lse else o
     op = "tessera.attention_decode"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     if q.dim() not in (3, 4):
@@ -227,6 +240,12 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
     Returns None.
     """
+    direct = direct_ops() if stream is None else None
+    if direct is not None:  # the eager fast path, as in attention_decode
+        try:
+            return direct.append_kv(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format)
+        except TypeError:
+            pass
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
 

@@ -29,20 +29,75 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 
 namespace {
 
-CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint64_t* dims, const cuuint64_t* strides,
-                   const cuuint32_t* box, CUtensorMapSwizzle swizzle, L2Promotion promotion) {
+// Everything a map is encoded from. cuTensorMapEncodeTiled is a pure function of these (it reads no device or
+// context state), so a map encoded once can serve every later call with equal arguments.
+struct MapKey {
+  CUtensorMapDataType type;
+  int rank;
+  void* data;
+  cuuint64_t dims[5];
+  cuuint64_t strides[4];
+  cuuint32_t box[5];
+  CUtensorMapSwizzle swizzle;
+  L2Promotion promotion;
+
+  bool operator==(const MapKey& o) const {
+    if (type != o.type || rank != o.rank || data != o.data || swizzle != o.swizzle || promotion != o.promotion)
+      return false;
+    for (int i = 0; i < rank; ++i)
+      if (dims[i] != o.dims[i] || box[i] != o.box[i] || (i > 0 && strides[i - 1] != o.strides[i - 1])) return false;
+    return true;
+  }
+};
+
+// The last few maps this thread encoded: an op called again on the same tensors (every decode step of an engine
+// reads the same cache) skips the driver call, which costs more host time than the rest of the launch path
+// (docs/perf/host_overhead.md). Per thread, so no lock; a miss replaces the oldest entry.
+struct MapMemo {
+  static constexpr int kEntries = 8;
+  MapKey keys[kEntries];
+  CUtensorMap maps[kEntries];
+  int used = 0, next = 0;
+};
+
+CUtensorMap encode_uncached(const MapKey& k) {
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  const CUtensorMapL2promotion promotion = k.promotion == L2Promotion::k256B   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+                                           : k.promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                                                                               : CU_TENSOR_MAP_L2_PROMOTION_NONE;
   CUtensorMap map;
-  const CUresult r = tensor_map_encoder()(&map, type, static_cast<cuuint32_t>(rank), data, dims, strides, box,
-                                          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                                          promotion == L2Promotion::k256B   ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-                                          : promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-                                                                            : CU_TENSOR_MAP_L2_PROMOTION_NONE,
+  const CUresult r = tensor_map_encoder()(&map, k.type, static_cast<cuuint32_t>(k.rank), k.data, k.dims, k.strides,
+                                          k.box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, k.swizzle, promotion,
                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     throw Error("tessera: cuTensorMapEncodeTiled rejected the tensor map (CUresult " +
                 std::to_string(static_cast<int>(r)) + ")");
   }
+  return map;
+}
+
+CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint64_t* dims, const cuuint64_t* strides,
+                   const cuuint32_t* box, CUtensorMapSwizzle swizzle, L2Promotion promotion) {
+  MapKey key{};
+  key.type = type;
+  key.rank = rank;
+  key.data = data;
+  for (int i = 0; i < rank; ++i) {
+    key.dims[i] = dims[i];
+    key.box[i] = box[i];
+    if (i > 0) key.strides[i - 1] = strides[i - 1];
+  }
+  key.swizzle = swizzle;
+  key.promotion = promotion;
+  thread_local MapMemo memo;
+  for (int i = 0; i < memo.used; ++i)
+    if (memo.keys[i] == key) return memo.maps[i];
+  const CUtensorMap map = encode_uncached(key);  // throws on a rejected map: nothing is remembered
+  const int slot = memo.next;
+  memo.keys[slot] = key;
+  memo.maps[slot] = map;
+  memo.next = (slot + 1) % MapMemo::kEntries;
+  if (memo.used < MapMemo::kEntries) ++memo.used;
   return map;
 }
 

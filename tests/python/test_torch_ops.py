@@ -125,6 +125,57 @@ def test_schemas_have_cuda_kernels():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tessera::{name}", "CUDA"), name
 
 
+def _recording_mode():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return Recorder()
+
+
+def _meta_decode_chain(fmt="int8"):
+    """append_kv then attention_decode on meta tensors (shapes only), through the eager entry points."""
+    B, HQ, HKV, D, pages, page = 3, 8, 2, 128, 10, 16
+    meta = dict(device="meta")
+    q = torch.empty((B, HQ, D), dtype=torch.bfloat16, **meta)
+    kc = torch.empty((pages, page, HKV, D), dtype=torch.uint8, **meta)
+    sc = torch.empty((pages, page, HKV, 2), dtype=torch.float16, **meta)
+    kw = dict(format=fmt, k_scale=sc, v_scale=sc, block_table=torch.empty((B, 3), dtype=torch.int32, **meta))
+    lengths = torch.empty((B,), dtype=torch.int32, **meta)
+    k_new = torch.empty((B, 1, HKV, D), dtype=torch.bfloat16, **meta)
+    tessera.append_kv(k_new, k_new, lengths, kc, kc, **kw)
+    return tessera.attention_decode(q, kc, kc, lengths, num_splits=3, return_lse=True, **kw)
+
+
+@needs_torch
+def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tensors():
+    # The direct eager entries are a shortcut only: a dispatch mode sees torch.ops.tessera.* (and with it every
+    # tool built on one), and meta/fake tensors go to the fake implementation instead of being refused.
+    from tessera import _torch_ops
+
+    if not _torch_ops.available():
+        pytest.skip(_torch_ops.load_error)
+    with _recording_mode() as mode:
+        out, lse = _meta_decode_chain()
+    assert "tessera.append_kv.default" in mode.calls and "tessera.attention_decode.default" in mode.calls, mode.calls
+    assert out.shape == (3, 8, 128) and out.dtype == torch.bfloat16 and out.is_meta
+    assert lse.shape == (3, 8) and lse.dtype == torch.float32
+    out, lse = _meta_decode_chain()  # no mode: the meta key alone routes them
+    assert out.is_meta and lse.shape == (3, 8)
+    o = torch.empty((3, 8, 128), dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="'window'"):  # the eager entry's own checks come first
+        tessera.attention_decode(o, o, o, o, window=-2)
+    with pytest.raises(ValueError, match="'format'"):
+        tessera.attention_decode(o, o, o, o, format="int2")
+
+
 def test_device_errors_are_runtime_errors_without_build_paths():
     # With no usable GPU the C++ device query fails: a RuntimeError (not ValueError) whose message names no
     # directory of the build machine. With an sm_90 GPU the same call goes through.
@@ -302,6 +353,20 @@ def test_decode_chain_in_a_cuda_graph(seed):
         torch.cuda.synchronize()
         assert torch.equal(out, want) and torch.equal(lse, want_lse), f"replay {round_} differs from eager"
         assert torch.equal(static["k_cache"], eager["k_cache"])
+
+
+@gpu
+def test_eager_decode_chain_under_a_dispatch_mode_runs_the_operators(seed):
+    # Real CUDA tensors under a TorchDispatchMode: the calls go through the dispatcher (the mode sees them) and give
+    # what the direct path gives.
+    inputs = _decode_inputs(seed)
+    direct = _decode_chain(**{**_cache_copy(inputs), "fmt": "int8"})
+    routed_inputs = {**_cache_copy(inputs), "fmt": "int8"}
+    with _recording_mode() as mode:
+        routed = _decode_chain(**routed_inputs)
+    torch.cuda.synchronize()
+    assert "tessera.attention_decode.default" in mode.calls and "tessera.append_kv.default" in mode.calls
+    assert torch.equal(routed[0], direct[0]) and torch.equal(routed[1], direct[1])
 
 
 @gpu
