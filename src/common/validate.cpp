@@ -68,8 +68,8 @@ void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
   // Host memory is an argument error whatever the machine: said before asking CUDA anything (with no driver,
   // that question is itself a CUDA error).
   if (t.device == TensorView::kHostDevice) fail(arg, "must be in device memory, got a host pointer");
-  int current = -1;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&current));
+  if (current_device_ < 0) TESSERA_CUDA_CHECK(cudaGetDevice(&current_device_));
+  const int current = current_device_;
   if (t.device != current)
     fail(arg, "must be on the current CUDA device " + std::to_string(current) + ", got " +
                   (t.device == TensorView::kHostDevice ? std::string("host memory")

@@ -39,6 +39,7 @@ class ArgCheck {
 
  private:
   const char* op_;
+  mutable int current_device_ = -1;  // asked once per check object (one op call), not once per tensor
 };
 
 }  // namespace tessera::detail

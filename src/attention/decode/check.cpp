@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,17 +85,18 @@ void check_layout(const ArgCheck& check, const TensorView& t, const char* arg, b
 }
 
 // Shape check against a list of expected sizes, with the whole expected shape in the message.
-void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, std::vector<int64_t> expected,
-                 const std::string& what) {
+void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, std::initializer_list<int64_t> expected,
+                 const char* what) {
   if (t.rank != static_cast<int>(expected.size()))
-    check.fail(arg, "must have rank " + str(static_cast<int64_t>(expected.size())) + " (shape " + what + "), got rank " +
+    check.fail(arg, "must have rank " + str(static_cast<int64_t>(expected.size())) + " (shape " + std::string(what) + "), got rank " +
                         str(t.rank) + " " + t.shape_str());
   bool ok = true;
-  for (int d = 0; d < t.rank; ++d) ok = ok && t.shape[d] == expected[d];
+  const int64_t* want = expected.begin();
+  for (int d = 0; d < t.rank; ++d) ok = ok && t.shape[d] == want[d];
   if (ok) return;
   std::string s = "[";
-  for (std::size_t d = 0; d < expected.size(); ++d) s += (d ? ", " : "") + str(expected[d]);
-  check.fail(arg, "must have shape " + what + " = " + s + "], got " + t.shape_str());
+  for (std::size_t d = 0; d < expected.size(); ++d) s += (d ? ", " : "") + str(want[d]);
+  check.fail(arg, "must have shape " + std::string(what) + " = " + s + "], got " + t.shape_str());
 }
 
 // cache_seqlens / positions: int32 [B], contiguous.
@@ -189,9 +191,8 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
     if (cache.v_scale) check.fail(vs, "must be absent for kNative caches (rows are not quantized)");
     return;
   }
-  const std::string need = std::string("is required for ") + kv_format_name(format) + " caches";
-  if (!cache.k_scale) check.fail(ks, need);
-  if (!cache.v_scale) check.fail(vs, need);
+  if (!cache.k_scale || !cache.v_scale)
+    check.fail(cache.k_scale ? vs : ks, std::string("is required for ") + kv_format_name(format) + " caches");
   const TensorView ksv = normalized(*cache.k_scale), vsv = normalized(*cache.v_scale);
   const int64_t hkv = c.num_kv_heads;
 
@@ -221,7 +222,11 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
   }
 
   const int64_t ng = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
-  const std::string what = "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = " + str(ng) + ")";
+  // NG is 1, or D / 32 with D in {64, 128, 256}: literals, so that a passing check builds no string.
+  const char* what = ng == 1   ? "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = 1)"
+                     : ng == 2 ? "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = 2)"
+                     : ng == 4 ? "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = 4)"
+                               : "[dims 0..2 of cache.k, 2 * NG] (fp16 (scale, offset) pairs, NG = 8)";
   for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
     check.dtype(*s.t, s.name, {DType::kFP16});
     check_shape(check, *s.t, s.name, {k.shape[0], k.shape[1], k.shape[2], 2 * ng}, what);
