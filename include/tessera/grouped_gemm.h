@@ -53,9 +53,9 @@ inline constexpr int kGroupedGemmMaxGroups = 1024;
 using Workspace = tessera::Workspace;
 
 struct GroupedGemmOptions {
-  // Expected rows per group, used only to choose the tile shape (never for correctness). 0 = derive it:
-  // M / G for the contiguous layout, max_m for the masked layout. Pass the real average when the buffers
-  // are sized for a capacity (masked decode buffers, padded permute outputs).
+  // Deprecated and ignored (validated only: >= 0). Tile shapes are chosen on the device, per group, from each
+  // group's row count (8, 16, 32, 64 or 128 token rows; 128 or 256 weight rows), so no hint is needed; the
+  // field stays so that existing callers compile, and will be removed.
   int64_t expected_m = 0;
 };
 

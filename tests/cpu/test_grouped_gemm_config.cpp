@@ -1,4 +1,5 @@
-// Tile-shape selection of the grouped GEMM (a pure function of the problem; see src/gemm/grouped/config.h).
+// Tile-shape rules and shared-memory layout of the grouped GEMM (pure functions that the kernel also runs on the
+// device; see src/gemm/grouped/config.h).
 #include <gtest/gtest.h>
 
 #include "gemm/grouped/config.h"
@@ -7,66 +8,76 @@ namespace {
 
 using namespace tessera::gemm::detail;
 
-TEST(GroupedGemmConfig, BlockMFollowsExpectedRows) {
-  EXPECT_EQ(select_block_m(0), 8);
-  EXPECT_EQ(select_block_m(1), 8);
-  EXPECT_EQ(select_block_m(8), 8);
-  EXPECT_EQ(select_block_m(9), 16);
-  EXPECT_EQ(select_block_m(16), 16);
-  EXPECT_EQ(select_block_m(17), 32);
-  EXPECT_EQ(select_block_m(32), 32);
-  EXPECT_EQ(select_block_m(33), 64);
-  EXPECT_EQ(select_block_m(64), 64);
-  EXPECT_EQ(select_block_m(65), 128);
-  EXPECT_EQ(select_block_m(1 << 20), 128);
+TEST(GroupedGemmConfig, TileHeightFollowsTheGroupsRows) {
+  EXPECT_EQ(tile_block_m(0, 128), 8);
+  EXPECT_EQ(tile_block_m(1, 128), 8);
+  EXPECT_EQ(tile_block_m(8, 128), 8);
+  EXPECT_EQ(tile_block_m(9, 128), 16);
+  EXPECT_EQ(tile_block_m(16, 128), 16);
+  EXPECT_EQ(tile_block_m(17, 128), 32);
+  EXPECT_EQ(tile_block_m(32, 128), 32);
+  EXPECT_EQ(tile_block_m(33, 128), 64);
+  EXPECT_EQ(tile_block_m(64, 128), 64);
+  EXPECT_EQ(tile_block_m(65, 128), 128);
+  EXPECT_EQ(tile_block_m(1 << 20, 128), 128);
+  EXPECT_EQ(tile_block_m(1000, 64), 64);  // the launch chose 64-row tiles for its large groups
 }
 
-TEST(GroupedGemmConfig, WideTilesOnlyForLargeTilesAndWhenNAllows) {
-  EXPECT_EQ(select_tile_width(8, 4096), 128);
-  EXPECT_EQ(select_tile_width(16, 4096), 128);
-  EXPECT_EQ(select_tile_width(32, 4096), 128);
-  EXPECT_EQ(select_tile_width(64, 4096), 256);
-  EXPECT_EQ(select_tile_width(128, 7168), 256);
-  EXPECT_EQ(select_tile_width(128, 384), 128);  // 384 is not a multiple of 256
-  EXPECT_EQ(select_tile_width(128, 128), 128);
+TEST(GroupedGemmConfig, WideTilesOnlyForTallTilesAndWhenNAllows) {
+  EXPECT_EQ(tile_halves(8, 4096), 1);
+  EXPECT_EQ(tile_halves(16, 4096), 1);
+  EXPECT_EQ(tile_halves(32, 4096), 1);
+  EXPECT_EQ(tile_halves(64, 4096), 2);
+  EXPECT_EQ(tile_halves(128, 7168), 2);
+  EXPECT_EQ(tile_halves(128, 384), 1);  // 384 is not a multiple of 256
+  EXPECT_EQ(tile_halves(128, 128), 1);
 }
 
-TEST(GroupedGemmConfig, EveryConfigFitsSharedMemoryWithAtLeastTwoStages) {
-  for (int64_t m : {1, 16, 24, 48, 100, 4096}) {
-    for (int64_t n : {128, 256, 384, 7168}) {
-      for (int g : {1, 2, 32, 256, 1024}) {
-        const GroupedGemmConfig c = select_config(m, n, g);
-        EXPECT_GE(c.stages, 2) << m << " " << n << " " << g;
-        EXPECT_LE(c.stages, kMaxStages);
-        EXPECT_LE(c.smem_bytes, kSmemLimit) << m << " " << n << " " << g;
-        EXPECT_EQ(c.smem_bytes, SmemLayout::make(c.block_m, c.tile_width, c.stages, g).total_bytes);
-        // The deepest ring that fits: one more stage would not.
-        if (c.stages < kMaxStages) {
-          EXPECT_GT(SmemLayout::make(c.block_m, c.tile_width, c.stages + 1, g).total_bytes, kSmemLimit);
-        }
-      }
-    }
-  }
+TEST(GroupedGemmConfig, LargeGroupsTakeShorterTilesOnlyWhenThatFinishesSooner) {
+  const int ctas = 132;
+  // DeepSeek-V3 gate_up, 32 groups of 1024 rows, N 4096: 4096 tiles of 128 rows fill 32 waves.
+  EXPECT_EQ(large_block_m(32 * 8 * 16, 32 * 16 * 16, ctas), 128);
+  // One group of 1000 rows (skewed routing), N 2048: 64 tiles of 128 rows leave half the CTAs idle.
+  EXPECT_EQ(large_block_m(8 * 8, 16 * 8, ctas), 64);
+  // 150 tiles: a second wave of 18 tiles at 128 rows; 300 at 64 rows take 3 waves of half the cost.
+  EXPECT_EQ(large_block_m(150, 300, ctas), 64);
+  // 264 tiles (exactly two waves) stay at 128.
+  EXPECT_EQ(large_block_m(264, 528, ctas), 128);
+  EXPECT_EQ(large_block_m(0, 0, ctas), 128);  // no large group
 }
 
-TEST(GroupedGemmConfig, DecodeShapesGetDeepRings) {
-  // DeepSeek-V3 gate_up decode: 8 rows per group, 32 groups.
-  const GroupedGemmConfig c = select_config(8, 4096, 32);
-  EXPECT_EQ(c.block_m, 8);
-  EXPECT_EQ(c.tile_width, 128);
-  EXPECT_GE(c.stages, 10);  // >= 160 KiB of weights in flight per SM
-}
-
-TEST(GroupedGemmConfig, LayoutTilesAre1024ByteAligned) {
-  // The 128-byte swizzle needs every operand tile at a multiple of 1024 bytes from the aligned base.
+TEST(GroupedGemmConfig, EveryTileShapeFitsAStage) {
   for (int bm : {8, 16, 32, 64, 128}) {
-    for (int w : {128, 256}) {
-      const SmemLayout l = SmemLayout::make(bm, w, 3, 8);
-      EXPECT_EQ(l.stage_w_bytes % 1024, 0);
-      EXPECT_EQ(l.stage_x_bytes % 1024, 0);
-      EXPECT_EQ(l.scales_bytes % 8, 0);  // barriers follow the scales
+    for (int halves : {1, 2}) {
+      const int per_stage = kblocks_per_stage(bm, halves);
+      EXPECT_GE(per_stage, 1) << bm << " " << halves;
+      EXPECT_LE(per_stage, kMaxKBlocksPerStage);
+      EXPECT_LE(per_stage * kblock_bytes(bm, halves), kStageBytes) << bm << " " << halves;
+      // Every operand tile starts 1024-byte aligned (the 128-byte swizzle atom) within the stage.
+      EXPECT_EQ(kblock_bytes(bm, halves) % 1024, 0);
+      EXPECT_EQ(halves * 128 * kTileKBytes % 1024, 0);
+      // The block-wise scale products of the stage: [k-block][slot][kMaxBlockM].
+      EXPECT_LE(per_stage * halves * kMaxBlockM, kStageScaleFloats);
     }
   }
+  EXPECT_EQ(kStageBytes % 1024, 0);
+  // Decode tiles (8 token rows, 128 weights) carry three k-blocks per stage: 48 KiB of weights per stage.
+  EXPECT_EQ(kblocks_per_stage(8, 1), 3);
+  EXPECT_EQ(kblocks_per_stage(128, 2), 1);
+}
+
+TEST(GroupedGemmConfig, EveryGroupCountFitsSharedMemoryWithAtLeastTwoStages) {
+  for (int g : {1, 2, 32, 256, 512, 800, 1024}) {
+    const int stages = select_stages(g);
+    EXPECT_GE(stages, 2) << g;
+    EXPECT_LE(stages, kMaxStages);
+    EXPECT_LE(SmemLayout::make(stages, g).total_bytes, kSmemLimit) << g;
+    if (stages < kMaxStages) EXPECT_GT(SmemLayout::make(stages + 1, g).total_bytes, kSmemLimit) << g;
+  }
+  EXPECT_EQ(select_stages(256), kMaxStages);
+  const SmemLayout l = SmemLayout::make(4, 8);
+  EXPECT_EQ(l.operands_bytes % 1024, 0);
+  EXPECT_EQ(l.scales_bytes % 8, 0);  // barriers follow the scales
 }
 
 }  // namespace

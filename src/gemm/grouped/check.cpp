@@ -187,7 +187,7 @@ GroupedProblem check_grouped_gemm(const char* op, Operand operand, Layout layout
   }
 
   if (options.expected_m < 0)
-    check.fail("options.expected_m", "must be >= 0 (0 derives it from the shapes), got " + str(options.expected_m));
+    check.fail("options.expected_m", "must be >= 0 (it is ignored: tile shapes come from the group sizes), got " + str(options.expected_m));
 
   const std::size_t workspace_needed = grouped_gemm_workspace_bytes(G, N, K);
   if (workspace.bytes < workspace_needed)
@@ -228,9 +228,6 @@ GroupedProblem check_grouped_gemm(const char* op, Operand operand, Layout layout
   p.rows = rows;
   p.n = N;
   p.k = K;
-  if (options.expected_m > 0) p.expected_m = options.expected_m;
-  else if (masked) p.expected_m = rows;
-  else p.expected_m = (rows + G - 1) / G;  // ceil: at least 1 when there are rows
 
   const int64_t rows_or_1 = std::max<int64_t>(rows, 1);
   p.x = x.data;

@@ -1,75 +1,103 @@
-// Internal: tile shape and pipeline depth of the grouped GEMM, a pure function of the problem (testable on CPU).
+// Internal: tile shapes and shared-memory layout of the grouped GEMM, pure functions (testable on the CPU, and the
+// tile-shape rules run on the device too).
 //
-// The kernel computes Yᵀ tiles: weights (N) fill wgmma's M side, 64 or 128 rows per consumer warpgroup (128 or
-// 256 per CTA), and tokens (M) fill wgmma's N side, block_m = 8..128 rows per tile, so a decode-sized group
-// wastes no tensor core work on rows it does not have.
+// The kernel computes Yᵀ tiles: weights (N) fill wgmma's M side, 64 or 128 rows per consumer warpgroup (a tile
+// 128 or 256 weight rows wide), and tokens (M) fill wgmma's N side, block_m = 8..128 rows per tile. Every group
+// gets its own tile shape, chosen on the device from its row count (group sizes live in device memory; the host
+// never reads them): a decode-sized group wastes no tensor-core work on rows it does not have, and a large group
+// re-reads its weights as few times as possible.
 #pragma once
 
 #include <cstdint>
 
 #include "gemm/grouped/problem.h"
 
+#if defined(__CUDACC__)
+#define TESSERA_HD __host__ __device__
+#else
+#define TESSERA_HD
+#endif
+
 namespace tessera::gemm::detail {
 
-inline constexpr int kTileKBytes = 128;       // K bytes per stage: one 128-byte swizzle row
-inline constexpr int kThreads = 384;          // 2 consumer warpgroups + 1 producer warpgroup
-inline constexpr int kMaxStages = 12;
-inline constexpr int kSmemLimit = 232448;     // sm_90 opt-in dynamic shared memory per block
+inline constexpr int kTileKBytes = 128;     // K bytes per k-block: one 128-byte swizzle row
+inline constexpr int kThreads = 384;        // 2 consumer warpgroups + 1 producer warpgroup
+inline constexpr int kMaxBlockM = 128;      // token rows of the tallest tile
+inline constexpr int kWeightBox = 128;      // weight rows per TMA box: a tile loads 1 or 2
+inline constexpr int kSmemLimit = 232448;   // sm_90 opt-in dynamic shared memory per block
+// One ring stage holds the operands of 1 to 3 k-blocks, as many as fit: the widest tile (256 weight rows + 128
+// token rows = 48 KiB) takes one k-block per stage, a decode tile (128 + 8 rows = 17 KiB) three. So the ring keeps
+// about the same bytes in flight whatever mix of tiles a launch runs.
+inline constexpr int kStageBytes = 51 * 1024;
+inline constexpr int kMaxKBlocksPerStage = 3;
+inline constexpr int kStageScaleFloats = kMaxKBlocksPerStage * kMaxBlockM;  // block-wise scale products
+inline constexpr int kMaxStages = 4;
 
-struct GroupedGemmConfig {
-  int block_m = 0;     // token rows per tile: 8, 16, 32, 64 or 128
-  int tile_width = 0;  // weight rows per tile: 128 or 256
-  int stages = 0;   // pipeline depth
-  int smem_bytes = 0;
+// The shape of the tiles of one group.
+struct TileShape {
+  int block_m;  // token rows: 8, 16, 32, 64 or 128
+  int halves;   // m64 weight blocks per consumer warpgroup: 1 (tile 128 weights wide) or 2 (256)
 };
+
+// Token rows of a group's tiles: the smallest of 8/16/32/64 that holds its rows, else `large` (128 or 64).
+TESSERA_HD constexpr int tile_block_m(int64_t rows, int large) {
+  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : large;
+}
+
+// 256 weight rows (two m64 blocks per warpgroup) for tiles of 64 or more token rows when N allows it: a quarter
+// fewer operand bytes per flop than 128. Decode-sized tiles are bound by the weight stream, where the width does
+// not matter and more, smaller tiles balance better.
+TESSERA_HD constexpr int tile_halves(int block_m, int64_t n) { return block_m >= 64 && n % 256 == 0 ? 2 : 1; }
+
+TESSERA_HD constexpr TileShape tile_shape(int64_t rows, int64_t n, int large) {
+  const int bm = tile_block_m(rows, large);
+  return TileShape{bm, tile_halves(bm, n)};
+}
+
+// Operand bytes of one k-block of a tile, and how many k-blocks share a stage.
+TESSERA_HD constexpr int kblock_bytes(int block_m, int halves) { return (halves * 128 + block_m) * kTileKBytes; }
+TESSERA_HD constexpr int kblocks_per_stage(int block_m, int halves) {
+  const int k = kStageBytes / kblock_bytes(block_m, halves);
+  return k > kMaxKBlocksPerStage ? kMaxKBlocksPerStage : k;
+}
+
+// The height of the tiles of groups with more than 64 rows, one choice per launch: 128 (fewest weight re-reads)
+// unless 64-row tiles finish sooner on `ctas` CTAs, which happens when 128-row tiles are too few to fill the
+// machine (one large group, as skewed routing produces) or leave a mostly idle last wave. tiles128 / tiles64:
+// the tiles of those groups at either height. A 64-row tile is counted as 0.575 of a 128-row one (half the flops
+// plus the weight tile it reads alone).
+TESSERA_HD constexpr int large_block_m(int64_t tiles128, int64_t tiles64, int64_t ctas) {
+  if (tiles128 == 0 || ctas <= 0) return 128;
+  const int64_t waves128 = (tiles128 + ctas - 1) / ctas, waves64 = (tiles64 + ctas - 1) / ctas;
+  return waves64 * 115 < waves128 * 200 ? 64 : 128;
+}
 
 // Shared memory of one CTA, laid out by the kernel in this order (see kernel.cuh).
 struct SmemLayout {
-  int stage_w_bytes, stage_x_bytes, stage_scale_bytes;
-  int operands_bytes;  // stages × (w + x): 1024-byte aligned tiles first
-  int scales_bytes;    // stages × stage_scale_bytes
+  int operands_bytes;  // stages × kStageBytes, 1024-byte aligned
+  int scales_bytes;    // stages × kStageScaleFloats fp32
   int barrier_bytes;   // 2 × stages × 8
-  int table_bytes;     // scan scratch (one per warp) and (G + 1) tile prefix, int64; G starts and G rows, int32
+  int table_bytes;     // scan scratch (2 per warp) and (G + 1) tile prefix, int64; G starts, rows and shapes, int32
   int total_bytes;     // + 1024 for aligning the dynamic base
 
-  static constexpr SmemLayout make(int block_m, int tile_width, int stages, int num_groups) {
+  static constexpr SmemLayout make(int stages, int num_groups) {
     SmemLayout l{};
-    l.stage_w_bytes = tile_width * kTileKBytes;
-    l.stage_x_bytes = block_m * kTileKBytes;
-    l.stage_scale_bytes = 2 * block_m * 4;  // [2 weight blocks][block_m] products
-    l.operands_bytes = stages * (l.stage_w_bytes + l.stage_x_bytes);
-    l.scales_bytes = stages * l.stage_scale_bytes;
+    l.operands_bytes = stages * kStageBytes;
+    l.scales_bytes = stages * kStageScaleFloats * 4;
     l.barrier_bytes = 2 * stages * 8;
-    l.table_bytes = (kThreads / 32 + num_groups + 1) * 8 + 2 * num_groups * 4;
+    l.table_bytes = (2 * (kThreads / 32) + num_groups + 1) * 8 + 3 * num_groups * 4;
     l.total_bytes = 1024 + l.operands_bytes + l.scales_bytes + l.barrier_bytes + l.table_bytes;
     return l;
   }
 };
 
-// Tile rows from the expected rows per group: the smallest of 8/16/32/64 that holds them, else 128.
-constexpr int select_block_m(int64_t expected_m) {
-  return expected_m <= 8 ? 8 : expected_m <= 16 ? 16 : expected_m <= 32 ? 32 : expected_m <= 64 ? 64 : 128;
-}
-
-// Weight rows per tile: 256 (each consumer warpgroup two m64 blocks) where tiles carry 64 or more token rows and
-// N allows it, which cuts the operand bytes per flop by a quarter against 128; else 128. Decode-sized tiles
-// are bound by the weight stream, where the width does not matter and more, smaller tiles balance better.
-constexpr int select_tile_width(int block_m, int64_t n) { return block_m >= 64 && n % 256 == 0 ? 256 : 128; }
-
-// Deepest pipeline that fits the shared memory limit (at least 2 stages; G <= kGroupedGemmMaxGroups always fits).
-inline GroupedGemmConfig select_config(int64_t expected_m, int64_t n, int num_groups, int smem_limit = kSmemLimit) {
-  GroupedGemmConfig c;
-  c.block_m = select_block_m(expected_m);
-  c.tile_width = select_tile_width(c.block_m, n);
-  c.stages = 2;
-  for (int s = kMaxStages; s >= 2; --s) {
-    if (SmemLayout::make(c.block_m, c.tile_width, s, num_groups).total_bytes <= smem_limit) {
-      c.stages = s;
-      break;
-    }
-  }
-  c.smem_bytes = SmemLayout::make(c.block_m, c.tile_width, c.stages, num_groups).total_bytes;
-  return c;
+// Deepest ring that fits the shared memory limit (kMaxStages up to ~800 groups, fewer for more; at least 2).
+constexpr int select_stages(int num_groups, int smem_limit = kSmemLimit) {
+  for (int s = kMaxStages; s > 2; --s)
+    if (SmemLayout::make(s, num_groups).total_bytes <= smem_limit) return s;
+  return 2;
 }
 
 }  // namespace tessera::gemm::detail
+
+#undef TESSERA_HD

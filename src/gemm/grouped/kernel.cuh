@@ -2,20 +2,23 @@
 //
 // Threads 0..255 are two consumer warpgroups, threads 256..383 the producer warpgroup:
 //   producer warp 0 (one lane): TMA loads of the weight tile [tile width (128 or 256) n × 128 B of K] and the
-//     token tile [block_m rows × 128 B of K] of every k-block into the stage ring;
-//   producer warp 1 (block-wise scales only): the k-block's products weight-block scale × token scale into the
+//     token tile [block_m rows × 128 B of K] of every k-block into the stage ring, 1 to 3 k-blocks per stage
+//     (config.h: kblocks_per_stage);
+//   producer warp 1 (block-wise scales only): the stage's products weight-block scale × token scale into the
 //     same stage, arriving on the stage's full barrier;
-//   consumer warpgroup c: its kWgRows (64 or 128) weight rows of the tile, as one or two m64 blocks:
+//   consumer warpgroup c: its 64 or 128 weight rows of the tile, as one or two m64 blocks:
 //     D[64 n × block_m tokens] = W[.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M, tokens in its N).
 //     fp8: every k-block of every m64 block goes to a fresh accumulator that is then added (with the block-wise
 //     scale products) into an fp32 total (promotion); bf16: one accumulator over all of K.
 //   epilogue: scale, round to bf16, store pairs of adjacent weights of one token (4 bytes) straight from the
 //     accumulators after one shuffle, masked to the group's rows.
 //
-// Tiles: for group g, ceil(rows_g / block_m) m-tiles × N / tile width n-tiles, numbered group by group, n-tile
-// major and m-tile fastest (CTAs running at the same time share weight tiles through L2). CTA b takes tiles b,
-// b + grid, ... Token tiles are read through one tensor map over all of X: a tile that runs past its group's
-// end reads the next group's rows (or zeros past the tensor), and those rows are never stored.
+// Tiles: every group has its own tile shape (block_m token rows × 128 or 256 weight rows), chosen by each CTA from
+// the group sizes in device memory (build_tile_table, config.h: tile_shape, large_block_m); the consumers run
+// the matching instantiation of consume_tile. Group g has ceil(rows_g / block_m) m-tiles × N / width n-tiles,
+// numbered group by group, n-tile major and m-tile fastest (CTAs running at the same time share weight tiles
+// through L2). CTA b takes tiles b, b + grid, ... Token tiles are read through tensor maps over all of X: a tile
+// that runs past its group's end reads the next group's rows (or zeros past the tensor), never stored.
 #pragma once
 
 #include <cuda.h>
@@ -46,7 +49,7 @@ struct KernelParams {
   int scaling;      // Scaling
   int stages;
   int64_t rows;     // contiguous: M; masked: max_m
-  int n_tiles;      // N / 128
+  int64_t n;        // N (a multiple of 128)
   int k_blocks;     // K / (128 bytes)
   const int32_t* group_rows;
   __nv_bfloat16* y;
@@ -57,28 +60,29 @@ struct KernelParams {
   int64_t ws_group_stride, ws_n_stride, ws_k_stride;
 };
 
-// Where tile t lives.
+// Where tile t lives, and its shape (its group's).
 struct TileCoord {
   int group;
   int m0;        // first row of the tile within the group
   int n0;        // first weight row (output column)
   int rows;      // rows of the tile that belong to the group (1..block_m)
   int64_t row0;  // contiguous: global row of the group's first row; masked: 0
+  int block_m;   // token rows of the tile
+  int halves;    // m64 weight blocks per consumer warpgroup (tile width 128 · halves)
 };
 
 // The per-group counts and their prefix are 64-bit: with non-monotone offsets the groups may overlap and their
-// tiles add up to more than M / block_m + G (up to G × M / block_m × N / tile width), which must never wrap.
-// Tile numbers themselves are int: total() saturates at 2^30 (so that t + gridDim cannot overflow either). Real
-// problems stay far below it (M / 8 × N / 128 < 2^30 up to millions of rows of K bytes each); only overlapping
-// groups can reach it, and tiles past it are then not computed (those rows' values are unspecified anyway).
-// Nothing wraps, so nothing is addressed outside the tensors.
-template <int kBlockM, int kTileWidth>
+// tiles add up to more than M / 8 + G (up to G × M / 8 × N / 128), which must never wrap. Tile numbers
+// themselves are int: total() saturates at 2^30 (so that t + gridDim cannot overflow either). Real problems stay
+// far below it; only overlapping groups can reach it, and tiles past it are then not computed (those rows' values
+// are unspecified anyway). Nothing wraps, so nothing is addressed outside the tensors.
 struct TileTable {
   const int64_t* prefix;  // [G + 1] tiles before group g
   const int* start;       // [G]
   const int* rows;        // [G]
+  const int* shape;       // [G] block_m | halves << 8
   int num_groups;
-  int n_tiles;
+  int64_t n;
 
   __device__ __forceinline__ int total() const {
     return static_cast<int>(min(prefix[num_groups], int64_t{1} << 30));
@@ -91,33 +95,51 @@ struct TileTable {
       if (prefix[mid] <= t) lo = mid; else hi = mid - 1;
     }
     const int g = lo;
-    const int local = static_cast<int>(t - prefix[g]);  // 0 <= local <= t
-    const int m_tiles = (rows[g] + kBlockM - 1) / kBlockM;
-    const int n_tile = local / m_tiles;
-    const int m_tile = local - n_tile * m_tiles;
     TileCoord c;
     c.group = g;
-    c.m0 = m_tile * kBlockM;
-    c.n0 = n_tile * kTileWidth;
-    c.rows = min(kBlockM, rows[g] - c.m0);
+    c.block_m = shape[g] & 0xFF;
+    c.halves = shape[g] >> 8;
+    const int local = static_cast<int>(t - prefix[g]);  // 0 <= local <= t
+    const int m_tiles = (rows[g] + c.block_m - 1) / c.block_m;
+    const int n_tile = local / m_tiles;
+    const int m_tile = local - n_tile * m_tiles;
+    c.m0 = m_tile * c.block_m;
+    c.n0 = n_tile * 128 * c.halves;
+    c.rows = min(c.block_m, rows[g] - c.m0);
     c.row0 = start[g];
     return c;
   }
 };
 
-// Exclusive prefix sum of the per-group tile counts into table.prefix, by all kThreads threads.
-template <int kBlockM>
-__device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* start, int* rows, int64_t* scratch) {
+// Sum over the CTA of one int64 per thread (scratch: one slot per warp). Every thread gets the sum.
+__device__ __forceinline__ int64_t cta_sum(int64_t v, int64_t* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  int64_t sum = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) sum += scratch[w];
+  __syncthreads();
+  return sum;
+}
+
+// The tile table, by all kThreads threads: each group's clamped rows, its tile shape (tile_shape, with the height of
+// groups above 64 rows chosen once for the launch by large_block_m), its tile count, and their exclusive prefix sum.
+// Every CTA computes the same table from the same group sizes.
+__device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* start, int* rows, int* shape,
+                                 int64_t* scratch) {
   constexpr int kPer = (kGroupedGemmMaxGroups + kThreads - 1) / kThreads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int64_t counts[kPer];
-  int64_t sum = 0;
+  int64_t r_[kPer];
+  int64_t big128 = 0, big64 = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int g = tid * kPer + i;
-    int64_t c = 0;
+    int64_t r = 0;
     if (g < p.num_groups) {
-      int64_t s, r;
+      int64_t s;
       if (p.masked) {
         s = 0;
         r = min(max(int64_t{p.group_rows[g]}, int64_t{0}), p.rows);
@@ -128,7 +150,26 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
       }
       start[g] = static_cast<int>(s);
       rows[g] = static_cast<int>(r);
-      c = (r + kBlockM - 1) / kBlockM * p.n_tiles;
+      if (r > 64) {
+        const int64_t n_tiles = p.n / (128 * tile_halves(64, p.n));  // 64 and 128 rows: the same width
+        big128 += (r + 127) / 128 * n_tiles;
+        big64 += (r + 63) / 64 * n_tiles;
+      }
+    }
+    r_[i] = r;
+  }
+  const int large = large_block_m(cta_sum(big128, scratch), cta_sum(big64, scratch), gridDim.x);
+
+  int64_t counts[kPer];
+  int64_t sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int g = tid * kPer + i;
+    int64_t c = 0;
+    if (g < p.num_groups) {
+      const TileShape ts = tile_shape(r_[i], p.n, large);
+      shape[g] = ts.block_m | (ts.halves << 8);
+      c = (r_[i] + ts.block_m - 1) / ts.block_m * (p.n / (128 * ts.halves));
     }
     counts[i] = c;
     sum += c;
@@ -160,42 +201,182 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
   }
 }
 
-template <bool kFP8, int kBlockM, int kWgRows>
-__global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
-                        const __grid_constant__ KernelParams p) {
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// What the consumer warpgroups share.
+struct ConsumerCtx {
+  const KernelParams* p;
+  uint8_t* operands;     // [stages][kStageBytes]
+  const float* scales;   // [stages][kStageScaleFloats]
+  pipeline::StageRing ring;
+  int wg, warp, lane;
+  bool blockwise;
+};
+
+// One tile of shape (kBlockM, kHalves) by a consumer warpgroup: the mainloop over K through the ring, then the
+// epilogue. Stage st holds k-blocks kb0 .. kb0 + kblocks_per_stage - 1 of the tile, each as [weights][tokens].
+template <bool kFP8, int kBlockM, int kHalves>
+__device__ __forceinline__ void consume_tile(const ConsumerCtx& x, const TileCoord& c, pipeline::PipelineState& st) {
   using Mma = ptx::Wgmma<kBlockM>;
   constexpr int kRegs = Mma::kRegs;
-  constexpr int kTileWidth = 2 * kWgRows;            // weight rows per tile
-  constexpr int kHalves = kWgRows / 64;              // m64 wgmma blocks per consumer warpgroup
+  constexpr int kKSteps = 4;  // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
+  constexpr int kPerStage = kblocks_per_stage(kBlockM, kHalves);
+  constexpr int kWeightBytes = kHalves * 128 * kTileKBytes;
+  constexpr int kSub = kblock_bytes(kBlockM, kHalves);
+  const KernelParams& p = *x.p;
+  const int lane = x.lane, wg = x.wg;
+  const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
+  const int ws_slot = kHalves == 2 ? wg : 0;  // the 128-row weight block of this warpgroup's rows
+
+  // One k-block of m64 block h of this warpgroup: 4 wgmma of 32 bytes of K each.
+  auto issue = [&](float(&acc)[kRegs], const uint8_t* sub, int h, bool accumulate) {
+    const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(sub + (wg * kHalves + h) * 64 * kTileKBytes);
+    const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(sub + kWeightBytes);
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const int scale_d = (accumulate || s > 0) ? 1 : 0;
+      if constexpr (kFP8) Mma::mma_e4m3(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
+      else Mma::mma_bf16(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
+    }
+  };
+  auto release = [&](const pipeline::PipelineState& done) {
+    if (x.blockwise) {
+      x.ring.consumer_release(done);
+    } else {
+      __syncwarp();
+      if (lane == 0) x.ring.consumer_release(done);
+    }
+  };
+
+  float total[kHalves][kRegs];
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h)
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) total[h][i] = 0.0f;
+
+  if constexpr (kFP8) {
+    // Every k-block of every m64 block goes to a fresh fp8 accumulator that is promoted into the fp32 total:
+    // total += part (per-tensor) or total += ws · xs[col] · part (block-wise). The promotion reads the
+    // accumulator, and ptxas serializes wgmma left in flight across such reads, so each batch completes first;
+    // the two consumer warpgroups interleave over the promotions instead.
+    float part[kRegs];
+    for (int kb0 = 0; kb0 < p.k_blocks; kb0 += kPerStage) {
+      const int n_kb = min(kPerStage, p.k_blocks - kb0);
+      x.ring.consumer_wait(st);
+      for (int j = 0; j < n_kb; ++j) {
+        const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
+        const float* prod = x.scales + st.stage * kStageScaleFloats + (j * kHalves + ws_slot) * kMaxBlockM;
+        const bool last_kb = j + 1 == n_kb;
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) {
+          ptx::wgmma_fence();
+          issue(part, sub, h, false);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<0>();
+          ptx::wgmma_fence_registers(part);
+          if (x.blockwise) {
+            float2 s01[kBlockM / 8];
+#pragma unroll
+            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = *reinterpret_cast<const float2*>(prod + 8 * q + col_pair);
+            if (last_kb && h + 1 == kHalves) release(st);
+#pragma unroll
+            for (int q = 0; q < kBlockM / 8; ++q) {
+              total[h][4 * q + 0] = fmaf(part[4 * q + 0], s01[q].x, total[h][4 * q + 0]);
+              total[h][4 * q + 1] = fmaf(part[4 * q + 1], s01[q].y, total[h][4 * q + 1]);
+              total[h][4 * q + 2] = fmaf(part[4 * q + 2], s01[q].x, total[h][4 * q + 2]);
+              total[h][4 * q + 3] = fmaf(part[4 * q + 3], s01[q].y, total[h][4 * q + 3]);
+            }
+          } else {
+            if (last_kb && h + 1 == kHalves) release(st);
+#pragma unroll
+            for (int i = 0; i < kRegs; ++i) total[h][i] += part[i];
+          }
+        }
+      }
+      st.advance(p.stages);
+    }
+  } else {
+    // bf16: one fp32 accumulator over all of K; a stage's batch stays in flight while the next stage is awaited,
+    // and a stage is released once the batch after it is issued and it has completed.
+    pipeline::PipelineState prev = st;
+    for (int kb0 = 0; kb0 < p.k_blocks; kb0 += kPerStage) {
+      const int n_kb = min(kPerStage, p.k_blocks - kb0);
+      x.ring.consumer_wait(st);
+      ptx::wgmma_fence();
+      for (int j = 0; j < n_kb; ++j) {
+        const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
+#pragma unroll
+        for (int h = 0; h < kHalves; ++h) issue(total[h], sub, h, kb0 + j > 0);
+      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<1>();
+      if (kb0 > 0) release(prev);
+      prev = st;
+      st.advance(p.stages);
+    }
+    ptx::wgmma_wait_group<0>();
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) ptx::wgmma_fence_registers(total[h]);
+    release(prev);
+  }
+
+  // ---- epilogue: scale, bf16, 4-byte stores straight from the accumulators. Lanes l and l^4 hold weight rows r
+  // and r^1 of the same token columns; one shuffle gives each a pair of adjacent weights of one token (even row:
+  // token c, odd row: token c+1).
+  float factor = 1.0f;
+  if (p.scaling == static_cast<int>(Scaling::kPerTensor)) factor = p.x_scale[0] * p.w_scale[c.group * p.ws_group_stride];
+  const bool odd = (lane >> 2) & 1;
+  __nv_bfloat16* y_tile = p.y + (p.masked ? c.group * p.y_group_stride : int64_t{0}) +
+                          (c.row0 + c.m0) * p.y_row_stride + c.n0 + wg * kHalves * 64;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+    for (int q = 0; q < kBlockM / 8; ++q) {
+#pragma unroll
+      for (int half8 = 0; half8 < 2; ++half8) {
+        const float v0 = total[h][4 * q + 2 * half8] * factor;      // (row r, token c)
+        const float v1 = total[h][4 * q + 2 * half8 + 1] * factor;  // (row r, token c + 1)
+        const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+        const int row = h * 64 + x.warp * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
+        const int token = 8 * q + col_pair + (odd ? 1 : 0);
+        if (token < c.rows) {
+          const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
+          *reinterpret_cast<__nv_bfloat162*>(y_tile + token * p.y_row_stride + row) = pair;
+        }
+      }
+    }
+  }
+}
+
+template <bool kFP8>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x8, const __grid_constant__ CUtensorMap tmap_x64,
+                        const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kElemBytes = kFP8 ? 1 : 2;
   constexpr int kKElems = kTileKBytes / kElemBytes;  // K elements per k-block
-  constexpr int kKSteps = 4;                         // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
 
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  const SmemLayout L = SmemLayout::make(kBlockM, kTileWidth, p.stages, p.num_groups);
-  uint8_t* smem_w = base;                                        // [stages][tile width][128 B]
-  uint8_t* smem_x = base + p.stages * L.stage_w_bytes;           // [stages][block_m][128 B]
-  uint8_t* smem_scales = base + L.operands_bytes;                // [stages][2 weight blocks][block_m] fp32
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem_scales + L.scales_bytes);
-  int64_t* scratch = reinterpret_cast<int64_t*>(bars + 2 * p.stages);  // [kThreads / 32]
-  int64_t* t_prefix = scratch + kThreads / 32;                          // [G + 1]
+  const SmemLayout L = SmemLayout::make(p.stages, p.num_groups);
+  uint8_t* operands = base;                                        // [stages][kStageBytes]
+  float* scales = reinterpret_cast<float*>(base + L.operands_bytes);  // [stages][kStageScaleFloats]
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + L.operands_bytes + L.scales_bytes);
+  int64_t* scratch = reinterpret_cast<int64_t*>(bars + 2 * p.stages);  // [2 × kThreads / 32]
+  int64_t* t_prefix = scratch + 2 * (kThreads / 32);                    // [G + 1]
   int* t_start = reinterpret_cast<int*>(t_prefix + p.num_groups + 1);
   int* t_rows = t_start + p.num_groups;
+  int* t_shape = t_rows + p.num_groups;
 
   const pipeline::StageRing ring{bars, bars + p.stages, p.stages};
   const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
 
-  build_tile_table<kBlockM>(p, t_prefix, t_start, t_rows, scratch);
+  build_tile_table(p, t_prefix, t_start, t_rows, t_shape, scratch);
   // full: the TMA thread (+ the 32 scale lanes). empty: one arrival per consumer warp, or per consumer thread
   // when the consumers read the stage's scales with ordinary loads (an arrival releases only its own thread's
   // accesses; wgmma reads of the operand tiles need none).
   if (threadIdx.x == 0) ring.init(blockwise ? 1 + 32 : 1, blockwise ? 256 : 8);
   __syncthreads();
 
-  const TileTable<kBlockM, kTileWidth> tiles{t_prefix, t_start, t_rows, p.num_groups, p.n_tiles};
+  const TileTable tiles{t_prefix, t_start, t_rows, t_shape, p.num_groups, p.n};
   const int total_tiles = tiles.total();
   const int wg = threadIdx.x / 128;
 
@@ -204,31 +385,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     ptx::setmaxnreg_dec<kProducerRegs>();
     const int warp = (threadIdx.x / 32) & 3, lane = threadIdx.x & 31;
     if (warp == 0 && lane == 0) {
-      ptx::prefetch_tensormap(&tmap_x);
+      ptx::prefetch_tensormap(&tmap_x8);
+      ptx::prefetch_tensormap(&tmap_x64);
       ptx::prefetch_tensormap(&tmap_w);
-      const uint32_t stage_bytes = static_cast<uint32_t>(L.stage_w_bytes + L.stage_x_bytes);
       pipeline::PipelineState st;
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         const TileCoord c = tiles.at(t);
         const int x_row = static_cast<int>(c.row0) + c.m0;
         const int x_grp = p.masked ? c.group : 0;
-        for (int kb = 0; kb < p.k_blocks; ++kb) {
+        const int per_stage = kblocks_per_stage(c.block_m, c.halves);
+        const int sub_bytes = kblock_bytes(c.block_m, c.halves);
+        const int w_bytes = c.halves * kWeightBox * kTileKBytes;
+        // Token rows in boxes of 64 (tiles of 64 or 128 rows) or 8.
+        const bool x_big = c.block_m >= 64;
+        const int x_box = x_big ? 64 : 8;
+        const CUtensorMap* x_map = x_big ? &tmap_x64 : &tmap_x8;
+        for (int kb0 = 0; kb0 < p.k_blocks; kb0 += per_stage) {
+          const int n_kb = min(per_stage, p.k_blocks - kb0);
           ring.producer_acquire(st);
           uint64_t* full = &ring.full[st.stage];
-          ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
-          ptx::tma_load_3d(smem_w + st.stage * L.stage_w_bytes, &tmap_w, full, kb * kKElems, c.n0, c.group);
-          ptx::tma_load_3d(smem_x + st.stage * L.stage_x_bytes, &tmap_x, full, kb * kKElems, x_row, x_grp);
+          ptx::mbarrier_arrive_expect_tx(full, static_cast<uint32_t>(n_kb * sub_bytes));
+          for (int j = 0; j < n_kb; ++j) {
+            uint8_t* sub = operands + st.stage * kStageBytes + j * sub_bytes;
+            const int k0 = (kb0 + j) * kKElems;
+            for (int i = 0; i < c.halves; ++i)
+              ptx::tma_load_3d(sub + i * kWeightBox * kTileKBytes, &tmap_w, full, k0, c.n0 + i * kWeightBox, c.group);
+            for (int r = 0; r < c.block_m; r += x_box)
+              ptx::tma_load_3d(sub + w_bytes + r * kTileKBytes, x_map, full, k0, x_row + r, x_grp);
+          }
           st.advance(p.stages);
         }
       }
     } else if (kFP8 && warp == 1 && blockwise) {
-      // Block-wise scales of each k-block into its stage, as the products ws[nb] · xs[row] for each consumer
-      // warpgroup's 128-row weight block ([slot][block_m] fp32), so that the promotion is one FMA per element.
-      // Plain loads, stores and a release arrival per lane; the loads of the next k-block are issued before
-      // waiting for its stage, so their latency hides behind the ring.
-      constexpr int kSlots = kTileWidth / kGroupedGemmBlock;
-      constexpr int kPerLane = kBlockM / 32 > 0 ? kBlockM / 32 : 1;
-      float x_next[kPerLane], w_next[kSlots];
+      // Block-wise scales of each stage's k-blocks, as the products ws[nb] · xs[row] for each consumer
+      // warpgroup's 128-row weight block ([k-block][slot][kMaxBlockM] fp32), so that the promotion is one FMA per
+      // element. Plain loads, stores and a release arrival per lane after a stage's last k-block; the loads of
+      // the next k-block are issued before the current one waits for its stage, so their latency hides.
+      constexpr int kPerLane = kMaxBlockM / 32;
+      float x_next[kPerLane], w_next[2];
       auto load = [&](const TileCoord& c, int kb) {
         // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
         const int64_t row_limit = p.masked ? p.rows : p.rows - c.row0;
@@ -239,10 +433,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
           const int64_t r = c.m0 + lane + 32 * i;
-          x_next[i] = (lane + 32 * i < kBlockM && r < row_limit) ? __ldg(xs + r * p.xs_row_stride) : 0.0f;
+          x_next[i] = (lane + 32 * i < c.block_m && r < row_limit) ? __ldg(xs + r * p.xs_row_stride) : 0.0f;
         }
 #pragma unroll
-        for (int sl = 0; sl < kSlots; ++sl) w_next[sl] = __ldg(ws + sl * p.ws_n_stride);
+        for (int sl = 0; sl < 2; ++sl) w_next[sl] = sl < c.halves ? __ldg(ws + sl * p.ws_n_stride) : 0.0f;
       };
       int t = blockIdx.x, kb = 0;
       TileCoord c{};
@@ -252,150 +446,50 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pipeline::PipelineState st;
       while (t < total_tiles) {
-        float x_cur[kPerLane], w_cur[kSlots];
+        float x_cur[kPerLane], w_cur[2];
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) x_cur[i] = x_next[i];
-#pragma unroll
-        for (int sl = 0; sl < kSlots; ++sl) w_cur[sl] = w_next[sl];
+        w_cur[0] = w_next[0];
+        w_cur[1] = w_next[1];
+        const int block_m = c.block_m, halves = c.halves, kb_cur = kb;
         if (++kb == p.k_blocks) {
           kb = 0;
           t += gridDim.x;
           if (t < total_tiles) c = tiles.at(t);
         }
         if (t < total_tiles) load(c, kb);
-        ring.producer_acquire(st);
-        float* dst = reinterpret_cast<float*>(smem_scales + st.stage * L.stage_scale_bytes);
+        const int per_stage = kblocks_per_stage(block_m, halves);
+        const int j = kb_cur % per_stage;
+        const int n_kb = min(per_stage, p.k_blocks - (kb_cur - j));
+        if (j == 0) ring.producer_acquire(st);
+        float* dst = scales + st.stage * kStageScaleFloats + j * halves * kMaxBlockM;
 #pragma unroll
-        for (int sl = 0; sl < kSlots; ++sl)
+        for (int sl = 0; sl < 2; ++sl)
 #pragma unroll
           for (int i = 0; i < kPerLane; ++i)
-            if (lane + 32 * i < kBlockM) dst[sl * kBlockM + lane + 32 * i] = w_cur[sl] * x_cur[i];
-        ptx::mbarrier_arrive(&ring.full[st.stage]);
-        st.advance(p.stages);
+            if (sl < halves && lane + 32 * i < block_m) dst[sl * kMaxBlockM + lane + 32 * i] = w_cur[sl] * x_cur[i];
+        if (j + 1 == n_kb) {
+          ptx::mbarrier_arrive(&ring.full[st.stage]);
+          st.advance(p.stages);
+        }
       }
     }
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    const int tid = threadIdx.x & 127, warp = tid >> 5, lane = tid & 31;
-    const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
-    const int ws_slot = kWgRows == 128 ? wg : 0;
+    const int tid = threadIdx.x & 127;
+    const ConsumerCtx ctx{&p, operands, scales, ring, wg, tid >> 5, tid & 31, blockwise};
     pipeline::PipelineState st;
-
-    // One k-block of m64 block h of this warpgroup: 4 wgmma of 32 bytes of K each, one commit group.
-    auto issue = [&](float(&acc)[kRegs], int stage, int h, bool accumulate) {
-      const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(smem_w + stage * L.stage_w_bytes +
-                                                            (wg * kWgRows + h * 64) * kTileKBytes);
-      const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(smem_x + stage * L.stage_x_bytes);
-#pragma unroll
-      for (int s = 0; s < kKSteps; ++s) {
-        const int scale_d = (accumulate || s > 0) ? 1 : 0;
-        if constexpr (kFP8) Mma::mma_e4m3(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
-        else Mma::mma_bf16(acc, desc_a + 2 * s, desc_b + 2 * s, scale_d);
-      }
-    };
-    auto release = [&](const pipeline::PipelineState& done) {
-      if (blockwise) {
-        ring.consumer_release(done);
-      } else {
-        __syncwarp();
-        if (lane == 0) ring.consumer_release(done);
-      }
-    };
-
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
       const TileCoord c = tiles.at(t);
-      float total[kHalves][kRegs];
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h)
-#pragma unroll
-        for (int i = 0; i < kRegs; ++i) total[h][i] = 0.0f;
-
-      if constexpr (kFP8) {
-        // Every k-block of every m64 block goes to a fresh fp8 accumulator that is promoted into the fp32
-        // total: total += part (per-tensor) or total += ws · xs[col] · part (block-wise). The promotion reads
-        // the accumulator, and ptxas serializes wgmma left in flight across such reads, so each batch
-        // completes first; the two consumer warpgroups interleave over the promotions instead.
-        float part[kRegs];
-        for (int kb = 0; kb < p.k_blocks; ++kb) {
-          ring.consumer_wait(st);
-          const float* sc = reinterpret_cast<const float*>(smem_scales + st.stage * L.stage_scale_bytes);
-#pragma unroll
-          for (int h = 0; h < kHalves; ++h) {
-            ptx::wgmma_fence();
-            issue(part, st.stage, h, false);
-            ptx::wgmma_commit_group();
-            ptx::wgmma_wait_group<0>();
-            ptx::wgmma_fence_registers(part);
-            if (blockwise) {
-              const float* prod = sc + ws_slot * kBlockM;
-              float2 s01[kBlockM / 8];
-#pragma unroll
-              for (int j = 0; j < kBlockM / 8; ++j) s01[j] = *reinterpret_cast<const float2*>(prod + 8 * j + col_pair);
-              if (h + 1 == kHalves) release(st);
-#pragma unroll
-              for (int j = 0; j < kBlockM / 8; ++j) {
-                total[h][4 * j + 0] = fmaf(part[4 * j + 0], s01[j].x, total[h][4 * j + 0]);
-                total[h][4 * j + 1] = fmaf(part[4 * j + 1], s01[j].y, total[h][4 * j + 1]);
-                total[h][4 * j + 2] = fmaf(part[4 * j + 2], s01[j].x, total[h][4 * j + 2]);
-                total[h][4 * j + 3] = fmaf(part[4 * j + 3], s01[j].y, total[h][4 * j + 3]);
-              }
-            } else {
-              if (h + 1 == kHalves) release(st);
-#pragma unroll
-              for (int i = 0; i < kRegs; ++i) total[h][i] += part[i];
-            }
-          }
-          st.advance(p.stages);
-        }
-      } else {
-        // bf16: one fp32 accumulator over all of K; the k-block's batch stays in flight while the next stage is
-        // awaited, and a stage is released once the batch after it is issued and it has completed.
-        pipeline::PipelineState prev = st;
-        for (int kb = 0; kb < p.k_blocks; ++kb) {
-          ring.consumer_wait(st);
-          ptx::wgmma_fence();
-#pragma unroll
-          for (int h = 0; h < kHalves; ++h) issue(total[h], st.stage, h, kb > 0);
-          ptx::wgmma_commit_group();
-          ptx::wgmma_wait_group<1>();
-          if (kb > 0) release(prev);
-          prev = st;
-          st.advance(p.stages);
-        }
-        ptx::wgmma_wait_group<0>();
-#pragma unroll
-        for (int h = 0; h < kHalves; ++h) ptx::wgmma_fence_registers(total[h]);
-        release(prev);
-      }
-
-      // ---- epilogue: scale, bf16, 4-byte stores straight from the accumulators. Lanes l and l^4 hold weight
-      // rows r and r^1 of the same token columns; one shuffle gives each a pair of adjacent weights of one
-      // token (even row: token c, odd row: token c+1).
-      float factor = 1.0f;
-      if (p.scaling == static_cast<int>(Scaling::kPerTensor)) {
-        factor = p.x_scale[0] * p.w_scale[c.group * p.ws_group_stride];
-      }
-      const bool odd = (lane >> 2) & 1;
-      __nv_bfloat16* y_tile = p.y + (p.masked ? c.group * p.y_group_stride : int64_t{0}) +
-                              (c.row0 + c.m0) * p.y_row_stride + c.n0 + wg * kWgRows;
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-        for (int j = 0; j < kBlockM / 8; ++j) {
-#pragma unroll
-          for (int half8 = 0; half8 < 2; ++half8) {
-            const float v0 = total[h][4 * j + 2 * half8] * factor;      // (row r, token c)
-            const float v1 = total[h][4 * j + 2 * half8 + 1] * factor;  // (row r, token c + 1)
-            const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-            const int row = h * 64 + warp * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
-            const int token = 8 * j + col_pair + (odd ? 1 : 0);
-            if (token < c.rows) {
-              const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
-              *reinterpret_cast<__nv_bfloat162*>(y_tile + token * p.y_row_stride + row) = pair;
-            }
-          }
-        }
+      switch (c.block_m | (c.halves << 8)) {
+        case 8 | (1 << 8): consume_tile<kFP8, 8, 1>(ctx, c, st); break;
+        case 16 | (1 << 8): consume_tile<kFP8, 16, 1>(ctx, c, st); break;
+        case 32 | (1 << 8): consume_tile<kFP8, 32, 1>(ctx, c, st); break;
+        case 64 | (1 << 8): consume_tile<kFP8, 64, 1>(ctx, c, st); break;
+        case 128 | (1 << 8): consume_tile<kFP8, 128, 1>(ctx, c, st); break;
+        case 64 | (2 << 8): consume_tile<kFP8, 64, 2>(ctx, c, st); break;
+        default: consume_tile<kFP8, 128, 2>(ctx, c, st); break;
       }
     }
   }

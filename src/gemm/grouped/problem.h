@@ -23,7 +23,6 @@ struct GroupedProblem {
   int64_t rows = 0;         // contiguous: M (rows of x and y); masked: max_m
   int64_t n = 0;
   int64_t k = 0;
-  int64_t expected_m = 0;   // tile-shape hint, already resolved (> 0 unless rows == 0)
 
   const void* x = nullptr;
   int64_t x_row_stride = 0, x_group_stride = 0;
