@@ -2,13 +2,15 @@
 //
 //   grouped_gemm_fp8          contiguous layout, e4m3 x e4m3 -> bf16; case names end in /tensor (per-tensor
 //                             scales) or /block (DeepSeek-V3 block-wise scales: 1x128 on X, 128x128 on W)
-//   grouped_gemm_fp8_masked   masked layout, decode shapes only: buffers of max_m = 4 x rows per group,
-//                             masked_m = rows, expected_m = rows
+//   grouped_gemm_fp8_masked   masked layout, decode shapes only: buffers of max_m rows per group (4 x rows for
+//                             the uniform ones, T for dsv3_decode_routed), masked_m = rows, expected_m = the
+//                             largest group's rows
 //   grouped_gemm_bf16(_masked) bf16 x bf16 -> bf16, same shapes
 //   cublaslt_fp8_loop         peer of the two fp8 ops (same case names): one cublasLtMatmul per non-empty group,
 //                             e4m3 in, bf16 out, fp32 compute, the same scale modes
 //   cublaslt_bf16_loop        peer of the two bf16 ops
-// The group sizes are host data here, so the peer loop launches exactly the GEMMs that have rows; the loop is
+// The group sizes are host data here (the routed shapes' come from tessera's gate once, in setup, before timing),
+// so the peer loop launches exactly the GEMMs that have rows; the loop is
 // captured into the same CUDA graph tessera's calls are. X, W and the scales are generated on the GPU (make_inputs);
 // --check compares a sample of rows and columns that covers every group (check_grouped).
 //
@@ -16,6 +18,20 @@
 //   dsv3_gate_up       32 x {8, 128, 1024}, 4096, 7168      dsv3_down   32 x 1024, 7168, 2048
 //   qwen3_gate_up     128 x 256, 1536, 2048                 qwen3_down_decode   128 x 4, 2048, 768
 //   skewed_zipf       128 groups, Zipf-like sizes with 16 empty groups, 32768 rows in all, 1536, 2048
+//   skew_one_big      256 groups, 250 empty; group 37 has 1000 rows, five others 3, 1, 12, 6, 2 (M 1024), 2048, 7168
+//   dsv3_gate_up_routed  T 4096 tokens routed by tessera's DeepSeek-V3 gate (E 256, top-8): 32768 rows over the
+//                        256 experts (1 to 559 rows each), 4096, 7168
+//   dsv3_decode_routed   the same gate on T 64 tokens (decode): 512 rows; 172 non-empty groups, 137 of them with
+//                        1-4 rows, the largest 11; 4096, 7168; masked variants with max_m = T = 64 (a token picks an
+//                        expert at most once)
+// The routed shapes' group sizes (named by T: "/T4096") are the rows per expert of tessera's moe::fused_gate, run on
+// the GPU in setup (once per process, routing_rows.h), on logits built from integers so that C++ and
+// bench/peers/gemm.py have the same fp32 values bit for bit: from the splitmix64 stream of seed 0xD5E3, per token
+// and expert an Irwin-Hall noise of std ~1.44 plus a per-expert popularity bias in [-0.5, 0.5) (the skew), the
+// gate's correction bias in [-1/16, 1/16); routing_rows.h spells out the draws. Both sides run the same kernel on the
+// same inputs, so they get the same sizes. Until setup has run the gate, a routed shape holds placeholder sizes
+// (T·8 rows spread evenly): --list shows the bytes of that (every group non-empty, an upper bound); setup writes the
+// exact bytes into the case's registry entry, which the report and the JSON read.
 //
 // FLOPs = 2 * sum(rows) * N * K. Bytes = weights of the non-empty groups + the X rows groups own + the Y rows
 // they write + scales + group sizes. For the decode shapes the weights are > 99 % of the bytes, so "% copy BW"
@@ -37,6 +53,7 @@
 #include "harness.h"
 #include "reference/gemm_reference.h"
 #include "reference/moe_checks.h"
+#include "routing_rows.h"
 #include "tessera/grouped_gemm.h"
 
 namespace tessera::bench {
@@ -62,6 +79,9 @@ struct GemmShape {
   int64_t n = 0, k = 0;
   std::vector<int32_t> rows;  // rows of each group
   int64_t max_m = 0;          // masked layout: rows per group in the buffers (0: no masked variant)
+  int64_t routed_tokens = 0;  // > 0: rows are tessera's gate's on that many tokens (routing_rows.h), set in setup;
+                              // until then a placeholder with the same total, every group non-empty
+  uint64_t routed_seed = 0;
 
   int64_t total_rows() const { return std::accumulate(rows.begin(), rows.end(), int64_t{0}); }
   int nonempty() const {
@@ -386,7 +406,8 @@ class GroupedGemmCase final : public CaseInstance {
 // _scaled_mm hands cuBLASLt for DeepSeek-style scales, re-laid out per group in setup:
 //   A (128x128 blocks of W_g): kb fastest, N-block stride round_up(K/128, 4) (16-byte aligned rows);
 //   B (1x128 blocks of X_g):   row fastest ("outer-dim-major"), K-block stride m_g.
-// TODO(verify on the GPU): the B stride when m_g is not a multiple of 4 (only skewed_zipf has such groups);
+// TODO(verify on the GPU): the B stride when m_g is not a multiple of 4 (skewed_zipf, skew_one_big and the routed
+// shapes have such groups);
 // --check on the cublaslt_fp8_loop rows tells whether these layouts are the ones cuBLASLt reads.
 [[noreturn]] void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
   throw Error(std::string("tessera-bench: ") + expr + " failed: " + cublasLtGetStatusName(st) + " (" +
@@ -596,6 +617,45 @@ GemmShape uniform(const std::string& name, int groups, int64_t rows, int64_t n, 
   return sh;
 }
 
+// 256 groups, all empty but six: one of 1000 rows and five small ones (fixed sizes and places).
+GemmShape skew_one_big() {
+  GemmShape sh;
+  sh.groups = 256;
+  sh.n = 2048;
+  sh.k = 7168;
+  sh.rows.assign(sh.groups, 0);
+  const std::pair<int, int32_t> placed[] = {{37, 1000}, {5, 3}, {64, 1}, {128, 12}, {200, 6}, {255, 2}};
+  for (const auto& [g, r] : placed) sh.rows[g] = r;
+  sh.name = "skew_one_big/M" + std::to_string(sh.total_rows());
+  return sh;
+}
+
+constexpr uint64_t kRoutedSeed = 0xD5E3ull;  // routing_rows.h's logits; bench/peers/gemm.py uses the same
+
+// Routed by tessera's DeepSeek-V3 gate on `tokens` tokens (routing_rows.h): E 256 groups, tokens·8 rows. The rows
+// here are a placeholder until setup (see the header comment). masked: max_m = tokens, the most a group can get.
+GemmShape routed(const std::string& name, int64_t tokens, int64_t n, int64_t k, bool masked) {
+  GemmShape sh;
+  sh.name = name + "/T" + std::to_string(tokens);
+  sh.groups = routing::kExperts;
+  sh.n = n;
+  sh.k = k;
+  sh.routed_tokens = tokens;
+  sh.routed_seed = kRoutedSeed;
+  const int64_t total = tokens * routing::kTopk;
+  sh.rows.assign(sh.groups, static_cast<int32_t>(total / sh.groups));
+  for (int64_t g = 0; g < total % sh.groups; ++g) ++sh.rows[g];
+  sh.max_m = masked ? tokens : 0;
+  return sh;
+}
+
+// A routed shape's registry entry, once setup knows its group sizes: the exact bytes (harness.h: the report and the
+// JSON read the CaseSpec after the run).
+void set_registered_bytes(const std::string& op, const std::string& name, double bytes) {
+  for (CaseSpec& c : case_registry())
+    if (c.op == op && c.name == name) c.bytes = bytes;
+}
+
 void add_gemm_cases(std::vector<CaseSpec>& cases) {
   std::vector<GemmShape> shapes = {
       uniform("dsv3_gate_up", 32, 8, 4096, 7168, true),
@@ -612,6 +672,9 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
   skewed.rows = zipf_rows(skewed.groups, 32768, 16, 1.1, 0x5EEDull);  // fixed: the same sizes in every run
   skewed.name = "skewed_zipf/M" + std::to_string(skewed.total_rows());
   shapes.push_back(skewed);
+  shapes.push_back(skew_one_big());
+  shapes.push_back(routed("dsv3_gate_up_routed", 4096, 4096, 7168, false));
+  shapes.push_back(routed("dsv3_decode_routed", 64, 4096, 7168, true));
 
   // Headline rows (docs/perf/grouped_gemm.md): per shape, the op / scale pairs below, with the peer row of every
   // headline tessera row that has one.
@@ -626,6 +689,14 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
         {"cublaslt_fp8_loop", "qwen3_gate_up/m256/tensor"},   {"grouped_gemm_fp8", "qwen3_down_decode/m4/tensor"},
         {"grouped_gemm_fp8_masked", "qwen3_down_decode/m4/block"}, {"cublaslt_fp8_loop", "qwen3_down_decode/m4/tensor"},
         {"grouped_gemm_fp8", "skewed_zipf/M32768/tensor"},    {"cublaslt_fp8_loop", "skewed_zipf/M32768/tensor"},
+        {"grouped_gemm_fp8", "skew_one_big/M1024/tensor"},    {"cublaslt_fp8_loop", "skew_one_big/M1024/tensor"},
+        {"grouped_gemm_fp8", "dsv3_gate_up_routed/T4096/tensor"},
+        {"cublaslt_fp8_loop", "dsv3_gate_up_routed/T4096/tensor"},
+        {"grouped_gemm_fp8", "dsv3_gate_up_routed/T4096/block"},
+        {"cublaslt_fp8_loop", "dsv3_gate_up_routed/T4096/block"},
+        {"grouped_gemm_fp8", "dsv3_decode_routed/T64/tensor"},
+        {"grouped_gemm_fp8_masked", "dsv3_decode_routed/T64/tensor"},
+        {"cublaslt_fp8_loop", "dsv3_decode_routed/T64/tensor"},
     };
     return std::find(rows.begin(), rows.end(), std::pair{op, name}) != rows.end();
   };
@@ -640,8 +711,13 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
     c.peer_of = std::move(peer_of);
     const std::string name = c.name;
     c.setup = [=](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
-      if (peer) return std::make_unique<CublasLtLoopCase>(ctx, op, name, sh, v);
-      return std::make_unique<GroupedGemmCase>(ctx, op, name, sh, v);
+      GemmShape s = sh;
+      if (s.routed_tokens > 0) {  // the gate's group sizes replace the placeholder (computed once per process)
+        s.rows = routing::routed_rows(ctx, s.routed_tokens, s.routed_seed);
+        set_registered_bytes(op, name, gemm_bytes(s, v));
+      }
+      if (peer) return std::make_unique<CublasLtLoopCase>(ctx, op, name, s, v);
+      return std::make_unique<GroupedGemmCase>(ctx, op, name, s, v);
     };
     cases.push_back(std::move(c));
   };

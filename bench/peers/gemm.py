@@ -1,9 +1,15 @@
 """Grouped expert GEMM peers: torch._scaled_grouped_mm (fp8) and torch._grouped_mm (bf16).
 
-Cases: tessera-bench's (bench/gemm_cases.cpp): '<shape>/m<rows>[/tensor|/block]' for the ops grouped_gemm_fp8
-(per-tensor or DeepSeek-V3 block-wise 1x128 / 128x128 scales), grouped_gemm_bf16 and their _masked layouts
-(decode shapes: max_m = 4 x rows, expected_m = rows). tessera-bench's own peer, a cuBLASLt loop over the groups,
-joins these rows in a merged run.
+Cases: tessera-bench's (bench/gemm_cases.cpp): '<shape>/m<rows>[/tensor|/block]' (and '/M<rows>' for the skewed
+shapes, '/T<tokens>' for the routed ones) for the ops grouped_gemm_fp8 (per-tensor or DeepSeek-V3 block-wise 1x128 /
+128x128 scales), grouped_gemm_bf16 and their _masked layouts (decode shapes: max_m = 4 x rows for the uniform ones,
+T for dsv3_decode_routed; expected_m = the largest group's rows). tessera-bench's own peer, a cuBLASLt loop over
+the groups, joins these rows in a merged run.
+
+The routed shapes (dsv3_gate_up_routed/T4096, dsv3_decode_routed/T64) take their group sizes from tessera's own
+DeepSeek-V3 gate (tessera.fused_gate, on the GPU) on the biased logits of bench/routing_rows.h, built here bit for
+bit (routed_logits): the same kernel on the same inputs as tessera-bench's setup, so the same sizes. They are
+computed when a case of such a shape first runs (once per process); listing and parsing the cases needs no GPU.
 
 With --gemm-peers torch,flashinfer the bf16 rows also run flashinfer.SegmentGEMMWrapper (CUTLASS grouped GEMM;
 opt-in, its JIT build takes minutes). FlashInfer 0.7.2's grouped fp8 GEMMs (group_gemm_fp8_nt_groupwise,
@@ -51,10 +57,71 @@ def zipf_rows(groups, total, empty, s, seed):
     return rows
 
 
+# bench/gemm_cases.cpp's skew_one_big: 256 groups, all empty but these (group: rows).
+SKEW_ONE_BIG = {37: 1000, 5: 3, 64: 1, 128: 12, 200: 6, 255: 2}
+
+# bench/routing_rows.h: the seed of the routed shapes' logits and tessera's DeepSeek-V3 gate on them.
+ROUTED_SEED = 0xD5E3
+ROUTED_EXPERTS = 256
+ROUTED_GATE = dict(topk=8, num_groups=8, topk_groups=4, scoring="sigmoid", group_score="top2_sum", renormalize=True,
+                   routed_scaling_factor=2.5)
+
+
+def routed_logits(tokens, experts, seed):
+    """bench/routing_rows.h's biased_logits as Python ints in units of 2^-17 (logits, [T*E] row-major) and 2^-19
+    (bias, [E]), from the splitmix64 stream of `seed`: popularity p[e] = (d >> 48) - 2^15 (draws 0..E-1); bias[e] =
+    ((d >> 48) - 2^15) 2^-19 (draws E..2E-1); noise n = the sum of the four 16-bit fields of d - 2^17 (draw
+    2E + t E + e); logit = (5 n + 2 p[e]) 2^-17. All below 2^24 in magnitude: exact in float32."""
+    rng = C.SplitMix64(seed)
+    pop = [(rng.next() >> 48) - (1 << 15) for _ in range(experts)]
+    bias = [(rng.next() >> 48) - (1 << 15) for _ in range(experts)]
+    logits = []
+    for _ in range(tokens):
+        for e in range(experts):
+            d = rng.next()
+            n = (d & 0xFFFF) + ((d >> 16) & 0xFFFF) + ((d >> 32) & 0xFFFF) + (d >> 48) - (1 << 17)
+            logits.append(5 * n + 2 * pop[e])
+    return logits, bias
+
+
+_ROUTED_ROWS = {}
+
+
+def routed_rows(tokens, seed=ROUTED_SEED):
+    """Rows per expert [E] of tessera.fused_gate (ROUTED_GATE) on routed_logits(tokens): on the GPU, once per
+    process."""
+    key = (tokens, seed)
+    if key not in _ROUTED_ROWS:
+        torch = C.torch
+        if C.tessera is None:
+            raise RuntimeError(f"the routed shapes need tessera's gate: {C.TESSERA_IMPORT_ERROR}")
+        E = ROUTED_EXPERTS
+        li, bi = routed_logits(tokens, E, seed)
+        logits = (torch.tensor(li, dtype=torch.int64).to(torch.float32) * 2.0 ** -17).view(tokens, E).to(C.DEVICE)
+        bias = (torch.tensor(bi, dtype=torch.int64).to(torch.float32) * 2.0 ** -19).to(C.DEVICE)
+        _, ids = C.tessera.fused_gate(logits, bias, **ROUTED_GATE)
+        ids = ids.flatten().long()
+        if ids.numel() != tokens * ROUTED_GATE["topk"] or bool(((ids < 0) | (ids >= E)).any()):
+            raise RuntimeError("the routed shapes' gate returned ids out of range")
+        _ROUTED_ROWS[key] = [int(c) for c in torch.bincount(ids, minlength=E).tolist()]
+    return _ROUTED_ROWS[key]
+
+
+def shape_rows(shape):
+    """The shape's rows per group; for a routed shape, tessera's gate's (needs the GPU), kept in the shape."""
+    if shape["rows"] is None:
+        shape["rows"] = routed_rows(shape["tokens"])
+    return shape["rows"]
+
+
 def shapes():
-    """The shapes of bench/gemm_cases.cpp: name, rows per group, N, K, max_m of the masked variant (0: none)."""
+    """The shapes of bench/gemm_cases.cpp: name, rows per group (None for a routed shape until shape_rows), N, K,
+    max_m of the masked variant (0: none); routed shapes also tokens."""
     def uniform(name, groups, m, n, k, decode):
         return dict(name=f"{name}/m{m}", rows=[m] * groups, n=n, k=k, max_m=4 * m if decode else 0)
+
+    def routed(name, tokens, n, k, masked):
+        return dict(name=f"{name}/T{tokens}", rows=None, tokens=tokens, n=n, k=k, max_m=tokens if masked else 0)
 
     out = [
         uniform("dsv3_gate_up", 32, 8, 4096, 7168, True),
@@ -66,6 +133,12 @@ def shapes():
     ]
     skewed = zipf_rows(128, 32768, 16, 1.1, 0x5EED)
     out.append(dict(name=f"skewed_zipf/M{sum(skewed)}", rows=skewed, n=1536, k=2048, max_m=0))
+    big = [0] * 256
+    for g, r in SKEW_ONE_BIG.items():
+        big[g] = r
+    out.append(dict(name=f"skew_one_big/M{sum(big)}", rows=big, n=2048, k=7168, max_m=0))
+    out.append(routed("dsv3_gate_up_routed", 4096, 4096, 7168, False))
+    out.append(routed("dsv3_decode_routed", 64, 4096, 7168, True))
     return out
 
 
@@ -199,6 +272,7 @@ def rows(cases, args):
 def group_rows(group, args, seed):
     torch = C.torch
     shape, kind = group[0].spec["shape"], group[0].spec["kind"]
+    shape_rows(shape)  # a routed shape's sizes: tessera's gate, now that a case of it runs
     flops = 2.0 * sum(shape["rows"]) * shape["n"] * shape["k"]
     elt = 2 if kind == "bf16" else 1
     nbytes = (sum(1 for r in shape["rows"] if r) * shape["n"] * shape["k"] * elt
