@@ -203,26 +203,24 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
 
 // What the consumer warpgroups share.
 struct ConsumerCtx {
-  const KernelParams* p;
   uint8_t* operands;     // [stages][kStageBytes]
   const float* scales;   // [stages][kStageScaleFloats]
   pipeline::StageRing ring;
-  int wg, warp, lane;
-  bool blockwise;
 };
 
 // One tile of shape (kBlockM, kHalves) by a consumer warpgroup: the mainloop over K through the ring, then the
 // epilogue. Stage st holds k-blocks kb0 .. kb0 + kblocks_per_stage - 1 of the tile, each as [weights][tokens].
 template <bool kFP8, int kBlockM, int kHalves>
-__device__ __forceinline__ void consume_tile(const ConsumerCtx& x, const TileCoord& c, pipeline::PipelineState& st) {
+__device__ __forceinline__ void consume_tile(const KernelParams& p, const ConsumerCtx& x, const TileCoord& c,
+                                             pipeline::PipelineState& st) {
   using Mma = ptx::Wgmma<kBlockM>;
   constexpr int kRegs = Mma::kRegs;
   constexpr int kKSteps = 4;  // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
   constexpr int kPerStage = kblocks_per_stage(kBlockM, kHalves);
   constexpr int kWeightBytes = kHalves * 128 * kTileKBytes;
   constexpr int kSub = kblock_bytes(kBlockM, kHalves);
-  const KernelParams& p = *x.p;
-  const int lane = x.lane, wg = x.wg;
+  const int lane = threadIdx.x & 31, wg = threadIdx.x / 128;
+  const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
   const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
   const int ws_slot = kHalves == 2 ? wg : 0;  // the 128-row weight block of this warpgroup's rows
 
@@ -238,7 +236,7 @@ __device__ __forceinline__ void consume_tile(const ConsumerCtx& x, const TileCoo
     }
   };
   auto release = [&](const pipeline::PipelineState& done) {
-    if (x.blockwise) {
+    if (blockwise) {
       x.ring.consumer_release(done);
     } else {
       __syncwarp();
@@ -272,18 +270,26 @@ __device__ __forceinline__ void consume_tile(const ConsumerCtx& x, const TileCoo
           ptx::wgmma_commit_group();
           ptx::wgmma_wait_group<0>();
           ptx::wgmma_fence_registers(part);
-          if (x.blockwise) {
-            float2 s01[kBlockM / 8];
+          if (blockwise) {
+            // The products in chunks of 4 column pairs: part, total and all kBlockM / 4 products live at once
+            // would exceed the consumers' registers at block_m 128.
+            constexpr int kChunk = kBlockM / 8 < 4 ? kBlockM / 8 : 4;
 #pragma unroll
-            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = *reinterpret_cast<const float2*>(prod + 8 * q + col_pair);
-            if (last_kb && h + 1 == kHalves) release(st);
+            for (int q0 = 0; q0 < kBlockM / 8; q0 += kChunk) {
+              float2 s01[kChunk];
 #pragma unroll
-            for (int q = 0; q < kBlockM / 8; ++q) {
-              total[h][4 * q + 0] = fmaf(part[4 * q + 0], s01[q].x, total[h][4 * q + 0]);
-              total[h][4 * q + 1] = fmaf(part[4 * q + 1], s01[q].y, total[h][4 * q + 1]);
-              total[h][4 * q + 2] = fmaf(part[4 * q + 2], s01[q].x, total[h][4 * q + 2]);
-              total[h][4 * q + 3] = fmaf(part[4 * q + 3], s01[q].y, total[h][4 * q + 3]);
+              for (int q = 0; q < kChunk; ++q)
+                s01[q] = *reinterpret_cast<const float2*>(prod + 8 * (q0 + q) + col_pair);
+#pragma unroll
+              for (int q = 0; q < kChunk; ++q) {
+                const int r = 4 * (q0 + q);
+                total[h][r + 0] = fmaf(part[r + 0], s01[q].x, total[h][r + 0]);
+                total[h][r + 1] = fmaf(part[r + 1], s01[q].y, total[h][r + 1]);
+                total[h][r + 2] = fmaf(part[r + 2], s01[q].x, total[h][r + 2]);
+                total[h][r + 3] = fmaf(part[r + 3], s01[q].y, total[h][r + 3]);
+              }
             }
+            if (last_kb && h + 1 == kHalves) release(st);
           } else {
             if (last_kb && h + 1 == kHalves) release(st);
 #pragma unroll
@@ -335,7 +341,7 @@ __device__ __forceinline__ void consume_tile(const ConsumerCtx& x, const TileCoo
         const float v0 = total[h][4 * q + 2 * half8] * factor;      // (row r, token c)
         const float v1 = total[h][4 * q + 2 * half8 + 1] * factor;  // (row r, token c + 1)
         const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-        const int row = h * 64 + x.warp * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
+        const int row = h * 64 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
         const int token = 8 * q + col_pair + (odd ? 1 : 0);
         if (token < c.rows) {
           const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
@@ -419,26 +425,31 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (kFP8 && warp == 1 && blockwise) {
       // Block-wise scales of each stage's k-blocks, as the products ws[nb] · xs[row] for each consumer
       // warpgroup's 128-row weight block ([k-block][slot][kMaxBlockM] fp32), so that the promotion is one FMA per
-      // element. Plain loads, stores and a release arrival per lane after a stage's last k-block; the loads of
-      // the next k-block are issued before the current one waits for its stage, so their latency hides.
+      // element. The lanes cover the stage's (k-block, row) pairs (block_m × k-blocks ≤ 128: at most 4 loads of
+      // xs per lane), lanes 0.. also one ws each, shuffled to the lanes that use it: one load round trip per
+      // stage, and the next stage's loads are issued before this one waits for its slot.
       constexpr int kPerLane = kMaxBlockM / 32;
-      float x_next[kPerLane], w_next[2];
-      auto load = [&](const TileCoord& c, int kb) {
+      float x_next[kPerLane], w_next = 0.0f;
+      auto load = [&](const TileCoord& c, int kb0) {
+        const int per_stage = kblocks_per_stage(c.block_m, c.halves);
+        const int n_kb = min(per_stage, p.k_blocks - kb0);
+        const int shift = __ffs(c.block_m) - 1;  // block_m is a power of two
         // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
         const int64_t row_limit = p.masked ? p.rows : p.rows - c.row0;
         const float* xs = p.x_scale + (p.masked ? c.group * p.xs_group_stride : c.row0 * p.xs_row_stride) +
-                          kb * p.xs_k_stride;
+                          kb0 * p.xs_k_stride;
         const float* ws = p.w_scale + c.group * p.ws_group_stride + (c.n0 / kGroupedGemmBlock) * p.ws_n_stride +
-                          kb * p.ws_k_stride;
+                          kb0 * p.ws_k_stride;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
-          const int64_t r = c.m0 + lane + 32 * i;
-          x_next[i] = (lane + 32 * i < c.block_m && r < row_limit) ? __ldg(xs + r * p.xs_row_stride) : 0.0f;
+          const int pair = lane + 32 * i, j = pair >> shift;
+          const int64_t r = c.m0 + (pair & (c.block_m - 1));
+          x_next[i] = (j < n_kb && r < row_limit) ? __ldg(xs + r * p.xs_row_stride + j * p.xs_k_stride) : 0.0f;
         }
-#pragma unroll
-        for (int sl = 0; sl < 2; ++sl) w_next[sl] = sl < c.halves ? __ldg(ws + sl * p.ws_n_stride) : 0.0f;
+        const int j = lane / c.halves, sl = lane - j * c.halves;
+        w_next = j < n_kb ? __ldg(ws + sl * p.ws_n_stride + j * p.ws_k_stride) : 0.0f;
       };
-      int t = blockIdx.x, kb = 0;
+      int t = blockIdx.x, kb0 = 0;
       TileCoord c{};
       if (t < total_tiles) {
         c = tiles.at(t);
@@ -446,50 +457,50 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pipeline::PipelineState st;
       while (t < total_tiles) {
-        float x_cur[kPerLane], w_cur[2];
+        float x_cur[kPerLane];
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) x_cur[i] = x_next[i];
-        w_cur[0] = w_next[0];
-        w_cur[1] = w_next[1];
-        const int block_m = c.block_m, halves = c.halves, kb_cur = kb;
-        if (++kb == p.k_blocks) {
-          kb = 0;
+        const float w_cur = w_next;
+        const int block_m = c.block_m, halves = c.halves;
+        const int n_kb = min(kblocks_per_stage(block_m, halves), p.k_blocks - kb0);
+        kb0 += kblocks_per_stage(block_m, halves);
+        if (kb0 >= p.k_blocks) {
+          kb0 = 0;
           t += gridDim.x;
           if (t < total_tiles) c = tiles.at(t);
         }
-        if (t < total_tiles) load(c, kb);
-        const int per_stage = kblocks_per_stage(block_m, halves);
-        const int j = kb_cur % per_stage;
-        const int n_kb = min(per_stage, p.k_blocks - (kb_cur - j));
-        if (j == 0) ring.producer_acquire(st);
-        float* dst = scales + st.stage * kStageScaleFloats + j * halves * kMaxBlockM;
+        if (t < total_tiles) load(c, kb0);
+        const int shift = __ffs(block_m) - 1;
+        ring.producer_acquire(st);
+        float* dst = scales + st.stage * kStageScaleFloats;
 #pragma unroll
-        for (int sl = 0; sl < 2; ++sl)
+        for (int i = 0; i < kPerLane; ++i) {
+          const int pair = lane + 32 * i, j = pair >> shift, row = pair & (block_m - 1);
 #pragma unroll
-          for (int i = 0; i < kPerLane; ++i)
-            if (sl < halves && lane + 32 * i < block_m) dst[sl * kMaxBlockM + lane + 32 * i] = w_cur[sl] * x_cur[i];
-        if (j + 1 == n_kb) {
-          ptx::mbarrier_arrive(&ring.full[st.stage]);
-          st.advance(p.stages);
+          for (int sl = 0; sl < 2; ++sl) {
+            const float w = __shfl_sync(0xffffffffu, w_cur, (j * halves + sl) & 31);
+            if (j < n_kb && sl < halves) dst[(j * halves + sl) * kMaxBlockM + row] = w * x_cur[i];
+          }
         }
+        ptx::mbarrier_arrive(&ring.full[st.stage]);
+        st.advance(p.stages);
       }
     }
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    const int tid = threadIdx.x & 127;
-    const ConsumerCtx ctx{&p, operands, scales, ring, wg, tid >> 5, tid & 31, blockwise};
+    const ConsumerCtx ctx{operands, scales, ring};
     pipeline::PipelineState st;
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
       const TileCoord c = tiles.at(t);
       switch (c.block_m | (c.halves << 8)) {
-        case 8 | (1 << 8): consume_tile<kFP8, 8, 1>(ctx, c, st); break;
-        case 16 | (1 << 8): consume_tile<kFP8, 16, 1>(ctx, c, st); break;
-        case 32 | (1 << 8): consume_tile<kFP8, 32, 1>(ctx, c, st); break;
-        case 64 | (1 << 8): consume_tile<kFP8, 64, 1>(ctx, c, st); break;
-        case 128 | (1 << 8): consume_tile<kFP8, 128, 1>(ctx, c, st); break;
-        case 64 | (2 << 8): consume_tile<kFP8, 64, 2>(ctx, c, st); break;
-        default: consume_tile<kFP8, 128, 2>(ctx, c, st); break;
+        case 8 | (1 << 8): consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
+        case 16 | (1 << 8): consume_tile<kFP8, 16, 1>(p, ctx, c, st); break;
+        case 32 | (1 << 8): consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
+        case 64 | (1 << 8): consume_tile<kFP8, 64, 1>(p, ctx, c, st); break;
+        case 128 | (1 << 8): consume_tile<kFP8, 128, 1>(p, ctx, c, st); break;
+        case 64 | (2 << 8): consume_tile<kFP8, 64, 2>(p, ctx, c, st); break;
+        default: consume_tile<kFP8, 128, 2>(p, ctx, c, st); break;
       }
     }
   }
