@@ -12,43 +12,42 @@ TEST(GroupedGemmConfig, TileHeightFollowsTheGroupsRows) {
   EXPECT_EQ(tile_block_m(0, 128), 8);
   EXPECT_EQ(tile_block_m(1, 128), 8);
   EXPECT_EQ(tile_block_m(8, 128), 8);
-  EXPECT_EQ(tile_block_m(9, 128), 16);
-  EXPECT_EQ(tile_block_m(16, 128), 16);
-  EXPECT_EQ(tile_block_m(17, 128), 32);
+  EXPECT_EQ(tile_block_m(9, 128), 32);
   EXPECT_EQ(tile_block_m(32, 128), 32);
-  EXPECT_EQ(tile_block_m(33, 128), 64);
-  EXPECT_EQ(tile_block_m(64, 128), 64);
+  EXPECT_EQ(tile_block_m(33, 128), 128);
+  EXPECT_EQ(tile_block_m(64, 128), 128);
+  EXPECT_EQ(tile_block_m(64, 64), 64);
   EXPECT_EQ(tile_block_m(65, 128), 128);
   EXPECT_EQ(tile_block_m(1 << 20, 128), 128);
   EXPECT_EQ(tile_block_m(1000, 64), 64);  // the launch chose 64-row tiles for its large groups
 }
 
-TEST(GroupedGemmConfig, WideTilesOnlyForTallTilesAndWhenNAllows) {
-  EXPECT_EQ(tile_halves(8, 4096), 1);
-  EXPECT_EQ(tile_halves(16, 4096), 1);
-  EXPECT_EQ(tile_halves(32, 4096), 1);
-  EXPECT_EQ(tile_halves(64, 4096), 2);
-  EXPECT_EQ(tile_halves(128, 7168), 2);
-  EXPECT_EQ(tile_halves(128, 384), 1);  // 384 is not a multiple of 256
-  EXPECT_EQ(tile_halves(128, 128), 1);
+TEST(GroupedGemmConfig, OnlyTallTilesAreWide) {
+  EXPECT_EQ(tile_halves(8), 1);
+  EXPECT_EQ(tile_halves(32), 1);
+  EXPECT_EQ(tile_halves(64), 1);
+  EXPECT_EQ(tile_halves(128), 2);
 }
 
 TEST(GroupedGemmConfig, LargeGroupsTakeShorterTilesOnlyWhenThatFinishesSooner) {
   const int ctas = 132;
-  // DeepSeek-V3 gate_up, 32 groups of 1024 rows, N 4096: 4096 tiles of 128 rows fill 32 waves.
-  EXPECT_EQ(large_block_m(32 * 8 * 16, 32 * 16 * 16, ctas), 128);
-  // One group of 1000 rows (skewed routing), N 2048: 64 tiles of 128 rows leave half the CTAs idle.
-  EXPECT_EQ(large_block_m(8 * 8, 16 * 8, ctas), 64);
-  // 150 tiles: a second wave of 18 tiles at 128 rows; 300 at 64 rows take 3 waves of half the cost.
-  EXPECT_EQ(large_block_m(150, 300, ctas), 64);
+  // DeepSeek-V3 gate_up, 32 groups of 1024 rows, N 4096: 4096 tiles of 128 x 256 fill 32 waves.
+  EXPECT_EQ(large_block_m(32 * 8 * 16, 32 * 16 * 32, ctas, 4096), 128);
+  // One group of 1000 rows (skewed routing), N 2048: 64 tiles of 128 x 256 leave half the CTAs idle.
+  EXPECT_EQ(large_block_m(8 * 8, 16 * 16, ctas, 2048), 64);
+  // 150 tiles: a second wave of 18 tiles at 128 rows; 600 tiles of 64 x 128 take 5 waves of 0.3 each.
+  EXPECT_EQ(large_block_m(150, 600, ctas, 4096), 64);
   // 264 tiles (exactly two waves) stay at 128.
-  EXPECT_EQ(large_block_m(264, 528, ctas), 128);
-  EXPECT_EQ(large_block_m(0, 0, ctas), 128);  // no large group
+  EXPECT_EQ(large_block_m(264, 1056, ctas, 4096), 128);
+  EXPECT_EQ(large_block_m(0, 0, ctas, 4096), 128);  // no large group
+  // N not a multiple of 256: no 256-wide tile, so 64 x 128.
+  EXPECT_EQ(large_block_m(4096, 16384, ctas, 384), 64);
 }
 
 TEST(GroupedGemmConfig, EveryTileShapeFitsAStage) {
-  for (int bm : {8, 16, 32, 64, 128}) {
-    for (int halves : {1, 2}) {
+  for (int bm : {8, 32, 64, 128}) {
+    {
+      const int halves = tile_halves(bm);
       const int per_stage = kblocks_per_stage(bm, halves);
       EXPECT_GE(per_stage, 1) << bm << " " << halves;
       EXPECT_LE(per_stage, kMaxKBlocksPerStage);

@@ -508,8 +508,9 @@ TEST_F(GroupedGemmGpu, NoRowsIsANoOp) {
 // ---- tile sizes, strides, clamping --------------------------------------------------------------------------
 
 // Every tile shape in one launch: group sizes at and around each height's boundary (0, 1, 8, 9, ... 129, 300), so
-// that the device's per-group choice runs all seven consumer instantiations side by side, widths 128 and 256
-// (N 512) or 128 only (N 384), short K (2 k-blocks: partial stages of the 3-per-stage decode tiles) and long K.
+// that the device's per-group choice runs the consumer instantiations side by side: 8 × 128, 32 × 128 and
+// 128 × 256 (N 512), or 64 × 128 for the large groups (N 384); K of 2 and 8 k-blocks, so that the last stage of a
+// 3- or 2-k-block-per-stage tile runs past K (zero-filled boxes).
 TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
   const std::vector<int64_t> boundary = {0, 1, 7, 8, 9, 16, 17, 32, 33, 63, 64, 65, 127, 128, 129, 300};
   const uint64_t shape_seed = test::fresh_seed();

@@ -39,19 +39,23 @@ struct TileShape {
   int halves;   // m64 weight blocks per consumer warpgroup: 1 (tile 128 weights wide) or 2 (256)
 };
 
-// Token rows of a group's tiles: the smallest of 8/16/32/64 that holds its rows, else `large` (128 or 64).
-TESSERA_HD constexpr int tile_block_m(int64_t rows, int large) {
-  return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : large;
-}
+// The tile shapes the kernel has (one consume_tile instantiation each; more of them in one kernel made ptxas
+// spill the consumers' accumulators): (8, 128), (32, 128), (64, 128) and (128, 256) token rows × weight rows.
 
-// 256 weight rows (two m64 blocks per warpgroup) for tiles of 64 or more token rows when N allows it: a quarter
-// fewer operand bytes per flop than 128. Decode-sized tiles are bound by the weight stream, where the width does
-// not matter and more, smaller tiles balance better.
-TESSERA_HD constexpr int tile_halves(int block_m, int64_t n) { return block_m >= 64 && n % 256 == 0 ? 2 : 1; }
+// Token rows of a group's tiles: 8 or 32 when they hold its rows, else `large` (128, or 64 where the launch needs
+// more tiles). A 33..64-row group takes 128-row tiles: 64 × 128 tiles cost more than half a 128 × 256 one
+// (measured: DeepSeek-V3 routed T 4096 bf16 18 % slower with them), the decode shapes never have such groups, and
+// the launches that do are compute-heavy.
+TESSERA_HD constexpr int tile_block_m(int64_t rows, int large) { return rows <= 8 ? 8 : rows <= 32 ? 32 : large; }
 
-TESSERA_HD constexpr TileShape tile_shape(int64_t rows, int64_t n, int large) {
+// 128-row tiles are 256 weight rows wide (two m64 blocks per warpgroup: a quarter fewer operand bytes per flop than
+// 128); every other tile 128. Decode-sized tiles are bound by the weight stream, where the width does not matter and
+// more, smaller tiles balance better.
+TESSERA_HD constexpr int tile_halves(int block_m) { return block_m == 128 ? 2 : 1; }
+
+TESSERA_HD constexpr TileShape tile_shape(int64_t rows, int large) {
   const int bm = tile_block_m(rows, large);
-  return TileShape{bm, tile_halves(bm, n)};
+  return TileShape{bm, tile_halves(bm)};
 }
 
 // Operand bytes of one k-block of a tile, and how many k-blocks share a stage.
@@ -61,15 +65,16 @@ TESSERA_HD constexpr int kblocks_per_stage(int block_m, int halves) {
   return k > kMaxKBlocksPerStage ? kMaxKBlocksPerStage : k;
 }
 
-// The height of the tiles of groups with more than 64 rows, one choice per launch: 128 (fewest weight re-reads)
-// unless 64-row tiles finish sooner on `ctas` CTAs, which happens when 128-row tiles are too few to fill the
-// machine (one large group, as skewed routing produces) or leave a mostly idle last wave. tiles128 / tiles64:
-// the tiles of those groups at either height. A 64-row tile is counted as 0.575 of a 128-row one (half the flops
-// plus the weight tile it reads alone).
-TESSERA_HD constexpr int large_block_m(int64_t tiles128, int64_t tiles64, int64_t ctas) {
+// The height of the tiles of groups with more than 32 rows, one choice per launch: 128 (256 wide: fewest operand
+// bytes per flop) unless 64-row tiles (128 wide) finish sooner on `ctas` CTAs, which happens when 128-row tiles
+// are too few to fill the machine (one large group, as skewed routing produces) or leave a mostly idle last wave;
+// always 64 when N is not a multiple of 256. tiles128 / tiles64: the tiles of those groups in either shape. A
+// 64 × 128 tile is counted as 0.3 of a 128 × 256 one (a quarter of the flops plus the weight tile it reads alone).
+TESSERA_HD constexpr int large_block_m(int64_t tiles128, int64_t tiles64, int64_t ctas, int64_t n) {
+  if (n % 256 != 0) return 64;
   if (tiles128 == 0 || ctas <= 0) return 128;
   const int64_t waves128 = (tiles128 + ctas - 1) / ctas, waves64 = (tiles64 + ctas - 1) / ctas;
-  return waves64 * 115 < waves128 * 200 ? 64 : 128;
+  return waves64 * 30 < waves128 * 100 ? 64 : 128;
 }
 
 // Shared memory of one CTA, laid out by the kernel in this order (see kernel.cuh).

@@ -21,6 +21,8 @@
 // that runs past its group's end reads the next group's rows (or zeros past the tensor), never stored.
 #pragma once
 
+
+
 #include <cuda.h>
 #include <cuda_bf16.h>
 
@@ -150,15 +152,14 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
       }
       start[g] = static_cast<int>(s);
       rows[g] = static_cast<int>(r);
-      if (r > 64) {
-        const int64_t n_tiles = p.n / (128 * tile_halves(64, p.n));  // 64 and 128 rows: the same width
-        big128 += (r + 127) / 128 * n_tiles;
-        big64 += (r + 63) / 64 * n_tiles;
+      if (r > 32) {
+        big128 += (r + 127) / 128 * (p.n / 256);
+        big64 += (r + 63) / 64 * (p.n / 128);
       }
     }
     r_[i] = r;
   }
-  const int large = large_block_m(cta_sum(big128, scratch), cta_sum(big64, scratch), gridDim.x);
+  const int large = large_block_m(cta_sum(big128, scratch), cta_sum(big64, scratch), gridDim.x, p.n);
 
   int64_t counts[kPer];
   int64_t sum = 0;
@@ -167,7 +168,7 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
     const int g = tid * kPer + i;
     int64_t c = 0;
     if (g < p.num_groups) {
-      const TileShape ts = tile_shape(r_[i], p.n, large);
+      const TileShape ts = tile_shape(r_[i], large);
       shape[g] = ts.block_m | (ts.halves << 8);
       c = (r_[i] + ts.block_m - 1) / ts.block_m * (p.n / (128 * ts.halves));
     }
@@ -257,12 +258,12 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
     // the two consumer warpgroups interleave over the promotions instead.
     float part[kRegs];
     for (int kb0 = 0; kb0 < p.k_blocks; kb0 += kPerStage) {
-      const int n_kb = min(kPerStage, p.k_blocks - kb0);
       x.ring.consumer_wait(st);
-      for (int j = 0; j < n_kb; ++j) {
+#pragma unroll
+      for (int j = 0; j < kPerStage; ++j) {
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
         const float* prod = x.scales + st.stage * kStageScaleFloats + (j * kHalves + ws_slot) * kMaxBlockM;
-        const bool last_kb = j + 1 == n_kb;
+        const bool last_kb = j + 1 == kPerStage;
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) {
           ptx::wgmma_fence();
@@ -271,25 +272,18 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
           ptx::wgmma_wait_group<0>();
           ptx::wgmma_fence_registers(part);
           if (blockwise) {
-            // The products in chunks of 4 column pairs: part, total and all kBlockM / 4 products live at once
-            // would exceed the consumers' registers at block_m 128.
-            constexpr int kChunk = kBlockM / 8 < 4 ? kBlockM / 8 : 4;
+            // All products first, then the stage is released (this thread's last read of it), then the FMAs.
+            float2 s01[kBlockM / 8];
 #pragma unroll
-            for (int q0 = 0; q0 < kBlockM / 8; q0 += kChunk) {
-              float2 s01[kChunk];
-#pragma unroll
-              for (int q = 0; q < kChunk; ++q)
-                s01[q] = *reinterpret_cast<const float2*>(prod + 8 * (q0 + q) + col_pair);
-#pragma unroll
-              for (int q = 0; q < kChunk; ++q) {
-                const int r = 4 * (q0 + q);
-                total[h][r + 0] = fmaf(part[r + 0], s01[q].x, total[h][r + 0]);
-                total[h][r + 1] = fmaf(part[r + 1], s01[q].y, total[h][r + 1]);
-                total[h][r + 2] = fmaf(part[r + 2], s01[q].x, total[h][r + 2]);
-                total[h][r + 3] = fmaf(part[r + 3], s01[q].y, total[h][r + 3]);
-              }
-            }
+            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = *reinterpret_cast<const float2*>(prod + 8 * q + col_pair);
             if (last_kb && h + 1 == kHalves) release(st);
+#pragma unroll
+            for (int q = 0; q < kBlockM / 8; ++q) {
+              total[h][4 * q + 0] = fmaf(part[4 * q + 0], s01[q].x, total[h][4 * q + 0]);
+              total[h][4 * q + 1] = fmaf(part[4 * q + 1], s01[q].y, total[h][4 * q + 1]);
+              total[h][4 * q + 2] = fmaf(part[4 * q + 2], s01[q].x, total[h][4 * q + 2]);
+              total[h][4 * q + 3] = fmaf(part[4 * q + 3], s01[q].y, total[h][4 * q + 3]);
+            }
           } else {
             if (last_kb && h + 1 == kHalves) release(st);
 #pragma unroll
@@ -304,10 +298,10 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
     // and a stage is released once the batch after it is issued and it has completed.
     pipeline::PipelineState prev = st;
     for (int kb0 = 0; kb0 < p.k_blocks; kb0 += kPerStage) {
-      const int n_kb = min(kPerStage, p.k_blocks - kb0);
       x.ring.consumer_wait(st);
       ptx::wgmma_fence();
-      for (int j = 0; j < n_kb; ++j) {
+#pragma unroll
+      for (int j = 0; j < kPerStage; ++j) {
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
 #pragma unroll
         for (int h = 0; h < kHalves; ++h) issue(total[h], sub, h, kb0 + j > 0);
@@ -355,7 +349,8 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
 template <bool kFP8>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x8, const __grid_constant__ CUtensorMap tmap_x64,
-                        const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ KernelParams p) {
+                        const __grid_constant__ CUtensorMap tmap_x128, const __grid_constant__ CUtensorMap tmap_w,
+                        const __grid_constant__ CUtensorMap tmap_w256, const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kElemBytes = kFP8 ? 1 : 2;
   constexpr int kKElems = kTileKBytes / kElemBytes;  // K elements per k-block
@@ -394,6 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::prefetch_tensormap(&tmap_x8);
       ptx::prefetch_tensormap(&tmap_x64);
       ptx::prefetch_tensormap(&tmap_w);
+      ptx::prefetch_tensormap(&tmap_x128);
+      ptx::prefetch_tensormap(&tmap_w256);
       pipeline::PipelineState st;
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         const TileCoord c = tiles.at(t);
@@ -402,21 +399,26 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int per_stage = kblocks_per_stage(c.block_m, c.halves);
         const int sub_bytes = kblock_bytes(c.block_m, c.halves);
         const int w_bytes = c.halves * kWeightBox * kTileKBytes;
-        // Token rows in boxes of 64 (tiles of 64 or 128 rows) or 8.
-        const bool x_big = c.block_m >= 64;
-        const int x_box = x_big ? 64 : 8;
-        const CUtensorMap* x_map = x_big ? &tmap_x64 : &tmap_x8;
+        // One box per operand and k-block, except 32-row token tiles (four boxes of 8 rows; a 32-row map would be
+        // a sixth tensor map for the least common shape): tokens in boxes of 8, 64 or 128 rows, weights of 128 or
+        // 256 rows.
+        const CUtensorMap* x_map = c.block_m == 128 ? &tmap_x128 : c.block_m == 64 ? &tmap_x64 : &tmap_x8;
+        const int x_box_rows = c.block_m >= 64 ? c.block_m : 8;
+        const CUtensorMap* w_map = c.halves == 2 ? &tmap_w256 : &tmap_w;
+        const int w_box_rows = c.halves * kWeightBox;
         for (int kb0 = 0; kb0 < p.k_blocks; kb0 += per_stage) {
-          const int n_kb = min(per_stage, p.k_blocks - kb0);
           ring.producer_acquire(st);
           uint64_t* full = &ring.full[st.stage];
-          ptx::mbarrier_arrive_expect_tx(full, static_cast<uint32_t>(n_kb * sub_bytes));
-          for (int j = 0; j < n_kb; ++j) {
+          // A stage always carries per_stage k-blocks: past K (the last stage of a tile) the boxes lie outside the
+          // tensor and TMA fills them with zeros (and counts their bytes), so the consumers run a fixed number of
+          // wgmma per stage: a data-dependent count would make ptxas serialize the bf16 wgmma pipeline.
+          ptx::mbarrier_arrive_expect_tx(full, static_cast<uint32_t>(per_stage * sub_bytes));
+          for (int j = 0; j < per_stage; ++j) {
             uint8_t* sub = operands + st.stage * kStageBytes + j * sub_bytes;
             const int k0 = (kb0 + j) * kKElems;
-            for (int i = 0; i < c.halves; ++i)
-              ptx::tma_load_3d(sub + i * kWeightBox * kTileKBytes, &tmap_w, full, k0, c.n0 + i * kWeightBox, c.group);
-            for (int r = 0; r < c.block_m; r += x_box)
+            for (int i = 0; i < c.halves * kWeightBox; i += w_box_rows)
+              ptx::tma_load_3d(sub + i * kTileKBytes, w_map, full, k0, c.n0 + i, c.group);
+            for (int r = 0; r < c.block_m; r += x_box_rows)
               ptx::tma_load_3d(sub + w_bytes + r * kTileKBytes, x_map, full, k0, x_row + r, x_grp);
           }
           st.advance(p.stages);
@@ -425,15 +427,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (kFP8 && warp == 1 && blockwise) {
       // Block-wise scales of each stage's k-blocks, as the products ws[nb] · xs[row] for each consumer
       // warpgroup's 128-row weight block ([k-block][slot][kMaxBlockM] fp32), so that the promotion is one FMA per
-      // element. The lanes cover the stage's (k-block, row) pairs (block_m × k-blocks ≤ 128: at most 4 loads of
-      // xs per lane), lanes 0.. also one ws each, shuffled to the lanes that use it: one load round trip per
-      // stage, and the next stage's loads are issued before this one waits for its slot.
+      // element. The next stage's loads are issued before this one waits for its slot. A one-k-block stage
+      // (the compute-bound 128-row tiles, where the ring is shallow and every cycle of this warp between a release
+      // and its arrival shows): lane l takes rows l + 32i and loads both weight-block scales itself. A stage of
+      // 2 or 3 k-blocks (decode tiles): the lanes cover its (k-block, row) pairs (block_m × k-blocks ≤ 128) and
+      // lanes 0.. one weight scale each, shuffled to the lanes that use it: one load round trip per stage, not one
+      // per k-block.
       constexpr int kPerLane = kMaxBlockM / 32;
-      float x_next[kPerLane], w_next = 0.0f;
+      float x_next[kPerLane], w_next[2] = {0.0f, 0.0f};
       auto load = [&](const TileCoord& c, int kb0) {
         const int per_stage = kblocks_per_stage(c.block_m, c.halves);
         const int n_kb = min(per_stage, p.k_blocks - kb0);
-        const int shift = __ffs(c.block_m) - 1;  // block_m is a power of two
+        const int shift = per_stage == 1 ? 7 : __ffs(c.block_m) - 1;  // pair -> (k-block, row); block_m: 2^k
         // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
         const int64_t row_limit = p.masked ? p.rows : p.rows - c.row0;
         const float* xs = p.x_scale + (p.masked ? c.group * p.xs_group_stride : c.row0 * p.xs_row_stride) +
@@ -442,12 +447,19 @@ __global__ void __launch_bounds__(kThreads, 1)
                           kb0 * p.ws_k_stride;
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) {
-          const int pair = lane + 32 * i, j = pair >> shift;
-          const int64_t r = c.m0 + (pair & (c.block_m - 1));
-          x_next[i] = (j < n_kb && r < row_limit) ? __ldg(xs + r * p.xs_row_stride + j * p.xs_k_stride) : 0.0f;
+          const int pair = lane + 32 * i, j = pair >> shift, row = pair & (c.block_m - 1);
+          const int64_t r = c.m0 + row;
+          x_next[i] = (j < n_kb && pair - (j << shift) < c.block_m && r < row_limit)
+                          ? __ldg(xs + r * p.xs_row_stride + j * p.xs_k_stride)
+                          : 0.0f;
         }
-        const int j = lane / c.halves, sl = lane - j * c.halves;
-        w_next = j < n_kb ? __ldg(ws + sl * p.ws_n_stride + j * p.ws_k_stride) : 0.0f;
+        if (per_stage == 1) {
+          w_next[0] = __ldg(ws);
+          w_next[1] = c.halves == 2 ? __ldg(ws + p.ws_n_stride) : 0.0f;
+        } else {
+          const int j = lane / c.halves, sl = lane - j * c.halves;
+          w_next[0] = j < n_kb ? __ldg(ws + sl * p.ws_n_stride + j * p.ws_k_stride) : 0.0f;
+        }
       };
       int t = blockIdx.x, kb0 = 0;
       TileCoord c{};
@@ -460,26 +472,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         float x_cur[kPerLane];
 #pragma unroll
         for (int i = 0; i < kPerLane; ++i) x_cur[i] = x_next[i];
-        const float w_cur = w_next;
+        const float w0 = w_next[0], w1 = w_next[1];
         const int block_m = c.block_m, halves = c.halves;
-        const int n_kb = min(kblocks_per_stage(block_m, halves), p.k_blocks - kb0);
-        kb0 += kblocks_per_stage(block_m, halves);
+        const int per_stage = kblocks_per_stage(block_m, halves);
+        kb0 += per_stage;
         if (kb0 >= p.k_blocks) {
           kb0 = 0;
           t += gridDim.x;
           if (t < total_tiles) c = tiles.at(t);
         }
         if (t < total_tiles) load(c, kb0);
-        const int shift = __ffs(block_m) - 1;
         ring.producer_acquire(st);
         float* dst = scales + st.stage * kStageScaleFloats;
+        if (per_stage == 1) {
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          const int pair = lane + 32 * i, j = pair >> shift, row = pair & (block_m - 1);
+          for (int i = 0; i < kPerLane; ++i) {
+            const int row = lane + 32 * i;
+            if (row < block_m) {
+              dst[row] = w0 * x_cur[i];
+              if (halves == 2) dst[kMaxBlockM + row] = w1 * x_cur[i];
+            }
+          }
+        } else {
+          // Slots of a multi-k-block stage are k-blocks (halves is 1 for every such tile).
+          const int shift = __ffs(block_m) - 1;
 #pragma unroll
-          for (int sl = 0; sl < 2; ++sl) {
-            const float w = __shfl_sync(0xffffffffu, w_cur, (j * halves + sl) & 31);
-            if (j < n_kb && sl < halves) dst[(j * halves + sl) * kMaxBlockM + row] = w * x_cur[i];
+          for (int i = 0; i < kPerLane; ++i) {
+            const int pair = lane + 32 * i, j = pair >> shift;
+            const float w = __shfl_sync(0xffffffffu, w0, j & 31);
+            if (j < per_stage) dst[j * kMaxBlockM + (pair & (block_m - 1))] = w * x_cur[i];
           }
         }
         ptx::mbarrier_arrive(&ring.full[st.stage]);
@@ -493,13 +514,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     pipeline::PipelineState st;
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
       const TileCoord c = tiles.at(t);
-      switch (c.block_m | (c.halves << 8)) {
-        case 8 | (1 << 8): consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
-        case 16 | (1 << 8): consume_tile<kFP8, 16, 1>(p, ctx, c, st); break;
-        case 32 | (1 << 8): consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
-        case 64 | (1 << 8): consume_tile<kFP8, 64, 1>(p, ctx, c, st); break;
-        case 128 | (1 << 8): consume_tile<kFP8, 128, 1>(p, ctx, c, st); break;
-        case 64 | (2 << 8): consume_tile<kFP8, 64, 2>(p, ctx, c, st); break;
+      switch (c.block_m) {
+        case 8: consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
+        case 32: consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
+        case 64: consume_tile<kFP8, 64, 1>(p, ctx, c, st); break;
         default: consume_tile<kFP8, 128, 2>(p, ctx, c, st); break;
       }
     }

@@ -25,8 +25,8 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
       ::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem);
 
   const bool masked = pb.layout == Layout::kMasked;
-  // Token rows: contiguous [1][M][K]; masked [G][max_m][K] (TMA clips each group at max_m). Boxes of 8 and 64
-  // rows (a tile loads block_m / box of them); weights [G][N][K] in boxes of 128 rows.
+  // Token rows: contiguous [1][M][K]; masked [G][max_m][K] (TMA clips each group at max_m), in boxes of 8, 64 and
+  // 128 rows; weights [G][N][K] in boxes of 128 and 256 rows (kernel.cuh: which tile loads which).
   using ::tessera::detail::make_tensor_map_sw128;
   static_assert(kTileKBytes == 128, "k-blocks are one 128-byte swizzle row of K");
   const auto elem = kFP8 ? ::tessera::detail::TmaElement::kU8 : ::tessera::detail::TmaElement::kBF16;
@@ -38,6 +38,12 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 64);
   const CUtensorMap tmap_w = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
                                                    pb.w_group_stride, kWeightBox);
+  const CUtensorMap tmap_x128 =
+      make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 128);
+  // 256-row weight boxes serve the 128 × 256 tiles, which exist only where N is a multiple of 256.
+  const CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w
+                                                : make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups,
+                                                                        pb.w_row_stride, pb.w_group_stride, 256);
 
   KernelParams kp{};
   kp.num_groups = pb.num_groups;
@@ -67,7 +73,7 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
   const int64_t m_tiles_bound = masked ? pb.num_groups * ((pb.rows + 7) / 8) : (pb.rows + 7) / 8 + pb.num_groups;
   const int64_t slots = int64_t{per_sm} * ::tessera::detail::current_device_info().num_sms;
   const int grid = static_cast<int>(std::min<int64_t>(m_tiles_bound * n_tiles, slots));
-  kernel<<<grid, kThreads, smem, stream>>>(tmap_x8, tmap_x64, tmap_w, kp);
+  kernel<<<grid, kThreads, smem, stream>>>(tmap_x8, tmap_x64, tmap_x128, tmap_w, tmap_w256, kp);
   TESSERA_CHECK_LAUNCH();
 }
 
