@@ -130,7 +130,8 @@ def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor"
         (a checkpoint's weight_scale_inv). Scales may have any strides.
     out      bf16 [M, N] (unit stride along N) to write into; default torch.empty. Rows outside every group
              are not written.
-    expected_m  rows per group to tune the tile shape for (0: M / G); never affects which rows are computed.
+    expected_m  deprecated and ignored (validated: an int >= 0): the kernel chooses each group's tile shape on
+                the device from its row count (docs/ops/grouped_gemm.md).
     workspace   device tensor of at least grouped_gemm_workspace_bytes(G, N, K) bytes, or None (allocated when
                 needed; the size is 0 today). stream: None (the current stream), a torch.cuda.Stream or an int.
     Returns y (bf16 [M, N], fp32 accumulation).
@@ -146,7 +147,7 @@ def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per
     x        [G, max_m, K] float8_e4m3fn; w [G, N, K] float8_e4m3fn; masked_m int32 [G] on the device.
     Scales as in grouped_gemm_fp8, except block-wise x_scale is [G, max_m, K/128].
     out      bf16 [G, max_m, N]; rows r >= masked_m[g] are not written.
-    expected_m  typical masked_m (0: max_m); pass the real average when max_m is a capacity (decode buffers).
+    expected_m  deprecated and ignored, as in grouped_gemm_fp8.
     Returns y (bf16 [G, max_m, N]).
     """
     return _fp8_op("tessera.grouped_gemm_fp8_masked", True, "masked_m", x, w, masked_m, x_scale, w_scale,
