@@ -33,10 +33,13 @@ TEST(GroupedGemmConfig, LargeGroupsTakeShorterTilesOnlyWhenThatFinishesSooner) {
   const int ctas = 132;
   // DeepSeek-V3 gate_up, 32 groups of 1024 rows, N 4096: 4096 tiles of 128 x 256 fill 32 waves.
   EXPECT_EQ(large_block_m(32 * 8 * 16, 32 * 16 * 32, ctas, 4096), 128);
-  // One group of 1000 rows (skewed routing), N 2048: 64 tiles of 128 x 256 leave half the CTAs idle.
-  EXPECT_EQ(large_block_m(8 * 8, 16 * 16, ctas, 2048), 64);
-  // 150 tiles: a second wave of 18 tiles at 128 rows; 600 tiles of 64 x 128 take 5 waves of 0.3 each.
-  EXPECT_EQ(large_block_m(150, 600, ctas, 4096), 64);
+  // One group of 1000 rows (skewed routing), N 2048: 64 tiles of 128 x 256 on 64 CTAs still beat two waves of
+  // 64 x 128 (measured, config.h).
+  EXPECT_EQ(large_block_m(8 * 8, 16 * 16, ctas, 2048), 128);
+  // One group of 256 rows, N 2048: 16 tiles against 64 of 64 x 128, one wave each.
+  EXPECT_EQ(large_block_m(2 * 8, 4 * 16, ctas, 2048), 64);
+  // 133 tiles: a second wave of one tile at 128 rows; 532 tiles of 64 x 128 take 5 waves of 0.6.
+  EXPECT_EQ(large_block_m(133, 532, ctas, 4096), 128);
   // 264 tiles (exactly two waves) stay at 128.
   EXPECT_EQ(large_block_m(264, 1056, ctas, 4096), 128);
   EXPECT_EQ(large_block_m(0, 0, ctas, 4096), 128);  // no large group

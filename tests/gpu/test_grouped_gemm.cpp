@@ -542,31 +542,38 @@ TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
         }
 }
 
-// Skewed routing: one large group among many empty or tiny ones, so few 128-row tiles that the launch takes
-// 64-row tiles for the large group (config.h: large_block_m), and a large group next to decode-sized ones.
+// Skewed routing: one large group among many empty or tiny ones. 700-1100 rows at N 1024 run as a few 128 x 256
+// tiles; 130-250 rows at N 512 make so few of them that the launch takes 64 x 128 tiles for the large group
+// (config.h: large_block_m).
 TEST_F(GroupedGemmGpu, OneLargeGroupAmongTinyOnes) {
   const uint64_t shape_seed = test::fresh_seed();
   SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
-  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-    for (bool masked : {false, true}) {
-      GemmCase c;
-      c.kind = kind;
-      c.masked = masked;
-      c.G = 64;
-      c.n = 1024;
-      c.k = 512;
-      c.sizes.assign(c.G, 0);
-      c.sizes[std::uniform_int_distribution<int>(0, c.G - 1)(rng)] = 700 + static_cast<int64_t>(rng() % 400);
-      for (int i = 0; i < 6; ++i) c.sizes[rng() % c.G] += 1 + static_cast<int64_t>(rng() % 5);
-      c.tail = 3;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
-      const Host h = make_host(c, seed);
-      const reference::GroupedGemmRef ref = reference_of(h);
-      Device d(h);
-      expect_matches(h, ref, run(h, d), "");
-    }
+  struct Skew {
+    int G;
+    int64_t n, big_lo, big_span;
+  };
+  for (const Skew sk : {Skew{64, 1024, 700, 400}, Skew{32, 512, 130, 120}})
+    for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
+      for (bool masked : {false, true}) {
+        GemmCase c;
+        c.kind = kind;
+        c.masked = masked;
+        c.G = sk.G;
+        c.n = sk.n;
+        c.k = 512;
+        c.sizes.assign(c.G, 0);
+        c.sizes[std::uniform_int_distribution<int>(0, c.G - 1)(rng)] =
+            sk.big_lo + static_cast<int64_t>(rng() % sk.big_span);
+        for (int i = 0; i < 6; ++i) c.sizes[rng() % c.G] += 1 + static_cast<int64_t>(rng() % 5);
+        c.tail = 3;
+        const uint64_t seed = test::fresh_seed();
+        SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
+        const Host h = make_host(c, seed);
+        const reference::GroupedGemmRef ref = reference_of(h);
+        Device d(h);
+        expect_matches(h, ref, run(h, d), "");
+      }
 }
 
 TEST_F(GroupedGemmGpu, StridedOperands) {
