@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <set>
 #include <string>
@@ -351,13 +352,16 @@ void expect_matches(const Host& h, const reference::GroupedGemmRef& ref, const s
 }
 
 // Generates, runs and checks one case.
-void check_case(const GemmCase& c) {
+// One case on fresh data, checked against the reference; with hints, once per expected_m value (each must give
+// the reference's result).
+void check_case(const GemmCase& c, std::initializer_list<int64_t> hints = {-1}) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
   const Host h = make_host(c, seed);
+  const reference::GroupedGemmRef ref = reference_of(h);
   Device d(h);
-  const std::vector<uint16_t> y = run(h, d);
-  expect_matches(h, reference_of(h), y);
+  for (int64_t hint : hints)
+    expect_matches(h, ref, run(h, d, nullptr, hint), hint < 0 ? "" : "expected_m " + std::to_string(hint) + ": ");
 }
 
 // Group sizes in [0, cap], with the ragged ones every grid point should see (empty, one row, non-multiples of 16,
@@ -531,14 +535,7 @@ TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
           c.lead = 2;
           c.tail = 9;
           c.max_m_extra = 4;
-          const uint64_t seed = test::fresh_seed();
-          SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
-          const Host h = make_host(c, seed);
-          const reference::GroupedGemmRef ref = reference_of(h);
-          Device d(h);
-          // expected_m is accepted and ignored: any value gives the same result.
-          for (int64_t hint : {int64_t{0}, int64_t{1}, int64_t{100000}})
-            expect_matches(h, ref, run(h, d, nullptr, hint), "expected_m " + std::to_string(hint) + ": ");
+          check_case(c, {0, 1, 100000});  // expected_m is accepted and ignored: every value gives the same result
         }
 }
 
@@ -567,12 +564,7 @@ TEST_F(GroupedGemmGpu, OneLargeGroupAmongTinyOnes) {
             sk.big_lo + static_cast<int64_t>(rng() % sk.big_span);
         for (int i = 0; i < 6; ++i) c.sizes[rng() % c.G] += 1 + static_cast<int64_t>(rng() % 5);
         c.tail = 3;
-        const uint64_t seed = test::fresh_seed();
-        SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
-        const Host h = make_host(c, seed);
-        const reference::GroupedGemmRef ref = reference_of(h);
-        Device d(h);
-        expect_matches(h, ref, run(h, d), "");
+        check_case(c);
       }
 }
 
