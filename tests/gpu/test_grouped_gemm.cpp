@@ -13,7 +13,6 @@
 #include <cstring>
 #include <initializer_list>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
