@@ -392,6 +392,89 @@ bool needs_dispatcher(const T&) {
 }
 
 // ---- eager conveniences (bound for Python only) ----------------------------------------------------------------
+// Each takes the torch layer's arguments in its order, checks what it needs before allocating (with the torch
+// layer's messages), allocates the outputs that were not given on the first tensor's device and current stream, and
+// calls the op's entry (which routes to the dispatcher where needed). A pybind TypeError means an argument could not
+// be converted and nothing ran: the torch layer then takes its checked path.
+
+// The torch layer's int rule: >= minimum, else ValueError naming the argument.
+void at_least(int64_t v, int64_t minimum, const char* op, const char* arg) {
+  if (v < minimum) fail(op, arg, "must be >= " + std::to_string(minimum) + ", got " + std::to_string(v));
+}
+
+// The torch layer's rank rule, with its message.
+void rank_is(const at::Tensor& t, int64_t rank, const char* what, const char* op, const char* arg) {
+  if (t.dim() == rank) return;
+  std::string shape = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
+  fail(op, arg, "must have rank " + std::to_string(rank) + " " + what + ", got shape " + shape + "]");
+}
+
+// Runs the checks before allocation, with tessera's errors as Python ValueError / RuntimeError.
+template <typename Checks>
+void check_first(Checks&& checks) {
+  try {
+    checks();
+  } catch (const tessera::CudaError& e) {
+    throw std::runtime_error(e.what());
+  } catch (const tessera::Error& e) {
+    throw pybind11::value_error(e.what());
+  }
+}
+
+void fused_gate_dispatch(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
+                         const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups,
+                         std::string_view scoring, std::string_view group_score, bool renormalize,
+                         double routed_scaling_factor, int64_t num_shared_experts, double shared_expert_weight);
+void unpermute_reduce_dispatch(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
+                               const std::optional<at::Tensor>& residual, const at::Tensor& out, double routed_scale);
+
+// tessera.fused_gate: returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]), or the given pair.
+std::pair<at::Tensor, at::Tensor> fused_gate_eager(const at::Tensor& logits, const std::optional<at::Tensor>& bias,
+                                                   const std::optional<at::Tensor>& out_weights,
+                                                   const std::optional<at::Tensor>& out_ids, int64_t topk,
+                                                   int64_t num_groups, int64_t topk_groups, std::string_view scoring,
+                                                   std::string_view group_score, bool renormalize,
+                                                   double routed_scaling_factor, int64_t num_shared_experts,
+                                                   double shared_expert_weight) {
+  constexpr const char* op = "tessera.fused_gate";
+  check_first([&] {
+    (void)parse_scoring(scoring, op);
+    (void)parse_group_score(group_score, op);
+    at_least(topk, 1, op, "topk");
+    at_least(num_shared_experts, 0, op, "num_shared_experts");
+    if (out_weights.has_value() != out_ids.has_value()) fail(op, "out", "must be a (weights, ids) pair");
+    if (!needs_dispatcher(logits)) (void)device_of(logits, op, "logits");
+    rank_is(logits, 2, "[T, E]", op, "logits");
+  });
+  at::Tensor weights, ids;
+  if (out_weights.has_value()) {
+    weights = *out_weights;
+    ids = *out_ids;
+  } else {
+    const int64_t width = topk + num_shared_experts;
+    weights = at::empty({logits.size(0), width}, logits.options().dtype(at::kFloat));
+    ids = at::empty({logits.size(0), width}, logits.options().dtype(at::kInt));
+  }
+  fused_gate_dispatch(logits, bias, weights, ids, topk, num_groups, topk_groups, scoring, group_score, renormalize,
+                      routed_scaling_factor, num_shared_experts, shared_expert_weight);
+  return {weights, ids};
+}
+
+// tessera.unpermute_reduce: returns out [T, H] of y_perm's dtype (allocated unless given).
+at::Tensor unpermute_reduce_eager(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
+                                  const std::optional<at::Tensor>& residual, double routed_scale,
+                                  const std::optional<at::Tensor>& out) {
+  constexpr const char* op = "tessera.unpermute_reduce";
+  check_first([&] {
+    if (!needs_dispatcher(y_perm)) (void)device_of(y_perm, op, "y_perm");
+    rank_is(y_perm, 2, "[R, H]", op, "y_perm");
+    rank_is(row_index, 2, "[T, k]", op, "row_index");
+  });
+  const at::Tensor o = out.has_value() ? *out : at::empty({row_index.size(0), y_perm.size(1)}, y_perm.options());
+  unpermute_reduce_dispatch(y_perm, row_index, weights, residual, o, routed_scale);
+  return o;
+}
 
 // tessera.attention_decode's eager call in one crossing: out (shaped like q) and lse ([..., HQ] fp32, when
 // return_lse) are allocated here when not given, on q's device and current stream, as the torch layer's traced path
@@ -413,15 +496,13 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
   constexpr const char* op = "tessera.attention_decode";
   at::Tensor o;
   std::optional<at::Tensor> m = lse;
-  try {
-    // The scalar arguments first, as the torch layer checks them, then q's device before anything is allocated.
+  // The scalar arguments first, as the torch layer checks them, then q's device before anything is allocated.
+  check_first([&] {
     (void)parse_kv_format(format, op);
-    if (window < 0) fail(op, "window", "must be >= 0, got " + std::to_string(window));
-    if (num_splits < 0) fail(op, "num_splits", "must be >= 0, got " + std::to_string(num_splits));
+    at_least(window, 0, op, "window");
+    at_least(num_splits, 0, op, "num_splits");
     if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
-  } catch (const tessera::Error& e) {
-    throw pybind11::value_error(e.what());
-  }
+  });
   o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
   if (!m.has_value() && return_lse) {
     const auto sizes = q.sizes();
@@ -489,6 +570,19 @@ struct Entry<Fn> {
 TESSERA_TORCH_OPS(TESSERA_OP_NAME)
 #undef TESSERA_OP_NAME
 
+void fused_gate_dispatch(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
+                         const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups,
+                         std::string_view scoring, std::string_view group_score, bool renormalize,
+                         double routed_scaling_factor, int64_t num_shared_experts, double shared_expert_weight) {
+  Entry<&fused_gate>::python(logits, bias, weights, ids, topk, num_groups, topk_groups, scoring, group_score,
+                             renormalize, routed_scaling_factor, num_shared_experts, shared_expert_weight);
+}
+
+void unpermute_reduce_dispatch(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
+                               const std::optional<at::Tensor>& residual, const at::Tensor& out, double routed_scale) {
+  Entry<&unpermute_reduce>::python(y_perm, row_index, weights, residual, out, routed_scale);
+}
+
 void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                                const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
@@ -517,4 +611,6 @@ PYBIND11_MODULE(_torch_C, m) {
   TESSERA_TORCH_OPS(TESSERA_DEF)
 #undef TESSERA_DEF
   m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -17,7 +17,8 @@ import collections
 import operator
 
 from . import _C
-from ._dlpack import as_optional_tensor, as_tensor, cuda_device_of, launch, stream_arg, torch_module, torch_ops
+from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg, torch_module,
+                      torch_ops)
 
 __all__ = [
     "PermuteResult",
@@ -94,6 +95,16 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     Returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]); out=(weights, ids) writes into those.
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
+    direct = direct_ops() if stream is None else None
+    if direct is not None and (out is None or (type(out) in (tuple, list) and len(out) == 2)):
+        # The eager fast path: one call into C++, which checks, allocates the outputs and launches; a TypeError
+        # (an argument pybind could not convert; nothing ran) leaves it to the checked path below.
+        try:
+            return direct.fused_gate_eager(logits, bias, *(out if out is not None else (None, None)), topk,
+                                           num_groups, topk_groups, scoring, group_score, renormalize,
+                                           routed_scaling_factor, num_shared_experts, shared_expert_weight)
+        except TypeError:
+            pass
     op = "tessera.fused_gate"
     _choice(op, "scoring", scoring, SCORINGS)
     _choice(op, "group_score", group_score, GROUP_SCORES)
@@ -228,6 +239,12 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     y_perm's dtype or None. fp32 accumulation. Returns out [T, H] of y_perm's dtype (or writes into `out`).
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
+    direct = direct_ops() if stream is None else None
+    if direct is not None:  # the eager fast path, as in fused_gate
+        try:
+            return direct.unpermute_reduce_eager(y_perm, row_index, weights, residual, routed_scale, out)
+        except TypeError:
+            pass
     op = "tessera.unpermute_reduce"
     torch = torch_module()
     ops = torch_ops()

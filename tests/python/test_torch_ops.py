@@ -174,6 +174,21 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
         tessera.attention_decode(o, o, o, o, window=-2)
     with pytest.raises(ValueError, match="'format'"):
         tessera.attention_decode(o, o, o, o, format="int2")
+    # The MoE ops' eager entries alike.
+    logits = torch.empty((5, 64), device="meta")
+    with _recording_mode() as mode:
+        weights, ids = tessera.fused_gate(logits, topk=4, num_shared_experts=1)
+        y = torch.empty((20, 128), dtype=torch.bfloat16, device="meta")
+        reduced = tessera.unpermute_reduce(y, ids[:, :4].contiguous(), weights[:, :4].contiguous())
+    assert "tessera.fused_gate.default" in mode.calls and "tessera.unpermute_reduce.default" in mode.calls
+    assert weights.shape == (5, 5) and weights.dtype == torch.float32 and ids.dtype == torch.int32
+    assert reduced.shape == (5, 128) and reduced.dtype == torch.bfloat16 and reduced.is_meta
+    with pytest.raises(ValueError, match="'topk' must be >= 1"):
+        tessera.fused_gate(logits, topk=0)
+    with pytest.raises(ValueError, match="'logits' must have rank 2"):
+        tessera.fused_gate(logits[0], topk=4)
+    with pytest.raises(ValueError, match="'row_index' must have rank 2"):
+        tessera.unpermute_reduce(y, ids[0], weights)
 
 
 def test_device_errors_are_runtime_errors_without_build_paths():
