@@ -3,8 +3,7 @@
 //   grouped_gemm_fp8          contiguous layout, e4m3 x e4m3 -> bf16; case names end in /tensor (per-tensor
 //                             scales) or /block (DeepSeek-V3 block-wise scales: 1x128 on X, 128x128 on W)
 //   grouped_gemm_fp8_masked   masked layout, decode shapes only: buffers of max_m rows per group (4 x rows for
-//                             the uniform ones, T for dsv3_decode_routed), masked_m = rows, expected_m = the
-//                             largest group's rows
+//                             the uniform ones, T for dsv3_decode_routed), masked_m = rows
 //   grouped_gemm_bf16(_masked) bf16 x bf16 -> bf16, same shapes
 //   cublaslt_fp8_loop         peer of the two fp8 ops (same case names): one cublasLtMatmul per non-empty group,
 //                             e4m3 in, bf16 out, fp32 compute, the same scale modes
@@ -329,7 +328,6 @@ class GroupedGemmCase final : public CaseInstance {
     y_.allocate(rows * N * 2);
     workspace_bytes_ = gemm::grouped_gemm_workspace_bytes(sh.groups, N, K);
     workspace_.allocate(workspace_bytes_);
-    options_.expected_m = v.masked ? sh.max_rows() : 0;  // contiguous: the op derives M / G
 
     const DType in = v.fp8() ? DType::kFP8E4M3 : DType::kBF16;
     for (Set& set : sets_data_) {
@@ -364,11 +362,11 @@ class GroupedGemmCase final : public CaseInstance {
     const Views& t = sets_data_[set].views;
     const gemm::Workspace ws{workspace_.get(), workspace_bytes_};
     if (v_.fp8()) {
-      if (v_.masked) gemm::grouped_gemm_fp8_masked(t.x, t.w, t.group, t.scales, t.y, ws, stream, options_);
-      else gemm::grouped_gemm_fp8(t.x, t.w, t.group, t.scales, t.y, ws, stream, options_);
+      if (v_.masked) gemm::grouped_gemm_fp8_masked(t.x, t.w, t.group, t.scales, t.y, ws, stream);
+      else gemm::grouped_gemm_fp8(t.x, t.w, t.group, t.scales, t.y, ws, stream);
     } else {
-      if (v_.masked) gemm::grouped_gemm_bf16_masked(t.x, t.w, t.group, t.y, ws, stream, options_);
-      else gemm::grouped_gemm_bf16(t.x, t.w, t.group, t.y, ws, stream, options_);
+      if (v_.masked) gemm::grouped_gemm_bf16_masked(t.x, t.w, t.group, t.y, ws, stream);
+      else gemm::grouped_gemm_bf16(t.x, t.w, t.group, t.y, ws, stream);
     }
   }
 
@@ -394,7 +392,6 @@ class GroupedGemmCase final : public CaseInstance {
   std::vector<Set> sets_data_;
   DeviceBuffer group_, y_, workspace_;
   std::size_t workspace_bytes_ = 0;
-  gemm::GroupedGemmOptions options_;
 };
 
 // ============================================================================================================

@@ -3,7 +3,7 @@
 Cases: tessera-bench's (bench/gemm_cases.cpp): '<shape>/m<rows>[/tensor|/block]' (and '/M<rows>' for the skewed
 shapes, '/T<tokens>' for the routed ones) for the ops grouped_gemm_fp8 (per-tensor or DeepSeek-V3 block-wise 1x128 /
 128x128 scales), grouped_gemm_bf16 and their _masked layouts (decode shapes: max_m = 4 x rows for the uniform ones,
-T for dsv3_decode_routed; expected_m = the largest group's rows). tessera-bench's own peer, a cuBLASLt loop over
+T for dsv3_decode_routed). tessera-bench's own peer, a cuBLASLt loop over
 the groups, joins these rows in a merged run.
 
 The routed shapes (dsv3_gate_up_routed/T4096, dsv3_decode_routed/T64) take their group sizes from tessera's own
@@ -285,19 +285,18 @@ def group_rows(group, args, seed):
     d = GemmData(shape, kind, seed, masked)
     y_c = torch.empty((d.m, d.n), dtype=torch.bfloat16, device=C.DEVICE)
     y_m = torch.empty((d.groups, d.max_m, d.n), dtype=torch.bfloat16, device=C.DEVICE) if masked else None
-    expected = max(shape["rows"])
 
     def tessera_fn(layout):
         t = C.tessera
         if kind == "bf16":
             if layout == "contiguous":
                 return lambda: t.grouped_gemm_bf16(d.x, d.w, d.offsets, out=y_c)
-            return lambda: t.grouped_gemm_bf16_masked(d.x_masked, d.w, d.masked_m, out=y_m, expected_m=expected)
+            return lambda: t.grouped_gemm_bf16_masked(d.x_masked, d.w, d.masked_m, out=y_m)
         if layout == "contiguous":
             return lambda: t.grouped_gemm_fp8(d.x, d.w, d.offsets, d.xs, d.ws, scale_mode=d.scale_mode, out=y_c)
         xs = d.xs_masked if kind == "fp8_block" else d.xs
         return lambda: t.grouped_gemm_fp8_masked(d.x_masked, d.w, d.masked_m, xs, d.ws, scale_mode=d.scale_mode,
-                                                 out=y_m, expected_m=expected)
+                                                 out=y_m)
 
     outputs = {}  # name -> (group e -> its rows of the output, uses torch's scales)
     for layout, r in rows.items():
