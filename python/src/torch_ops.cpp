@@ -461,6 +461,52 @@ std::pair<at::Tensor, at::Tensor> fused_gate_eager(const at::Tensor& logits, con
   return {weights, ids};
 }
 
+void permute_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& input_scale,
+                      const at::Tensor& x_perm, const std::optional<at::Tensor>& scales,
+                      const at::Tensor& expert_offsets, const at::Tensor& expert_counts, const at::Tensor& row_index,
+                      const std::optional<at::Tensor>& row_token, const std::optional<at::Tensor>& workspace,
+                      int64_t num_experts, int64_t pad_multiple, std::string_view quant);
+
+using PermuteOut = std::tuple<at::Tensor, std::optional<at::Tensor>, at::Tensor, at::Tensor, at::Tensor,
+                              std::optional<at::Tensor>>;
+
+// tessera.permute without out= (the torch layer calls it only then): the six PermuteResult fields, allocated here
+// (capacity rows T·k, plus E·(pad_multiple − 1) when padding), then the op. quant: "none", "fp8_blockwise" or
+// "fp8_per_tensor" (the torch layer maps None to "none").
+PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num_experts, int64_t pad_multiple,
+                         std::string_view quant, const std::optional<at::Tensor>& input_scale, bool with_row_token,
+                         const std::optional<at::Tensor>& workspace) {
+  constexpr const char* op = "tessera.permute";
+  tessera::moe::PermuteQuant q{};
+  check_first([&] {
+    q = parse_quant(quant, op);
+    at_least(num_experts, 1, op, "num_experts");
+    at_least(pad_multiple, 1, op, "pad_multiple");
+    if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+    rank_is(x, 2, "[T, H]", op, "x");
+    rank_is(ids, 2, "[T, k]", op, "ids");
+    if (ids.size(1) < 1)
+      fail(op, "ids", "must have at least one column, got shape [" + std::to_string(ids.size(0)) + ", 0]");
+  });
+  const int64_t tokens = x.size(0), hidden = x.size(1), topk = ids.size(1);
+  const int64_t rows = tokens * topk + (pad_multiple > 1 ? num_experts * (pad_multiple - 1) : 0);
+  const auto i32 = x.options().dtype(at::kInt);
+  const bool quantized = q != tessera::moe::PermuteQuant::kNone;
+  const at::Tensor x_perm = at::empty({rows, hidden}, quantized ? x.options().dtype(at::kFloat8_e4m3fn) : x.options());
+  std::optional<at::Tensor> scales;
+  if (q == tessera::moe::PermuteQuant::kFP8Blockwise)
+    scales = at::empty({rows, (hidden + tessera::moe::kFP8BlockCols - 1) / tessera::moe::kFP8BlockCols},
+                       x.options().dtype(at::kFloat));
+  const at::Tensor offsets = at::empty({num_experts + 1}, i32);
+  const at::Tensor counts = at::empty({num_experts}, i32);
+  const at::Tensor row_index = at::empty({tokens, topk}, i32);
+  std::optional<at::Tensor> row_token;
+  if (with_row_token) row_token = at::empty({rows}, i32);
+  permute_dispatch(x, ids, input_scale, x_perm, scales, offsets, counts, row_index, row_token, workspace, num_experts,
+                   pad_multiple, quant);
+  return {x_perm, scales, offsets, counts, row_index, row_token};
+}
+
 // tessera.unpermute_reduce: returns out [T, H] of y_perm's dtype (allocated unless given).
 at::Tensor unpermute_reduce_eager(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
                                   const std::optional<at::Tensor>& residual, double routed_scale,
@@ -578,6 +624,15 @@ void fused_gate_dispatch(const at::Tensor& logits, const std::optional<at::Tenso
                              renormalize, routed_scaling_factor, num_shared_experts, shared_expert_weight);
 }
 
+void permute_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::optional<at::Tensor>& input_scale,
+                      const at::Tensor& x_perm, const std::optional<at::Tensor>& scales,
+                      const at::Tensor& expert_offsets, const at::Tensor& expert_counts, const at::Tensor& row_index,
+                      const std::optional<at::Tensor>& row_token, const std::optional<at::Tensor>& workspace,
+                      int64_t num_experts, int64_t pad_multiple, std::string_view quant) {
+  Entry<&permute>::python(x, ids, input_scale, x_perm, scales, expert_offsets, expert_counts, row_index, row_token,
+                          workspace, num_experts, pad_multiple, quant);
+}
+
 void unpermute_reduce_dispatch(const at::Tensor& y_perm, const at::Tensor& row_index, const at::Tensor& weights,
                                const std::optional<at::Tensor>& residual, const at::Tensor& out, double routed_scale) {
   Entry<&unpermute_reduce>::python(y_perm, row_index, weights, residual, out, routed_scale);
@@ -613,4 +668,5 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -175,6 +175,14 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                Pass out= and workspace= to capture permute in a CUDA graph with no allocation.
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
+    direct = direct_ops() if stream is None and out is None else None
+    if direct is not None:  # the eager fast path, as in fused_gate (out= given: the checked path, it has no alloc)
+        try:
+            return PermuteResult(*direct.permute_eager(x, ids, num_experts, pad_multiple,
+                                                       "none" if quant is None else quant, input_scale,
+                                                       with_row_token, workspace))
+        except TypeError:
+            pass
     op = "tessera.permute"
     q = _quant_name(op, quant)
     num_experts = _int(op, "num_experts", num_experts, 1)

@@ -180,7 +180,13 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
         weights, ids = tessera.fused_gate(logits, topk=4, num_shared_experts=1)
         y = torch.empty((20, 128), dtype=torch.bfloat16, device="meta")
         reduced = tessera.unpermute_reduce(y, ids[:, :4].contiguous(), weights[:, :4].contiguous())
+        x = torch.empty((5, 128), dtype=torch.bfloat16, device="meta")
+        perm = tessera.permute(x, ids[:, :4].contiguous(), 64, quant="fp8_blockwise", pad_multiple=4)
     assert "tessera.fused_gate.default" in mode.calls and "tessera.unpermute_reduce.default" in mode.calls
+    assert "tessera.permute.default" in mode.calls and isinstance(perm, tessera.PermuteResult)
+    assert perm.x_perm.shape == (5 * 4 + 64 * 3, 128) and perm.x_perm.dtype == torch.float8_e4m3fn
+    assert perm.scales.shape == (5 * 4 + 64 * 3, 1) and perm.row_token.shape == (5 * 4 + 64 * 3,)
+    assert perm.expert_offsets.shape == (65,) and perm.row_index.shape == (5, 4)
     assert weights.shape == (5, 5) and weights.dtype == torch.float32 and ids.dtype == torch.int32
     assert reduced.shape == (5, 128) and reduced.dtype == torch.bfloat16 and reduced.is_meta
     with pytest.raises(ValueError, match="'topk' must be >= 1"):
@@ -189,6 +195,10 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
         tessera.fused_gate(logits[0], topk=4)
     with pytest.raises(ValueError, match="'row_index' must have rank 2"):
         tessera.unpermute_reduce(y, ids[0], weights)
+    with pytest.raises(ValueError, match="'pad_multiple' must be >= 1"):
+        tessera.permute(x, ids, 64, pad_multiple=0)
+    with pytest.raises(ValueError, match="'quant'"):
+        tessera.permute(x, ids, 64, quant="int4")
 
 
 def test_device_errors_are_runtime_errors_without_build_paths():
