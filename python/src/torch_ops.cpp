@@ -470,12 +470,16 @@ void permute_dispatch(const at::Tensor& x, const at::Tensor& ids, const std::opt
 using PermuteOut = std::tuple<at::Tensor, std::optional<at::Tensor>, at::Tensor, at::Tensor, at::Tensor,
                               std::optional<at::Tensor>>;
 
-// tessera.permute without out= (the torch layer calls it only then): the six PermuteResult fields, allocated here
-// (capacity rows T·k, plus E·(pad_multiple − 1) when padding), then the op. quant: "none", "fp8_blockwise" or
-// "fp8_per_tensor" (the torch layer maps None to "none").
+// tessera.permute: the six PermuteResult fields, given (out_given: the fields of out=, row_token and scales may be
+// None) or allocated here (capacity rows T·k, plus E·(pad_multiple − 1) when padding), then the op. quant: "none",
+// "fp8_blockwise" or "fp8_per_tensor" (the torch layer maps None to "none").
 PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num_experts, int64_t pad_multiple,
                          std::string_view quant, const std::optional<at::Tensor>& input_scale, bool with_row_token,
-                         const std::optional<at::Tensor>& workspace) {
+                         const std::optional<at::Tensor>& workspace, bool out_given,
+                         const std::optional<at::Tensor>& out_x_perm, const std::optional<at::Tensor>& out_scales,
+                         const std::optional<at::Tensor>& out_offsets, const std::optional<at::Tensor>& out_counts,
+                         const std::optional<at::Tensor>& out_row_index,
+                         const std::optional<at::Tensor>& out_row_token) {
   constexpr const char* op = "tessera.permute";
   tessera::moe::PermuteQuant q{};
   check_first([&] {
@@ -487,7 +491,14 @@ PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num
     rank_is(ids, 2, "[T, k]", op, "ids");
     if (ids.size(1) < 1)
       fail(op, "ids", "must have at least one column, got shape [" + std::to_string(ids.size(0)) + ", 0]");
+    if (out_given && !(out_x_perm && out_offsets && out_counts && out_row_index))
+      fail(op, "out", "must hold x_perm, expert_offsets, expert_counts and row_index tensors");
   });
+  if (out_given) {
+    permute_dispatch(x, ids, input_scale, *out_x_perm, out_scales, *out_offsets, *out_counts, *out_row_index,
+                     out_row_token, workspace, num_experts, pad_multiple, quant);
+    return {*out_x_perm, out_scales, *out_offsets, *out_counts, *out_row_index, out_row_token};
+  }
   const int64_t tokens = x.size(0), hidden = x.size(1), topk = ids.size(1);
   const int64_t rows = tokens * topk + (pad_multiple > 1 ? num_experts * (pad_multiple - 1) : 0);
   const auto i32 = x.options().dtype(at::kInt);

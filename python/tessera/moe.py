@@ -36,6 +36,7 @@ FP8_BLOCK_COLS = 128
 
 PermuteResult = collections.namedtuple(
     "PermuteResult", ["x_perm", "scales", "expert_offsets", "expert_counts", "row_index", "row_token"])
+_NO_OUT = (None,) * 6
 PermuteResult.__doc__ = """Outputs of tessera.moe.permute.
 
 x_perm          [capacity_rows, H]: x's dtype, or torch.float8_e4m3fn when quantized. Rows at or past
@@ -175,12 +176,13 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                Pass out= and workspace= to capture permute in a CUDA graph with no allocation.
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    direct = direct_ops() if stream is None and out is None else None
-    if direct is not None:  # the eager fast path, as in fused_gate (out= given: the checked path, it has no alloc)
+    direct = direct_ops() if stream is None else None
+    if direct is not None and (out is None or type(out) is PermuteResult):  # the eager fast path, as in fused_gate
         try:
             return PermuteResult(*direct.permute_eager(x, ids, num_experts, pad_multiple,
                                                        "none" if quant is None else quant, input_scale,
-                                                       with_row_token, workspace))
+                                                       with_row_token, workspace, out is not None,
+                                                       *(out if out is not None else _NO_OUT)))
         except TypeError:
             pass
     op = "tessera.permute"
