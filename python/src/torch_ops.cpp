@@ -26,6 +26,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -383,7 +384,8 @@ void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tenso
 bool needs_dispatcher(const at::Tensor& t) {
   const c10::DispatchKeySet keys = t.key_set();
   return keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
-         keys.has(c10::DispatchKey::FuncTorchGradWrapper) || t.is_meta();
+         keys.has(c10::DispatchKey::FuncTorchGradWrapper) || keys.has(c10::DispatchKey::Functionalize) ||
+         t.is_meta();
 }
 bool needs_dispatcher(const std::optional<at::Tensor>& t) { return t.has_value() && needs_dispatcher(*t); }
 template <typename T>
@@ -396,6 +398,15 @@ bool needs_dispatcher(const T&) {
 // layer's messages), allocates the outputs that were not given on the first tensor's device and current stream, and
 // calls the op's entry (which routes to the dispatcher where needed). A pybind TypeError means an argument could not
 // be converted and nothing ran: the torch layer then takes its checked path.
+
+// The eager entries read concrete sizes to allocate; symbolic ones (make_fx / AOT tracing with dynamic shapes)
+// belong on the torch layer's checked path, which allocates with torch. The message carries pybind's own phrase for
+// an argument it cannot convert, the one the torch layer falls back on (_dlpack.FALLBACK).
+void no_symbolic_sizes(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors)
+    if (t->unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+      throw pybind11::type_error("tessera: incompatible function arguments (symbolic sizes)");
+}
 
 // The torch layer's int rule: >= minimum, else ValueError naming the argument.
 void at_least(int64_t v, int64_t minimum, const char* op, const char* arg) {
@@ -438,6 +449,7 @@ std::pair<at::Tensor, at::Tensor> fused_gate_eager(const at::Tensor& logits, con
                                                    double routed_scaling_factor, int64_t num_shared_experts,
                                                    double shared_expert_weight) {
   constexpr const char* op = "tessera.fused_gate";
+  no_symbolic_sizes({&logits});
   check_first([&] {
     (void)parse_scoring(scoring, op);
     (void)parse_group_score(group_score, op);
@@ -482,10 +494,13 @@ PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num
                          const std::optional<at::Tensor>& out_row_token) {
   constexpr const char* op = "tessera.permute";
   tessera::moe::PermuteQuant q{};
+  no_symbolic_sizes({&x, &ids});
   check_first([&] {
     q = parse_quant(quant, op);
     at_least(num_experts, 1, op, "num_experts");
     at_least(pad_multiple, 1, op, "pad_multiple");
+    (void)narrow(num_experts, op, "num_experts");  // the capacity below is then computed without overflow
+    (void)narrow(pad_multiple, op, "pad_multiple");
     if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
     rank_is(x, 2, "[T, H]", op, "x");
     rank_is(ids, 2, "[T, k]", op, "ids");
@@ -523,6 +538,7 @@ at::Tensor unpermute_reduce_eager(const at::Tensor& y_perm, const at::Tensor& ro
                                   const std::optional<at::Tensor>& residual, double routed_scale,
                                   const std::optional<at::Tensor>& out) {
   constexpr const char* op = "tessera.unpermute_reduce";
+  no_symbolic_sizes({&y_perm, &row_index});
   check_first([&] {
     if (!needs_dispatcher(y_perm)) (void)device_of(y_perm, op, "y_perm");
     rank_is(y_perm, 2, "[R, H]", op, "y_perm");
@@ -553,12 +569,19 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
   constexpr const char* op = "tessera.attention_decode";
   at::Tensor o;
   std::optional<at::Tensor> m = lse;
-  // The scalar arguments first, as the torch layer checks them, then q's device before anything is allocated.
+  no_symbolic_sizes({&q});
+  // The scalar arguments first, as the torch layer checks them, then q's device and rank before anything is
+  // allocated.
   check_first([&] {
     (void)parse_kv_format(format, op);
     at_least(window, 0, op, "window");
     at_least(num_splits, 0, op, "num_splits");
     if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+    if (q.dim() != 3 && q.dim() != 4) {
+      std::string shape = "[";
+      for (int64_t d = 0; d < q.dim(); ++d) shape += (d ? ", " : "") + std::to_string(q.size(d));
+      fail(op, "q", "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + shape + "]");
+    }
   });
   o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
   if (!m.has_value() && return_lse) {

@@ -17,7 +17,8 @@ and the capsule's own deleter releases its reference when the capsule is collect
 torch is imported here when it is installed; without it tessera still imports (tessera.dlpack needs no torch).
 """
 
-__all__ = ["torch_module", "torch_ops", "direct_ops", "as_tensor", "as_optional_tensor", "to_capsule", "cuda_device_of", "launch",
+__all__ = ["FALLBACK", "torch_module", "torch_ops", "direct_ops", "as_tensor", "as_optional_tensor", "to_capsule",
+           "cuda_device_of", "launch",
            "stream_arg"]
 
 
@@ -112,6 +113,12 @@ def torch_ops():
     if _torch.compiler.is_compiling() or _torch._C._len_torch_dispatch_stack():
         return _ops
     return _eager
+
+
+# pybind11's TypeError for arguments it cannot convert (nothing ran); the eager entries raise it too for symbolic
+# sizes. Only that TypeError sends a call to the checked path: any other (say, from a dispatch mode's handler the
+# call already reached) propagates, so an op never runs twice.
+FALLBACK = "incompatible function arguments"
 
 
 def direct_ops():

@@ -26,8 +26,8 @@ bytes; the size never depends on the sequence lengths, so one workspace serves e
 """
 
 from . import _C
-from ._dlpack import (FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg,
-                      to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch,
+                      stream_arg, to_capsule, torch_module, torch_ops)
 from .moe import _choice, _int
 
 __all__ = [
@@ -185,15 +185,16 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     """
     direct = direct_ops() if stream is None else None
     if direct is not None:
-        # The eager fast path: one call into C++, which checks everything, allocates out/lse and launches. A
-        # TypeError here means an argument pybind could not convert (nothing ran): the checked path below takes it
-        # (DLPack producers) or names it.
+        # The eager fast path: one call into C++, which checks everything, allocates out/lse and launches. pybind's
+        # TypeError for an argument it cannot convert (nothing ran: _dlpack.FALLBACK) leaves the call to the checked
+        # path below, which converts DLPack producers or names the argument.
         try:
             o, m = direct.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
                                                  out, lse, return_lse, workspace, format, softmax_scale, softcap,
                                                  window, num_splits)
-        except TypeError:
-            pass
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
         else:
             return (o, m) if return_lse else o
     op = "tessera.attention_decode"
@@ -244,8 +245,9 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     if direct is not None:  # the eager fast path, as in attention_decode
         try:
             return direct.append_kv(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format)
-        except TypeError:
-            pass
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
 

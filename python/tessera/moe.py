@@ -17,8 +17,8 @@ import collections
 import operator
 
 from . import _C
-from ._dlpack import (as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg, torch_module,
-                      torch_ops)
+from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg,
+                      torch_module, torch_ops)
 
 __all__ = [
     "PermuteResult",
@@ -98,14 +98,15 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     """
     direct = direct_ops() if stream is None else None
     if direct is not None and (out is None or (type(out) in (tuple, list) and len(out) == 2)):
-        # The eager fast path: one call into C++, which checks, allocates the outputs and launches; a TypeError
-        # (an argument pybind could not convert; nothing ran) leaves it to the checked path below.
+        # The eager fast path: one call into C++, which checks, allocates the outputs and launches; pybind's
+        # TypeError for an argument it cannot convert (nothing ran: _dlpack.FALLBACK) leaves it to the checked path.
         try:
             return direct.fused_gate_eager(logits, bias, *(out if out is not None else (None, None)), topk,
                                            num_groups, topk_groups, scoring, group_score, renormalize,
                                            routed_scaling_factor, num_shared_experts, shared_expert_weight)
-        except TypeError:
-            pass
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
     op = "tessera.fused_gate"
     _choice(op, "scoring", scoring, SCORINGS)
     _choice(op, "group_score", group_score, GROUP_SCORES)
@@ -183,8 +184,9 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                                                        "none" if quant is None else quant, input_scale,
                                                        with_row_token, workspace, out is not None,
                                                        *(out if out is not None else _NO_OUT)))
-        except TypeError:
-            pass
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
     op = "tessera.permute"
     q = _quant_name(op, quant)
     num_experts = _int(op, "num_experts", num_experts, 1)
@@ -253,8 +255,9 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     if direct is not None:  # the eager fast path, as in fused_gate
         try:
             return direct.unpermute_reduce_eager(y_perm, row_index, weights, residual, routed_scale, out)
-        except TypeError:
-            pass
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
     op = "tessera.unpermute_reduce"
     torch = torch_module()
     ops = torch_ops()

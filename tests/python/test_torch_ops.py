@@ -201,6 +201,38 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
         tessera.permute(x, ids, 64, quant="int4")
 
 
+@needs_torch
+def test_symbolic_tracing_sees_the_operators():
+    # make_fx with dynamic shapes (what AOT autograd and export use): the eager entries do not allocate with symbolic
+    # sizes but hand the call to the torch layer's checked path, which traces the operators.
+    from tessera import _torch_ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if not _torch_ops.available():
+        pytest.skip(_torch_ops.load_error)
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        cuda = dict(device="cuda")
+        args = (torch.empty((5, 64), **cuda), torch.empty((5, 128), dtype=torch.bfloat16, **cuda),
+                torch.empty((3, 8, 128), dtype=torch.bfloat16, **cuda),
+                torch.empty((10, 16, 2, 128), dtype=torch.uint8, **cuda),
+                torch.empty((10, 16, 2, 2), dtype=torch.float16, **cuda), torch.empty((3, 3), dtype=torch.int32, **cuda),
+                torch.empty((3,), dtype=torch.int32, **cuda))
+
+    def chain(logits, x, q, kc, sc, bt, lengths):
+        weights, ids = tessera.fused_gate(logits, topk=4)
+        p = tessera.permute(x, ids, 64)
+        y = tessera.unpermute_reduce(p.x_perm, p.row_index, weights)
+        o = tessera.attention_decode(q, kc, kc, lengths, format="int8", k_scale=sc, v_scale=sc, block_table=bt)
+        return y, o
+
+    graph = make_fx(chain, tracing_mode="symbolic")(*args)
+    traced = [str(n.target) for n in graph.graph.nodes if "tessera" in str(n.target)]
+    assert traced == ["tessera.fused_gate.default", "tessera.permute.default", "tessera.unpermute_reduce.default",
+                      "tessera.attention_decode.default"], traced
+
+
 def test_device_errors_are_runtime_errors_without_build_paths():
     # With no usable GPU the C++ device query fails: a RuntimeError (not ValueError) whose message names no
     # directory of the build machine. With an sm_90 GPU the same call goes through.

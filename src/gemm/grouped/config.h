@@ -35,7 +35,7 @@ inline constexpr int kMaxStages = 4;
 
 // The shape of the tiles of one group.
 struct TileShape {
-  int block_m;  // token rows: 8, 16, 32, 64 or 128
+  int block_m;  // token rows: 8, 32, 64 or 128
   int halves;   // m64 weight blocks per consumer warpgroup: 1 (tile 128 weights wide) or 2 (256)
 };
 
@@ -67,7 +67,8 @@ TESSERA_HD constexpr int kblocks_per_stage(int block_m, int halves) {
 
 // The height of the tiles of groups with more than 32 rows, one choice per launch: 128 (256 wide: fewest operand
 // bytes per flop) unless 64-row tiles (128 wide) finish sooner on `ctas` CTAs, which happens only when 128-row
-// tiles fill a small part of the machine (a few large groups of a few hundred rows) or leave a mostly idle last wave;
+// tiles fill at most ~60 % of the machine's CTA slots in their last wave against a full 64-row schedule (in practice:
+// a few large groups of a few hundred rows, 128-row tiles filling a quarter of the CTAs or less);
 // always 64 when N is not a multiple of 256. tiles128 / tiles64: the tiles of those groups in either shape. A
 // 64 × 128 tile is counted as 0.6 of a 128 × 256 one although it does a quarter of the flops: measured on an H200
 // with one 1,000-row group (N 2048, K 7168), 64 tiles of 128 × 256 on 64 SMs took 52 / 74 / 91 µs (fp8 per-tensor /
@@ -84,7 +85,7 @@ struct SmemLayout {
   int operands_bytes;  // stages × kStageBytes, 1024-byte aligned
   int scales_bytes;    // stages × kStageScaleFloats fp32
   int barrier_bytes;   // 2 × stages × 8
-  int table_bytes;     // scan scratch (2 per warp) and (G + 1) tile prefix, int64; G starts, rows and shapes, int32
+  int table_bytes;     // scan scratch (one slot per warp used, two reserved) and (G + 1) tile prefix, int64; G starts, rows and shapes, int32
   int total_bytes;     // + 1024 for aligning the dynamic base
 
   static constexpr SmemLayout make(int stages, int num_groups) {

@@ -128,7 +128,7 @@ __device__ __forceinline__ int64_t cta_sum(int64_t v, int64_t* scratch) {
 }
 
 // The tile table, by all kThreads threads: each group's clamped rows, its tile shape (tile_shape, with the height of
-// groups above 64 rows chosen once for the launch by large_block_m), its tile count, and their exclusive prefix sum.
+// groups above 32 rows chosen once for the launch by large_block_m), its tile count, and their exclusive prefix sum.
 // Every CTA computes the same table from the same group sizes.
 __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* start, int* rows, int* shape,
                                  int64_t* scratch) {
