@@ -46,6 +46,7 @@ using tessera::TensorView;
 constexpr const char* kLegacyCapsule = "dltensor";
 
 using tessera::python::fail;
+using tessera::python::gemm_options;
 using tessera::python::parse_group_score;
 using tessera::python::parse_kv_format;
 using tessera::python::parse_scale_mode;
@@ -214,12 +215,6 @@ std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, int num_expert
 
 // ---- grouped GEMM -------------------------------------------------------------------------------------------
 
-tessera::gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
-  tessera::gemm::GroupedGemmOptions options;
-  options.expected_m = expected_m;
-  return options;
-}
-
 // group_rows is offsets (contiguous layout) or masked_m (masked layout).
 void grouped_gemm_fp8_impl(const char* op, bool masked, const char* group_rows_arg, const py::object& x,
                            const py::object& w, const py::object& group_rows, const py::object& x_scale,
@@ -375,15 +370,7 @@ PYBIND11_MODULE(_C, m) {
       "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention) rather than "
       "this module.";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const tessera::CudaError& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    } catch (const tessera::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
-  });
+  py::register_exception_translator(&tessera::python::translate_errors);
 
   m.attr("version") = TESSERA_VERSION_STRING;
   m.attr("__version__") = TESSERA_VERSION_STRING;

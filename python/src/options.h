@@ -1,7 +1,11 @@
-// The option strings of the Python entry points (tessera._C and tessera._torch_C), parsed in one place: each
-// returns the C++ enum or throws tessera::Error naming the op and the argument.
+// What the two Python modules (tessera._C and tessera._torch_C) share: the option strings, parsed in one place (each
+// parser returns the C++ enum or throws tessera::Error naming the op and the argument), the GEMM options and the
+// translation of tessera's exceptions. Include after pybind11 (translate_errors uses the Python C API).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <exception>
 #include <string>
 #include <string_view>
 
@@ -16,38 +20,77 @@ namespace tessera::python {
   throw Error(std::string(op) + ": '" + arg + "' " + what);
 }
 
+template <typename E>
+struct Choice {
+  const char* name;
+  E value;
+};
+
+// The value named s among `choices`, else Error "'arg' must be 'a', 'b' or 'c', got 's'" (`lead` first in the
+// list, e.g. "None" for an argument the torch layer maps from None).
+template <typename E, std::size_t N>
+E parse_choice(std::string_view s, const char* op, const char* arg, const Choice<E> (&choices)[N],
+               const char* lead = nullptr) {
+  for (const Choice<E>& c : choices)
+    if (s == c.name) return c.value;
+  std::string names = lead != nullptr ? std::string(lead) : std::string();
+  for (std::size_t i = 0; i < N; ++i) {
+    if (!names.empty()) names += i + 1 == N ? " or " : ", ";
+    names += std::string("'") + choices[i].name + "'";
+  }
+  fail(op, arg, "must be " + names + ", got '" + std::string(s) + "'");
+}
+
 inline moe::Scoring parse_scoring(std::string_view s, const char* op) {
-  if (s == "sigmoid") return moe::Scoring::kSigmoid;
-  if (s == "softmax") return moe::Scoring::kSoftmax;
-  fail(op, "scoring", "must be 'sigmoid' or 'softmax', got '" + std::string(s) + "'");
+  static constexpr Choice<moe::Scoring> kChoices[] = {{"sigmoid", moe::Scoring::kSigmoid},
+                                                      {"softmax", moe::Scoring::kSoftmax}};
+  return parse_choice(s, op, "scoring", kChoices);
 }
 
 inline moe::GroupScore parse_group_score(std::string_view s, const char* op) {
-  if (s == "top2_sum") return moe::GroupScore::kTop2Sum;
-  if (s == "max") return moe::GroupScore::kMax;
-  fail(op, "group_score", "must be 'top2_sum' or 'max', got '" + std::string(s) + "'");
+  static constexpr Choice<moe::GroupScore> kChoices[] = {{"top2_sum", moe::GroupScore::kTop2Sum},
+                                                         {"max", moe::GroupScore::kMax}};
+  return parse_choice(s, op, "group_score", kChoices);
 }
 
 inline moe::PermuteQuant parse_quant(std::string_view s, const char* op) {
-  if (s == "none") return moe::PermuteQuant::kNone;
-  if (s == "fp8_blockwise") return moe::PermuteQuant::kFP8Blockwise;
-  if (s == "fp8_per_tensor") return moe::PermuteQuant::kFP8PerTensor;
-  fail(op, "quant", "must be None, 'none', 'fp8_blockwise' or 'fp8_per_tensor', got '" + std::string(s) + "'");
+  static constexpr Choice<moe::PermuteQuant> kChoices[] = {{"none", moe::PermuteQuant::kNone},
+                                                           {"fp8_blockwise", moe::PermuteQuant::kFP8Blockwise},
+                                                           {"fp8_per_tensor", moe::PermuteQuant::kFP8PerTensor}};
+  return parse_choice(s, op, "quant", kChoices, "None");
 }
 
 inline gemm::ScaleMode parse_scale_mode(std::string_view s, const char* op) {
-  if (s == "per_tensor") return gemm::ScaleMode::kPerTensor;
-  if (s == "blockwise") return gemm::ScaleMode::kBlockwise;
-  fail(op, "scale_mode", "must be 'per_tensor' or 'blockwise', got '" + std::string(s) + "'");
+  static constexpr Choice<gemm::ScaleMode> kChoices[] = {{"per_tensor", gemm::ScaleMode::kPerTensor},
+                                                         {"blockwise", gemm::ScaleMode::kBlockwise}};
+  return parse_choice(s, op, "scale_mode", kChoices);
 }
 
 inline attention::KVFormat parse_kv_format(std::string_view s, const char* op) {
-  if (s == "native") return attention::KVFormat::kNative;
-  if (s == "fp8") return attention::KVFormat::kFP8;
-  if (s == "int8") return attention::KVFormat::kInt8;
-  if (s == "int4") return attention::KVFormat::kInt4;
-  if (s == "int4_group32") return attention::KVFormat::kInt4Group32;
-  fail(op, "format", "must be 'native', 'fp8', 'int8', 'int4' or 'int4_group32', got '" + std::string(s) + "'");
+  static constexpr Choice<attention::KVFormat> kChoices[] = {
+      {"native", attention::KVFormat::kNative}, {"fp8", attention::KVFormat::kFP8},
+      {"int8", attention::KVFormat::kInt8},     {"int4", attention::KVFormat::kInt4},
+      {"int4_group32", attention::KVFormat::kInt4Group32}};
+  return parse_choice(s, op, "format", kChoices);
+}
+
+// The grouped GEMM's options from the bindings' expected_m (deprecated and ignored by the GEMM, still passed on).
+inline gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
+  gemm::GroupedGemmOptions options;
+  options.expected_m = expected_m;
+  return options;
+}
+
+// The exception translator of both modules: tessera::CudaError (CUDA or device failure) -> RuntimeError, any other
+// tessera::Error (an argument error) -> ValueError, with tessera's message. Include after pybind11.
+inline void translate_errors(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const CudaError& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (const Error& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  }
 }
 
 }  // namespace tessera::python

@@ -8,7 +8,8 @@
 // (stream-ordered, and capturable in CUDA graphs).
 //
 // Errors: tessera's argument errors become c10::ValueError (Python ValueError), CUDA and device errors
-// c10::Error (Python RuntimeError), each with tessera's message and no source location.
+// c10::Error (Python RuntimeError), each with tessera's message and no source location; on the direct entries the
+// module's translator (options.h: translate_errors) maps them to the same Python types.
 //
 // fp8: the torch layer hands fp8 tensors over as torch.float8_e4m3fn; uint8 is accepted wherever the argument can
 // only hold e4m3 bytes (permute's quantized x_perm, the fp8 GEMM operands, an 'fp8' KV cache), as in tessera._C.
@@ -28,7 +29,6 @@
 #include <cstring>
 #include <initializer_list>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -50,6 +50,7 @@ namespace ta = tessera::attention;
 const c10::SourceLocation kNoLocation{"tessera", "", 0};
 
 using tessera::python::fail;
+using tessera::python::gemm_options;
 using tessera::python::parse_group_score;
 using tessera::python::parse_kv_format;
 using tessera::python::parse_quant;
@@ -223,12 +224,6 @@ void unpermute_reduce(const at::Tensor& y_perm, const at::Tensor& row_index, con
 }
 
 // ---- grouped GEMM ----------------------------------------------------------------------------------------------
-
-tessera::gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
-  tessera::gemm::GroupedGemmOptions o;
-  o.expected_m = expected_m;
-  return o;
-}
 
 std::size_t gemm_workspace_need(const at::Tensor& w) {
   return w.dim() == 3 ? tessera::gemm::grouped_gemm_workspace_bytes(w.size(0), w.size(1), w.size(2)) : 0;
@@ -421,18 +416,6 @@ void rank_is(const at::Tensor& t, int64_t rank, const char* what, const char* op
   fail(op, arg, "must have rank " + std::to_string(rank) + " " + what + ", got shape " + shape + "]");
 }
 
-// Runs the checks before allocation, with tessera's errors as Python ValueError / RuntimeError.
-template <typename Checks>
-void check_first(Checks&& checks) {
-  try {
-    checks();
-  } catch (const tessera::CudaError& e) {
-    throw std::runtime_error(e.what());
-  } catch (const tessera::Error& e) {
-    throw pybind11::value_error(e.what());
-  }
-}
-
 void fused_gate_dispatch(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
                          const at::Tensor& ids, int64_t topk, int64_t num_groups, int64_t topk_groups,
                          std::string_view scoring, std::string_view group_score, bool renormalize,
@@ -450,15 +433,14 @@ std::pair<at::Tensor, at::Tensor> fused_gate_eager(const at::Tensor& logits, con
                                                    double shared_expert_weight) {
   constexpr const char* op = "tessera.fused_gate";
   no_symbolic_sizes({&logits});
-  check_first([&] {
-    (void)parse_scoring(scoring, op);
-    (void)parse_group_score(group_score, op);
-    at_least(topk, 1, op, "topk");
-    at_least(num_shared_experts, 0, op, "num_shared_experts");
-    if (out_weights.has_value() != out_ids.has_value()) fail(op, "out", "must be a (weights, ids) pair");
-    if (!needs_dispatcher(logits)) (void)device_of(logits, op, "logits");
-    rank_is(logits, 2, "[T, E]", op, "logits");
-  });
+  // Checks before anything is allocated.
+  (void)parse_scoring(scoring, op);
+  (void)parse_group_score(group_score, op);
+  at_least(topk, 1, op, "topk");
+  at_least(num_shared_experts, 0, op, "num_shared_experts");
+  if (out_weights.has_value() != out_ids.has_value()) fail(op, "out", "must be a (weights, ids) pair");
+  if (!needs_dispatcher(logits)) (void)device_of(logits, op, "logits");
+  rank_is(logits, 2, "[T, E]", op, "logits");
   at::Tensor weights, ids;
   if (out_weights.has_value()) {
     weights = *out_weights;
@@ -493,22 +475,20 @@ PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num
                          const std::optional<at::Tensor>& out_row_index,
                          const std::optional<at::Tensor>& out_row_token) {
   constexpr const char* op = "tessera.permute";
-  tessera::moe::PermuteQuant q{};
   no_symbolic_sizes({&x, &ids});
-  check_first([&] {
-    q = parse_quant(quant, op);
-    at_least(num_experts, 1, op, "num_experts");
-    at_least(pad_multiple, 1, op, "pad_multiple");
-    (void)narrow(num_experts, op, "num_experts");  // the capacity below is then computed without overflow
-    (void)narrow(pad_multiple, op, "pad_multiple");
-    if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
-    rank_is(x, 2, "[T, H]", op, "x");
-    rank_is(ids, 2, "[T, k]", op, "ids");
-    if (ids.size(1) < 1)
-      fail(op, "ids", "must have at least one column, got shape [" + std::to_string(ids.size(0)) + ", 0]");
-    if (out_given && !(out_x_perm && out_offsets && out_counts && out_row_index))
-      fail(op, "out", "must hold x_perm, expert_offsets, expert_counts and row_index tensors");
-  });
+  // Checks before anything is allocated.
+  const tessera::moe::PermuteQuant q = parse_quant(quant, op);
+  at_least(num_experts, 1, op, "num_experts");
+  at_least(pad_multiple, 1, op, "pad_multiple");
+  (void)narrow(num_experts, op, "num_experts");  // the capacity below is then computed without overflow
+  (void)narrow(pad_multiple, op, "pad_multiple");
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  rank_is(x, 2, "[T, H]", op, "x");
+  rank_is(ids, 2, "[T, k]", op, "ids");
+  if (ids.size(1) < 1)
+    fail(op, "ids", "must have at least one column, got shape [" + std::to_string(ids.size(0)) + ", 0]");
+  if (out_given && !(out_x_perm && out_offsets && out_counts && out_row_index))
+    fail(op, "out", "must hold x_perm, expert_offsets, expert_counts and row_index tensors");
   if (out_given) {
     permute_dispatch(x, ids, input_scale, *out_x_perm, out_scales, *out_offsets, *out_counts, *out_row_index,
                      out_row_token, workspace, num_experts, pad_multiple, quant);
@@ -539,11 +519,10 @@ at::Tensor unpermute_reduce_eager(const at::Tensor& y_perm, const at::Tensor& ro
                                   const std::optional<at::Tensor>& out) {
   constexpr const char* op = "tessera.unpermute_reduce";
   no_symbolic_sizes({&y_perm, &row_index});
-  check_first([&] {
-    if (!needs_dispatcher(y_perm)) (void)device_of(y_perm, op, "y_perm");
-    rank_is(y_perm, 2, "[R, H]", op, "y_perm");
-    rank_is(row_index, 2, "[T, k]", op, "row_index");
-  });
+  // Checks before anything is allocated.
+  if (!needs_dispatcher(y_perm)) (void)device_of(y_perm, op, "y_perm");
+  rank_is(y_perm, 2, "[R, H]", op, "y_perm");
+  rank_is(row_index, 2, "[T, k]", op, "row_index");
   const at::Tensor o = out.has_value() ? *out : at::empty({row_index.size(0), y_perm.size(1)}, y_perm.options());
   unpermute_reduce_dispatch(y_perm, row_index, weights, residual, o, routed_scale);
   return o;
@@ -572,17 +551,16 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
   no_symbolic_sizes({&q});
   // The scalar arguments first, as the torch layer checks them, then q's device and rank before anything is
   // allocated.
-  check_first([&] {
-    (void)parse_kv_format(format, op);
-    at_least(window, 0, op, "window");
-    at_least(num_splits, 0, op, "num_splits");
-    if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
-    if (q.dim() != 3 && q.dim() != 4) {
-      std::string shape = "[";
-      for (int64_t d = 0; d < q.dim(); ++d) shape += (d ? ", " : "") + std::to_string(q.size(d));
-      fail(op, "q", "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + shape + "]");
-    }
-  });
+  // Checks before anything is allocated.
+  (void)parse_kv_format(format, op);
+  at_least(window, 0, op, "window");
+  at_least(num_splits, 0, op, "num_splits");
+  if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+  if (q.dim() != 3 && q.dim() != 4) {
+    std::string shape = "[";
+    for (int64_t d = 0; d < q.dim(); ++d) shape += (d ? ", " : "") + std::to_string(q.size(d));
+    fail(op, "q", "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + shape + "]");
+  }
   o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
   if (!m.has_value() && return_lse) {
     const auto sizes = q.sizes();
@@ -597,7 +575,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
 // layer, which skips the dispatcher's boxing of a dozen arguments (its largest host cost). Only the error
-// translation differs: c10 errors for the dispatcher, Python exceptions for pybind.
+// translation differs: c10 errors for the dispatcher, Python exceptions (the module's translate_errors) for pybind.
 
 template <auto Fn>
 struct Entry;
@@ -628,13 +606,7 @@ struct Entry<Fn> {
   }
   static void python(Args... args) {
     if (through_dispatcher(args...)) return call_dispatcher(args...);  // its errors are already c10's
-    try {
-      Fn(args...);
-    } catch (const tessera::CudaError& e) {
-      throw std::runtime_error(e.what());
-    } catch (const tessera::Error& e) {
-      throw pybind11::value_error(e.what());
-    }
+    Fn(args...);  // tessera's errors: the module's translator (translate_errors)
   }
 };
 
@@ -696,6 +668,7 @@ TORCH_LIBRARY_IMPL(tessera, CUDA, m) {
 // arguments in schema order, tensors as torch tensors, None for absent optional tensors).
 PYBIND11_MODULE(_torch_C, m) {
   m.doc() = "tessera's PyTorch operators (registration) and their direct eager entry points; use tessera.*";
+  pybind11::register_local_exception_translator(&tessera::python::translate_errors);
 #define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python, pybind11::call_guard<pybind11::gil_scoped_release>());
   TESSERA_TORCH_OPS(TESSERA_DEF)
 #undef TESSERA_DEF

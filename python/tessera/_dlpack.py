@@ -17,9 +17,8 @@ and the capsule's own deleter releases its reference when the capsule is collect
 torch is imported here when it is installed; without it tessera still imports (tessera.dlpack needs no torch).
 """
 
-__all__ = ["FALLBACK", "torch_module", "torch_ops", "direct_ops", "as_tensor", "as_optional_tensor", "to_capsule",
-           "cuda_device_of", "launch",
-           "stream_arg"]
+__all__ = ["FALLBACK", "SKIPPED", "torch_module", "torch_ops", "eager", "as_tensor", "as_optional_tensor",
+           "to_capsule", "cuda_device_of", "launch", "stream_arg"]
 
 
 try:
@@ -121,13 +120,23 @@ def torch_ops():
 FALLBACK = "incompatible function arguments"
 
 
-def direct_ops():
-    """tessera._torch_C for an eager call on the current stream (its entries route fake and subclass tensors, and
-    calls under a dispatch mode, to torch.ops.tessera themselves); None under torch.compile or when the operators
-    are not built, where the caller takes its checked path."""
-    if _eager is None or _torch.compiler.is_compiling():
-        return None
-    return _eager
+SKIPPED = object()  # what eager() returns when the call is the checked path's
+
+
+def eager(stream, name, *args):
+    """The eager fast path of an op: tessera._torch_C.<name>(*args), one crossing into C++ that checks, allocates
+    the outputs and launches. SKIPPED, for the caller's checked path, when stream= is given, under torch.compile,
+    when the operators are not built, or on pybind's TypeError for an argument it cannot convert (FALLBACK: nothing
+    ran). The entries route fake, meta and subclass tensors, and calls under a dispatch mode, to torch.ops.tessera
+    themselves."""
+    if stream is not None or _eager is None or _torch.compiler.is_compiling():
+        return SKIPPED
+    try:
+        return getattr(_eager, name)(*args)
+    except TypeError as e:
+        if FALLBACK not in str(e):
+            raise
+        return SKIPPED
 
 
 def stream_arg(op, stream, device):

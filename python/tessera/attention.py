@@ -26,8 +26,8 @@ bytes; the size never depends on the sequence lengths, so one workspace serves e
 """
 
 from . import _C
-from ._dlpack import (FALLBACK, FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch,
-                      stream_arg, to_capsule, torch_module, torch_ops)
+from ._dlpack import (FP8_DTYPES, SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg,
+                      to_capsule, torch_module, torch_ops)
 from .moe import _choice, _int
 
 __all__ = [
@@ -183,20 +183,11 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """
-    direct = direct_ops() if stream is None else None
-    if direct is not None:
-        # The eager fast path: one call into C++, which checks everything, allocates out/lse and launches. pybind's
-        # TypeError for an argument it cannot convert (nothing ran: _dlpack.FALLBACK) leaves the call to the checked
-        # path below, which converts DLPack producers or names the argument.
-        try:
-            o, m = direct.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
-                                                 out, lse, return_lse, workspace, format, softmax_scale, softcap,
-                                                 window, num_splits)
-        except TypeError as e:
-            if FALLBACK not in str(e):
-                raise
-        else:
-            return (o, m) if return_lse else o
+    # The eager fast path (_dlpack.eager); the checked path below converts DLPack producers or names the argument.
+    res = eager(stream, "attention_decode_eager", q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
+                out, lse, return_lse, workspace, format, softmax_scale, softcap, window, num_splits)
+    if res is not SKIPPED:
+        return res if return_lse else res[0]
     op = "tessera.attention_decode"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     if q.dim() not in (3, 4):
@@ -241,13 +232,9 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
     Returns None.
     """
-    direct = direct_ops() if stream is None else None
-    if direct is not None:  # the eager fast path, as in attention_decode
-        try:
-            return direct.append_kv(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format)
-        except TypeError as e:
-            if FALLBACK not in str(e):
-                raise
+    if eager(stream, "append_kv", k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table,
+             format) is not SKIPPED:
+        return None
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
 

@@ -17,8 +17,8 @@ import collections
 import operator
 
 from . import _C
-from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device_of, direct_ops, launch, stream_arg,
-                      torch_module, torch_ops)
+from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg, torch_module,
+                      torch_ops)
 
 __all__ = [
     "PermuteResult",
@@ -96,17 +96,12 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     Returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]); out=(weights, ids) writes into those.
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    direct = direct_ops() if stream is None else None
-    if direct is not None and (out is None or (type(out) in (tuple, list) and len(out) == 2)):
-        # The eager fast path: one call into C++, which checks, allocates the outputs and launches; pybind's
-        # TypeError for an argument it cannot convert (nothing ran: _dlpack.FALLBACK) leaves it to the checked path.
-        try:
-            return direct.fused_gate_eager(logits, bias, *(out if out is not None else (None, None)), topk,
-                                           num_groups, topk_groups, scoring, group_score, renormalize,
-                                           routed_scaling_factor, num_shared_experts, shared_expert_weight)
-        except TypeError as e:
-            if FALLBACK not in str(e):
-                raise
+    if out is None or (type(out) in (tuple, list) and len(out) == 2):  # the eager fast path (_dlpack.eager)
+        res = eager(stream, "fused_gate_eager", logits, bias, *(out if out is not None else (None, None)), topk,
+                    num_groups, topk_groups, scoring, group_score, renormalize, routed_scaling_factor,
+                    num_shared_experts, shared_expert_weight)
+        if res is not SKIPPED:
+            return res
     op = "tessera.fused_gate"
     _choice(op, "scoring", scoring, SCORINGS)
     _choice(op, "group_score", group_score, GROUP_SCORES)
@@ -177,16 +172,11 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                Pass out= and workspace= to capture permute in a CUDA graph with no allocation.
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    direct = direct_ops() if stream is None else None
-    if direct is not None and (out is None or type(out) is PermuteResult):  # the eager fast path, as in fused_gate
-        try:
-            return PermuteResult(*direct.permute_eager(x, ids, num_experts, pad_multiple,
-                                                       "none" if quant is None else quant, input_scale,
-                                                       with_row_token, workspace, out is not None,
-                                                       *(out if out is not None else _NO_OUT)))
-        except TypeError as e:
-            if FALLBACK not in str(e):
-                raise
+    if out is None or type(out) is PermuteResult:  # the eager fast path (_dlpack.eager)
+        res = eager(stream, "permute_eager", x, ids, num_experts, pad_multiple, "none" if quant is None else quant,
+                    input_scale, with_row_token, workspace, out is not None, *(out if out is not None else _NO_OUT))
+        if res is not SKIPPED:
+            return PermuteResult(*res)
     op = "tessera.permute"
     q = _quant_name(op, quant)
     num_experts = _int(op, "num_experts", num_experts, 1)
@@ -196,10 +186,8 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     ops = torch_ops()
     x = as_tensor(x, op, "x")
     ids = as_tensor(ids, op, "ids")
-    if input_scale is not None:
-        input_scale = as_tensor(input_scale, op, "input_scale")
-    if workspace is not None:
-        workspace = as_tensor(workspace, op, "workspace")
+    input_scale = as_optional_tensor(input_scale, op, "input_scale")
+    workspace = as_optional_tensor(workspace, op, "workspace")
     if not x.is_cuda:
         cuda_device_of(x, op, "x")
     if x.dim() != 2 or ids.dim() != 2:
@@ -251,21 +239,16 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     y_perm's dtype or None. fp32 accumulation. Returns out [T, H] of y_perm's dtype (or writes into `out`).
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    direct = direct_ops() if stream is None else None
-    if direct is not None:  # the eager fast path, as in fused_gate
-        try:
-            return direct.unpermute_reduce_eager(y_perm, row_index, weights, residual, routed_scale, out)
-        except TypeError as e:
-            if FALLBACK not in str(e):
-                raise
+    res = eager(stream, "unpermute_reduce_eager", y_perm, row_index, weights, residual, routed_scale, out)
+    if res is not SKIPPED:  # the eager fast path (_dlpack.eager)
+        return res
     op = "tessera.unpermute_reduce"
     torch = torch_module()
     ops = torch_ops()
     y_perm = as_tensor(y_perm, op, "y_perm")
     row_index = as_tensor(row_index, op, "row_index")
     weights = as_tensor(weights, op, "weights")
-    if residual is not None:
-        residual = as_tensor(residual, op, "residual")
+    residual = as_optional_tensor(residual, op, "residual")
     if not y_perm.is_cuda:
         cuda_device_of(y_perm, op, "y_perm")
     if y_perm.dim() != 2 or row_index.dim() != 2:
