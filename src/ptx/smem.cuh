@@ -10,6 +10,23 @@ __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// Loads and stores in the shared state space. A pointer that went through integer arithmetic (the kernels align
+// their dynamic shared-memory base) is generic to the compiler, whose loads through it are generic loads (LD, a
+// longer latency than LDS): these keep the state space explicit.
+__device__ __forceinline__ float ld_shared_f32(const float* ptr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_u32(ptr)) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 ld_shared_v2_f32(const float* ptr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(ptr)) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(float* ptr, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(ptr)), "f"(v) : "memory");
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

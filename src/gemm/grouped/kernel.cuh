@@ -4,8 +4,8 @@
 //   producer warp 0 (one lane): TMA loads of the weight tile [tile width (128 or 256) n × 128 B of K] and the
 //     token tile [block_m rows × 128 B of K] of every k-block into the stage ring, 1 to 3 k-blocks per stage
 //     (config.h: kblocks_per_stage);
-//   producer warp 1 (block-wise scales only): the stage's products weight-block scale × token scale into the
-//     same stage, arriving on the stage's full barrier;
+//   producer warps 1-3 (block-wise scales only): the stage's products weight-block scale × token scale into the
+//     same stage, arriving on the stage's full barrier, each warp every third stage;
 //   consumer warpgroup c: its 64 or 128 weight rows of the tile, as one or two m64 blocks:
 //     D[64 n × block_m tokens] = W[.., K] · X[tile, K]ᵀ with wgmma (weights in wgmma's M, tokens in its N).
 //     fp8: every k-block of every m64 block goes to a fresh accumulator that is then added (with the block-wise
@@ -42,6 +42,8 @@ namespace tessera::gemm::detail {
 // take, or their setmaxnreg.inc waits forever.
 inline constexpr int kProducerRegs = 56;
 inline constexpr int kConsumerRegs = 224;
+// Producer warps that write the block-wise scale products (warps 1..kScaleWarps of the producer warpgroup).
+inline constexpr int kScaleWarps = 3;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= (65536 / kThreads / 8 * 8) * kThreads,
               "setmaxnreg budget exceeds the registers of the CTA");
 
@@ -275,7 +277,7 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
             // All products first, then the stage is released (this thread's last read of it), then the FMAs.
             float2 s01[kBlockM / 8];
 #pragma unroll
-            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = *reinterpret_cast<const float2*>(prod + 8 * q + col_pair);
+            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = ptx::ld_shared_v2_f32(prod + 8 * q + col_pair);
             if (last_kb && h + 1 == kHalves) release(st);
 #pragma unroll
             for (int q = 0; q < kBlockM / 8; ++q) {
@@ -424,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           st.advance(p.stages);
         }
       }
-    } else if (kFP8 && warp == 1 && blockwise) {
+    } else if (kFP8 && warp >= 1 && warp <= kScaleWarps && blockwise) {
       // Block-wise scales of each stage's k-blocks, as the products ws[nb] · xs[row] for each consumer
       // warpgroup's 128-row weight block ([k-block][slot][kMaxBlockM] fp32), so that the promotion is one FMA per
       // element. The next stage's loads are issued before this one waits for its slot. A one-k-block stage
@@ -461,13 +463,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           w_next[0] = j < n_kb ? __ldg(ws + sl * p.ws_n_stride + j * p.ws_k_stride) : 0.0f;
         }
       };
+      // The stages of this CTA in order: tile t, its k-blocks kb0, kb0 + per_stage, ... Warp w (1..kScaleWarps)
+      // takes stages w - 1, w - 1 + kScaleWarps, ...: one warp's loads are in flight while the others fill their
+      // stages, kScaleWarps stages ahead of its own next one (a single warp, one stage ahead, was bound by the
+      // global-load latency: the consumers found block-wise stages not yet full 30 times more often than
+      // per-tensor ones; docs/perf/grouped_gemm.md, v7).
       int t = blockIdx.x, kb0 = 0;
       TileCoord c{};
-      if (t < total_tiles) {
-        c = tiles.at(t);
-        load(c, 0);
-      }
+      if (t < total_tiles) c = tiles.at(t);
       pipeline::PipelineState st;
+      auto next_stage = [&]() {
+        kb0 += kblocks_per_stage(c.block_m, c.halves);
+        if (kb0 >= p.k_blocks) {
+          kb0 = 0;
+          t += gridDim.x;
+          if (t < total_tiles) c = tiles.at(t);
+        }
+        st.advance(p.stages);
+      };
+      for (int i = 1; i < warp && t < total_tiles; ++i) next_stage();
+      if (t < total_tiles) load(c, kb0);
       while (t < total_tiles) {
         float x_cur[kPerLane];
 #pragma unroll
@@ -475,22 +490,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float w0 = w_next[0], w1 = w_next[1];
         const int block_m = c.block_m, halves = c.halves;
         const int per_stage = kblocks_per_stage(block_m, halves);
-        kb0 += per_stage;
-        if (kb0 >= p.k_blocks) {
-          kb0 = 0;
-          t += gridDim.x;
-          if (t < total_tiles) c = tiles.at(t);
-        }
+        const pipeline::PipelineState mine = st;
+#pragma unroll 1
+        for (int i = 0; i < kScaleWarps && t < total_tiles; ++i) next_stage();
         if (t < total_tiles) load(c, kb0);
-        ring.producer_acquire(st);
-        float* dst = scales + st.stage * kStageScaleFloats;
+        ring.producer_acquire(mine);
+        float* dst = scales + mine.stage * kStageScaleFloats;
         if (per_stage == 1) {
 #pragma unroll
           for (int i = 0; i < kPerLane; ++i) {
             const int row = lane + 32 * i;
             if (row < block_m) {
-              dst[row] = w0 * x_cur[i];
-              if (halves == 2) dst[kMaxBlockM + row] = w1 * x_cur[i];
+              ptx::st_shared_f32(dst + row, w0 * x_cur[i]);
+              if (halves == 2) ptx::st_shared_f32(dst + kMaxBlockM + row, w1 * x_cur[i]);
             }
           }
         } else {
@@ -500,11 +512,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int i = 0; i < kPerLane; ++i) {
             const int pair = lane + 32 * i, j = pair >> shift;
             const float w = __shfl_sync(0xffffffffu, w0, j & 31);
-            if (j < per_stage) dst[j * kMaxBlockM + (pair & (block_m - 1))] = w * x_cur[i];
+            if (j < per_stage) ptx::st_shared_f32(dst + j * kMaxBlockM + (pair & (block_m - 1)), w * x_cur[i]);
           }
         }
-        ptx::mbarrier_arrive(&ring.full[st.stage]);
-        st.advance(p.stages);
+        ptx::mbarrier_arrive(&ring.full[mine.stage]);
       }
     }
   } else {
