@@ -211,26 +211,53 @@ struct ConsumerCtx {
   pipeline::StageRing ring;
 };
 
+// How a tile's work is split between the two consumer warpgroups and into wgmma "pieces". Both operands sit in the
+// stage as K-major rows of 128 bytes, [weights][tokens]; only which of them is wgmma's A (M side) differs:
+//   weights in M (kTokensInM false: bf16, per-tensor fp8, and the 8- and 32-row tiles of block-wise fp8):
+//     warpgroup c takes weight rows 64c·halves.. as `halves` m64 pieces × all block_m tokens (N = block_m): a
+//     decode-sized group wastes no tensor-core work.
+//   tokens in M (kTokensInM true: the 64- and 128-row tiles of block-wise fp8), as DeepGEMM does. 128 × 256:
+//     warpgroup c takes weights 128c..128c+127 (one scale block) × all 128 tokens as two m64n128 pieces, tokens
+//     0-63 and 64-127, sharing their B operand; 64 × 128: all 64 tokens × weights 64c..64c+63 (m64n64). A thread's
+//     accumulator then holds 2 token rows, so the block-wise promotion needs 2 scale products per piece and k-block
+//     (read while the batch runs) instead of 32 after it. The shared-memory bytes per flop are the same either way.
+template <int kBlockM, int kHalves, bool kTokensInM_>
+struct TileSplit {
+  static constexpr bool kTokensInM = kTokensInM_;
+  static constexpr int kPieces = kTokensInM ? (kBlockM == 128 ? 2 : 1) : kHalves;
+  static constexpr int kN = kTokensInM ? (kBlockM == 128 ? 128 : 64) : kBlockM;  // wgmma N
+  static_assert(!kTokensInM || (kBlockM >= 64 && kHalves == kBlockM / 64), "tokens in M: 64 × 128 or 128 × 256");
+  // Byte offsets in a k-block's operands of piece p's A (M side) and B (N side) rows; weights first, then tokens.
+  __device__ static int a_row(int wg, int p) { return kTokensInM ? kHalves * 128 + 64 * p : (wg * kHalves + p) * 64; }
+  __device__ static int b_row(int wg, int p) { return kTokensInM ? 64 * kHalves * wg : kHalves * 128; }
+  // Tokens in M: the first token (tile row) of piece p.
+  __device__ static int tok_row(int p) { return 64 * p; }
+  // The 128-weight scale block (slot of the block-wise products) of this warpgroup's pieces.
+  __device__ static int ws_slot(int wg) { return kHalves == 2 ? wg : 0; }
+};
+
 // One tile of shape (kBlockM, kHalves) by a consumer warpgroup: the mainloop over K through the ring, then the
 // epilogue. Stage st holds k-blocks kb0 .. kb0 + kblocks_per_stage - 1 of the tile, each as [weights][tokens].
-template <bool kFP8, int kBlockM, int kHalves>
+template <bool kFP8, int kBlockM, int kHalves, bool kTokensInM_ = false>
 __device__ __forceinline__ void consume_tile(const KernelParams& p, const ConsumerCtx& x, const TileCoord& c,
                                              pipeline::PipelineState& st) {
-  using Mma = ptx::Wgmma<kBlockM>;
+  using Split = TileSplit<kBlockM, kHalves, kTokensInM_>;
+  constexpr bool kTokensInM = Split::kTokensInM;
+  constexpr int kPieces = Split::kPieces;
+  using Mma = ptx::Wgmma<Split::kN>;
   constexpr int kRegs = Mma::kRegs;
   constexpr int kKSteps = 4;  // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
   constexpr int kPerStage = kblocks_per_stage(kBlockM, kHalves);
-  constexpr int kWeightBytes = kHalves * 128 * kTileKBytes;
   constexpr int kSub = kblock_bytes(kBlockM, kHalves);
-  const int lane = threadIdx.x & 31, wg = threadIdx.x / 128;
+  const int lane = threadIdx.x & 31, wg = threadIdx.x / 128, warp = (threadIdx.x >> 5) & 3;
   const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
-  const int col_pair = 2 * (lane & 3);  // accumulator columns 8j + col_pair + {0, 1}
-  const int ws_slot = kHalves == 2 ? wg : 0;  // the 128-row weight block of this warpgroup's rows
+  const int col_pair = 2 * (lane & 3);        // accumulator columns 8j + col_pair + {0, 1}
+  const int row_lo = warp * 16 + (lane >> 2);  // accumulator rows row_lo (registers 4j, 4j+1) and row_lo + 8
 
-  // One k-block of m64 block h of this warpgroup: 4 wgmma of 32 bytes of K each.
+  // One k-block of piece h of this warpgroup: 4 wgmma of 32 bytes of K each.
   auto issue = [&](float(&acc)[kRegs], const uint8_t* sub, int h, bool accumulate) {
-    const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(sub + (wg * kHalves + h) * 64 * kTileKBytes);
-    const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(sub + kWeightBytes);
+    const uint64_t desc_a = ptx::wgmma_desc_k_major_sw128(sub + Split::a_row(wg, h) * kTileKBytes);
+    const uint64_t desc_b = ptx::wgmma_desc_k_major_sw128(sub + Split::b_row(wg, h) * kTileKBytes);
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       const int scale_d = (accumulate || s > 0) ? 1 : 0;
@@ -247,15 +274,15 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
     }
   };
 
-  float total[kHalves][kRegs];
+  float total[kPieces][kRegs];
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h)
+  for (int h = 0; h < kPieces; ++h)
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) total[h][i] = 0.0f;
 
   if constexpr (kFP8) {
-    // Every k-block of every m64 block goes to a fresh fp8 accumulator that is promoted into the fp32 total:
-    // total += part (per-tensor) or total += ws · xs[col] · part (block-wise). The promotion reads the
+    // Every k-block of every piece goes to a fresh fp8 accumulator that is promoted into the fp32 total:
+    // total += part (per-tensor) or total += ws · xs · part (block-wise). The promotion reads the
     // accumulator, and ptxas serializes wgmma left in flight across such reads, so each batch completes first;
     // the two consumer warpgroups interleave over the promotions instead.
     float part[kRegs];
@@ -264,30 +291,47 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
 #pragma unroll
       for (int j = 0; j < kPerStage; ++j) {
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
-        const float* prod = x.scales + st.stage * kStageScaleFloats + (j * kHalves + ws_slot) * kMaxBlockM;
         const bool last_kb = j + 1 == kPerStage;
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h) {
+        for (int h = 0; h < kPieces; ++h) {
+          const float* prod = x.scales + st.stage * kStageScaleFloats + (j * kHalves + Split::ws_slot(wg)) * kMaxBlockM;
           ptx::wgmma_fence();
           issue(part, sub, h, false);
           ptx::wgmma_commit_group();
+          // Tokens in M: the thread's two products are read while the batch runs.
+          float s_lo = 0.0f, s_hi = 0.0f;
+          if (kTokensInM && blockwise) {
+            s_lo = ptx::ld_shared_f32(prod + Split::tok_row(h) + row_lo);
+            s_hi = ptx::ld_shared_f32(prod + Split::tok_row(h) + row_lo + 8);
+          }
           ptx::wgmma_wait_group<0>();
           ptx::wgmma_fence_registers(part);
           if (blockwise) {
             // All products first, then the stage is released (this thread's last read of it), then the FMAs.
-            float2 s01[kBlockM / 8];
+            if constexpr (kTokensInM) {
+              if (last_kb && h + 1 == kPieces) release(st);
 #pragma unroll
-            for (int q = 0; q < kBlockM / 8; ++q) s01[q] = ptx::ld_shared_v2_f32(prod + 8 * q + col_pair);
-            if (last_kb && h + 1 == kHalves) release(st);
+              for (int q = 0; q < kRegs / 4; ++q) {
+                total[h][4 * q + 0] = fmaf(part[4 * q + 0], s_lo, total[h][4 * q + 0]);
+                total[h][4 * q + 1] = fmaf(part[4 * q + 1], s_lo, total[h][4 * q + 1]);
+                total[h][4 * q + 2] = fmaf(part[4 * q + 2], s_hi, total[h][4 * q + 2]);
+                total[h][4 * q + 3] = fmaf(part[4 * q + 3], s_hi, total[h][4 * q + 3]);
+              }
+            } else {
+              float2 s01[kBlockM / 8];
 #pragma unroll
-            for (int q = 0; q < kBlockM / 8; ++q) {
-              total[h][4 * q + 0] = fmaf(part[4 * q + 0], s01[q].x, total[h][4 * q + 0]);
-              total[h][4 * q + 1] = fmaf(part[4 * q + 1], s01[q].y, total[h][4 * q + 1]);
-              total[h][4 * q + 2] = fmaf(part[4 * q + 2], s01[q].x, total[h][4 * q + 2]);
-              total[h][4 * q + 3] = fmaf(part[4 * q + 3], s01[q].y, total[h][4 * q + 3]);
+              for (int q = 0; q < kBlockM / 8; ++q) s01[q] = ptx::ld_shared_v2_f32(prod + 8 * q + col_pair);
+              if (last_kb && h + 1 == kPieces) release(st);
+#pragma unroll
+              for (int q = 0; q < kBlockM / 8; ++q) {
+                total[h][4 * q + 0] = fmaf(part[4 * q + 0], s01[q].x, total[h][4 * q + 0]);
+                total[h][4 * q + 1] = fmaf(part[4 * q + 1], s01[q].y, total[h][4 * q + 1]);
+                total[h][4 * q + 2] = fmaf(part[4 * q + 2], s01[q].x, total[h][4 * q + 2]);
+                total[h][4 * q + 3] = fmaf(part[4 * q + 3], s01[q].y, total[h][4 * q + 3]);
+              }
             }
           } else {
-            if (last_kb && h + 1 == kHalves) release(st);
+            if (last_kb && h + 1 == kPieces) release(st);
 #pragma unroll
             for (int i = 0; i < kRegs; ++i) total[h][i] += part[i];
           }
@@ -306,7 +350,7 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
       for (int j = 0; j < kPerStage; ++j) {
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
 #pragma unroll
-        for (int h = 0; h < kHalves; ++h) issue(total[h], sub, h, kb0 + j > 0);
+        for (int h = 0; h < kPieces; ++h) issue(total[h], sub, h, kb0 + j > 0);
       }
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();
@@ -316,32 +360,53 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
     }
     ptx::wgmma_wait_group<0>();
 #pragma unroll
-    for (int h = 0; h < kHalves; ++h) ptx::wgmma_fence_registers(total[h]);
+    for (int h = 0; h < kPieces; ++h) ptx::wgmma_fence_registers(total[h]);
     release(prev);
   }
 
-  // ---- epilogue: scale, bf16, 4-byte stores straight from the accumulators. Lanes l and l^4 hold weight rows r
-  // and r^1 of the same token columns; one shuffle gives each a pair of adjacent weights of one token (even row:
-  // token c, odd row: token c+1).
+  // ---- epilogue: scale, bf16, 4-byte stores of two adjacent outputs of one token straight from the accumulators.
   float factor = 1.0f;
   if (p.scaling == static_cast<int>(Scaling::kPerTensor)) factor = p.x_scale[0] * p.w_scale[c.group * p.ws_group_stride];
-  const bool odd = (lane >> 2) & 1;
   __nv_bfloat16* y_tile = p.y + (p.masked ? c.group * p.y_group_stride : int64_t{0}) +
-                          (c.row0 + c.m0) * p.y_row_stride + c.n0 + wg * kHalves * 64;
+                          (c.row0 + c.m0) * p.y_row_stride + c.n0;
+  if constexpr (kTokensInM) {
+    // Registers 4q + {0, 1}: token tok_row(h) + row_lo, weights 8q + col_pair + {0, 1} of the warpgroup's columns;
+    // 4q + {2, 3}: the token 8 rows below.
 #pragma unroll
-  for (int h = 0; h < kHalves; ++h) {
-#pragma unroll
-    for (int q = 0; q < kBlockM / 8; ++q) {
+    for (int h = 0; h < kPieces; ++h) {
+      __nv_bfloat16* y_piece = y_tile + Split::b_row(wg, h);
 #pragma unroll
       for (int half8 = 0; half8 < 2; ++half8) {
-        const float v0 = total[h][4 * q + 2 * half8] * factor;      // (row r, token c)
-        const float v1 = total[h][4 * q + 2 * half8 + 1] * factor;  // (row r, token c + 1)
-        const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-        const int row = h * 64 + ((threadIdx.x >> 5) & 3) * 16 + (lane >> 2) + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
-        const int token = 8 * q + col_pair + (odd ? 1 : 0);
+        const int token = Split::tok_row(h) + row_lo + 8 * half8;
         if (token < c.rows) {
-          const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
-          *reinterpret_cast<__nv_bfloat162*>(y_tile + token * p.y_row_stride + row) = pair;
+#pragma unroll
+          for (int q = 0; q < kRegs / 4; ++q) {
+            const __nv_bfloat162 pair = __floats2bfloat162_rn(total[h][4 * q + 2 * half8] * factor,
+                                                              total[h][4 * q + 2 * half8 + 1] * factor);
+            *reinterpret_cast<__nv_bfloat162*>(y_piece + token * p.y_row_stride + 8 * q + col_pair) = pair;
+          }
+        }
+      }
+    }
+  } else {
+    // Lanes l and l^4 hold weight rows r and r^1 of the same token columns; one shuffle gives each a pair of
+    // adjacent weights of one token (even row: token c, odd row: token c+1).
+    const bool odd = (lane >> 2) & 1;
+#pragma unroll
+    for (int h = 0; h < kPieces; ++h) {
+#pragma unroll
+      for (int q = 0; q < kBlockM / 8; ++q) {
+#pragma unroll
+        for (int half8 = 0; half8 < 2; ++half8) {
+          const float v0 = total[h][4 * q + 2 * half8] * factor;      // (row r, token c)
+          const float v1 = total[h][4 * q + 2 * half8 + 1] * factor;  // (row r, token c + 1)
+          const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+          const int row = Split::a_row(wg, h) + row_lo + 8 * half8 - (odd ? 1 : 0);  // even row of the pair
+          const int token = 8 * q + col_pair + (odd ? 1 : 0);
+          if (token < c.rows) {
+            const __nv_bfloat162 pair = odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
+            *reinterpret_cast<__nv_bfloat162*>(y_tile + token * p.y_row_stride + row) = pair;
+          }
         }
       }
     }
@@ -525,11 +590,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     pipeline::PipelineState st;
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
       const TileCoord c = tiles.at(t);
+      // Block-wise fp8 runs its 64- and 128-row tiles with tokens in wgmma's M side (TileSplit), every other
+      // mode with weights in M: measured on an H200 (docs/perf/grouped_gemm.md, v7), tokens in M made block-wise
+      // 2-6 % faster and per-tensor / bf16 3-18 % slower.
+      const bool tokens_in_m = kFP8 && blockwise;
       switch (c.block_m) {
         case 8: consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
         case 32: consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
-        case 64: consume_tile<kFP8, 64, 1>(p, ctx, c, st); break;
-        default: consume_tile<kFP8, 128, 2>(p, ctx, c, st); break;
+        case 64:
+          if (tokens_in_m) consume_tile<kFP8, 64, 1, kFP8>(p, ctx, c, st);
+          else consume_tile<kFP8, 64, 1>(p, ctx, c, st);
+          break;
+        default:
+          if (tokens_in_m) consume_tile<kFP8, 128, 2, kFP8>(p, ctx, c, st);
+          else consume_tile<kFP8, 128, 2>(p, ctx, c, st);
+          break;
       }
     }
   }
