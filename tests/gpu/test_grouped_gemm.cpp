@@ -567,6 +567,32 @@ TEST_F(GroupedGemmGpu, OneLargeGroupAmongTinyOnes) {
       }
 }
 
+// Large groups in 128 × 256 tiles with every kind of last m-tile: 48 groups of 33-450 rows at N 512 make 128-row
+// tiles the launch's choice (about 190 of them against ~750 64-row ones on 132 SMs: config.h, large_block_m; the
+// other tests' large groups mostly run as 64 × 128 tiles), and the sizes include every remainder boundary (rows % 128
+// of 0, 1, 64, 65) and groups of 33-64 rows, a single mostly empty tile.
+TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
+  const std::vector<int64_t> boundary = {33, 64, 65, 100, 128, 129, 150, 192, 193, 255, 256, 257, 320, 321, 448};
+  const uint64_t shape_seed = test::fresh_seed();
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
+  std::mt19937_64 rng(shape_seed);
+  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
+    for (bool masked : {false, true}) {
+      GemmCase c;
+      c.kind = kind;
+      c.masked = masked;
+      c.n = 512;
+      c.k = 256;
+      c.sizes = boundary;
+      while (c.sizes.size() < 48) c.sizes.push_back(129 + static_cast<int64_t>(rng() % 320));
+      std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
+      c.G = static_cast<int>(c.sizes.size());
+      c.tail = 5;
+      c.max_m_extra = 3;
+      check_case(c);
+    }
+}
+
 TEST_F(GroupedGemmGpu, StridedOperands) {
   for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
     for (bool masked : {false, true})
