@@ -108,6 +108,12 @@ std::optional<TensorView> optional_view_of(const std::optional<at::Tensor>& t, c
 }
 
 // An operand that can only hold fp8 e4m3: uint8 bytes are read as e4m3.
+// Any of torch's fp8 dtypes.
+bool is_float8(const at::Tensor& t) {
+  const auto st = t.scalar_type();
+  return st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2 || st == at::kFloat8_e4m3fnuz || st == at::kFloat8_e5m2fnuz;
+}
+
 TensorView fp8_view_of(const at::Tensor& t, const char* op, const char* arg) {
   TensorView v = view_of(t, op, arg);
   if (v.dtype == DType::kUInt8) v.dtype = DType::kFP8E4M3;
@@ -313,8 +319,7 @@ ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tenso
   // tensor (the C++ validation would name the dtype but not the format that would take it).
   for (const auto& [t, arg] : {std::pair<const at::Tensor&, const char*>{k, "k_cache"}, {v, "v_cache"}}) {
     const at::ScalarType st = t.scalar_type();
-    const bool is_fp8 = st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2 || st == at::kFloat8_e4m3fnuz ||
-                        st == at::kFloat8_e5m2fnuz;
+    const bool is_fp8 = is_float8(t);
     if (fp8 && st != at::kFloat8_e4m3fn && st != at::kByte)
       fail(op, arg, std::string("must be torch.float8_e4m3fn or torch.uint8 (e4m3 bytes) for format='fp8', got ") +
                         c10::toString(st));
@@ -528,6 +533,39 @@ at::Tensor unpermute_reduce_eager(const at::Tensor& y_perm, const at::Tensor& ro
   return o;
 }
 
+// tessera.grouped_gemm_{fp8,bf16}[_masked]'s eager call in one crossing: returns y (bf16 [..., N], allocated here
+// unless given). What the torch layer rejects with its own messages (an fp8 dtype other than e4m3, an fp8 tensor for
+// bf16, a missing scale, a rank, a tensor off the GPU) and the tensors only the dispatcher handles go back to that
+// layer's checked path before anything is allocated, through pybind's own phrase (_dlpack.FALLBACK).
+void grouped_gemm_dispatch(bool fp8, bool masked, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& group_rows, const at::Tensor& x_scale, const at::Tensor& w_scale,
+                           const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+                           std::string_view scale_mode, int64_t expected_m);
+
+at::Tensor grouped_gemm_eager(const at::Tensor& x, const at::Tensor& w, const at::Tensor& group_rows,
+                              const std::optional<at::Tensor>& x_scale, const std::optional<at::Tensor>& w_scale,
+                              const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
+                              bool masked, bool fp8, std::string_view scale_mode, int64_t expected_m) {
+  no_symbolic_sizes({&x, &w});
+  const bool checked_path =
+      needs_dispatcher(x) || needs_dispatcher(w) || !x.is_cuda() || x.dim() != (masked ? 3 : 2) || w.dim() != 3 ||
+      (fp8 ? !(x.scalar_type() == at::kFloat8_e4m3fn && w.scalar_type() == at::kFloat8_e4m3fn && x_scale && w_scale)
+           : (is_float8(x) || is_float8(w))) ||
+      (out && is_float8(*out));
+  if (checked_path) throw pybind11::type_error("tessera: incompatible function arguments (checked path)");
+  at::Tensor y;
+  if (out) {
+    y = *out;
+  } else {
+    std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end() - 1);
+    sizes.push_back(w.size(1));
+    y = at::empty(sizes, x.options().dtype(at::kBFloat16));
+  }
+  grouped_gemm_dispatch(fp8, masked, x, w, group_rows, fp8 ? *x_scale : x, fp8 ? *w_scale : x, y, workspace,
+                        scale_mode, expected_m);
+  return y;
+}
+
 // tessera.attention_decode's eager call in one crossing: out (shaped like q) and lse ([..., HQ] fp32, when
 // return_lse) are allocated here when not given, on q's device and current stream, as the torch layer's traced path
 // allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Returns (out, lse or None).
@@ -644,6 +682,20 @@ void unpermute_reduce_dispatch(const at::Tensor& y_perm, const at::Tensor& row_i
   Entry<&unpermute_reduce>::python(y_perm, row_index, weights, residual, out, routed_scale);
 }
 
+void grouped_gemm_dispatch(bool fp8, bool masked, const at::Tensor& x, const at::Tensor& w,
+                           const at::Tensor& group_rows, const at::Tensor& x_scale, const at::Tensor& w_scale,
+                           const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+                           std::string_view scale_mode, int64_t expected_m) {
+  if (fp8 && masked)
+    Entry<&grouped_gemm_fp8_masked>::python(x, w, group_rows, x_scale, w_scale, y, workspace, scale_mode, expected_m);
+  else if (fp8)
+    Entry<&grouped_gemm_fp8>::python(x, w, group_rows, x_scale, w_scale, y, workspace, scale_mode, expected_m);
+  else if (masked)
+    Entry<&grouped_gemm_bf16_masked>::python(x, w, group_rows, y, workspace, expected_m);
+  else
+    Entry<&grouped_gemm_bf16>::python(x, w, group_rows, y, workspace, expected_m);
+}
+
 void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                                const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
@@ -676,4 +728,5 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

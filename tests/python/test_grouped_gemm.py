@@ -584,3 +584,56 @@ def test_cuda_graph_capture_allocating_output():
     torch.cuda.synchronize()
     rows = slice(0, 50)
     assert torch.equal(y[rows].view(torch.int16), ref[rows].view(torch.int16))
+
+
+@gpu
+@pytest.mark.parametrize("kind,layout,scale_mode", [("fp8", "contiguous", "per_tensor"), ("fp8", "masked", "blockwise"),
+                                                    ("bf16", "contiguous", "per_tensor"), ("bf16", "masked", "per_tensor")])
+def test_eager_entry_equals_the_operator_and_hands_back_what_it_does_not_take(kind, layout, scale_mode):
+    # The eager call is one crossing into C++ (tessera._torch_C.grouped_gemm_eager): bitwise the result of
+    # torch.ops.tessera.*, with or without out=. What it does not take (a DLPack producer, a wrong dtype or rank)
+    # goes to the checked Python path, with that path's result or message.
+    p = Problem(kind, layout, 3, 256, 256, [40, 0, 77], scale_mode=scale_mode, tail=3,
+                max_m=80 if layout == "masked" else None, seed=77)
+    N = p.N
+
+    def same(a, b):
+        for _, idx in p.row_sets():
+            assert torch.equal(a.view(-1, N)[idx].view(torch.int16), b.view(-1, N)[idx].view(torch.int16))
+
+    eager_y = p.run()
+    given = p.run(out=p.poisoned_out())
+    op = getattr(torch.ops.tessera, p.op_name())
+    ref = torch.full_like(given, math.nan)
+    if kind == "fp8":
+        op(p.x, p.w, p.group_rows, p.x_scale, p.w_scale, ref, None, scale_mode, 0)
+    else:
+        op(p.x, p.w, p.group_rows, ref, None, 0)
+    torch.cuda.synchronize()
+    same(eager_y, ref)
+    same(given, ref)
+
+    class Producer:  # a DLPack producer that is not a torch tensor: the checked path converts it
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None):
+            return self.t.__dlpack__()
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    fn = getattr(tessera, p.op_name())
+    scales = (p.x_scale, p.w_scale) if kind == "fp8" else ()
+    kw = {"scale_mode": scale_mode} if kind == "fp8" else {}
+    via_producer = fn(Producer(p.x), p.w, p.group_rows, *scales, **kw)
+    torch.cuda.synchronize()
+    same(via_producer, ref)
+    with pytest.raises(ValueError, match="'w' must have rank 3"):
+        fn(p.x, p.w[0], p.group_rows, *scales, **kw)
+    if kind == "fp8":
+        with pytest.raises(ValueError, match="'x' must be torch.float8_e4m3fn"):
+            fn(p.x.view(torch.uint8), p.w, p.group_rows, *scales, **kw)
+    else:
+        with pytest.raises(ValueError, match="'x' must be torch.bfloat16"):
+            fn(p.x.to(torch.float8_e4m3fn), p.w, p.group_rows, **kw)
