@@ -63,6 +63,18 @@ struct GemmCase {
 
 bool is_fp8(const GemmCase& c) { return c.kind != Kind::kBF16; }
 
+// f(c) for each kind × layout, c a GemmCase with those two fields set.
+template <typename F>
+void for_each_kind_and_layout(F&& f) {
+  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
+    for (bool masked : {false, true}) {
+      GemmCase c;
+      c.kind = kind;
+      c.masked = masked;
+      f(c);
+    }
+}
+
 std::string describe(const GemmCase& c) {
   std::string s = std::string(kind_name(c.kind)) + (c.masked ? " masked" : " contiguous") + " G=" +
                   std::to_string(c.G) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k);
@@ -435,47 +447,39 @@ TEST_F(GroupedGemmGpu, ShapeGrid) {
 }
 
 TEST_F(GroupedGemmGpu, RaggedGroups) {
-  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-    for (bool masked : {false, true}) {
-      GemmCase c;
-      c.kind = kind;
-      c.masked = masked;
-      c.G = 9;
-      c.n = 256;
-      c.k = 512;
-      c.sizes = {0, 1, 15, 16, 17, 127, 129, 600, 2048};
-      c.lead = 5;
-      c.tail = 11;
-      c.max_m_extra = 3;
-      check_case(c);
-    }
+  for_each_kind_and_layout([&](GemmCase c) {
+    c.G = 9;
+    c.n = 256;
+    c.k = 512;
+    c.sizes = {0, 1, 15, 16, 17, 127, 129, 600, 2048};
+    c.lead = 5;
+    c.tail = 11;
+    c.max_m_extra = 3;
+    check_case(c);
+  });
 }
 
 TEST_F(GroupedGemmGpu, EdgeShapes) {
-  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-    for (bool masked : {false, true}) {
-      GemmCase c;
-      c.kind = kind;
-      c.masked = masked;
-      // One group of one row.
-      c.sizes = {1};
-      check_case(c);
-      // Every group empty: nothing may be written.
-      c.G = 6;
-      c.n = 384;
-      c.k = 256;
-      c.sizes = {0, 0, 0, 0, 0, 0};
-      c.tail = 40;
-      c.max_m_extra = 40;
-      check_case(c);
-      // max_m 1 / M 1 over many groups.
-      c.G = 64;
-      c.sizes.assign(64, 0);
-      c.tail = 0;
-      c.max_m_extra = 0;
-      for (int g = 0; g < 64; g += 3) c.sizes[g] = 1;
-      check_case(c);
-    }
+  for_each_kind_and_layout([&](GemmCase c) {
+    // One group of one row.
+    c.sizes = {1};
+    check_case(c);
+    // Every group empty: nothing may be written.
+    c.G = 6;
+    c.n = 384;
+    c.k = 256;
+    c.sizes = {0, 0, 0, 0, 0, 0};
+    c.tail = 40;
+    c.max_m_extra = 40;
+    check_case(c);
+    // max_m 1 / M 1 over many groups.
+    c.G = 64;
+    c.sizes.assign(64, 0);
+    c.tail = 0;
+    c.max_m_extra = 0;
+    for (int g = 0; g < 64; g += 3) c.sizes[g] = 1;
+    check_case(c);
+  });
   // bf16 K that is a multiple of 64 but not of 128.
   for (int64_t k : {64, 192, 320})
     for (bool masked : {false, true}) {
@@ -550,21 +554,17 @@ TEST_F(GroupedGemmGpu, OneLargeGroupAmongTinyOnes) {
     int64_t n, big_lo, big_span;
   };
   for (const Skew sk : {Skew{64, 1024, 700, 400}, Skew{32, 512, 130, 120}})
-    for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-      for (bool masked : {false, true}) {
-        GemmCase c;
-        c.kind = kind;
-        c.masked = masked;
-        c.G = sk.G;
-        c.n = sk.n;
-        c.k = 512;
-        c.sizes.assign(c.G, 0);
-        c.sizes[std::uniform_int_distribution<int>(0, c.G - 1)(rng)] =
-            sk.big_lo + static_cast<int64_t>(rng() % sk.big_span);
-        for (int i = 0; i < 6; ++i) c.sizes[rng() % c.G] += 1 + static_cast<int64_t>(rng() % 5);
-        c.tail = 3;
-        check_case(c);
-      }
+    for_each_kind_and_layout([&](GemmCase c) {
+      c.G = sk.G;
+      c.n = sk.n;
+      c.k = 512;
+      c.sizes.assign(c.G, 0);
+      c.sizes[std::uniform_int_distribution<int>(0, c.G - 1)(rng)] =
+          sk.big_lo + static_cast<int64_t>(rng() % sk.big_span);
+      for (int i = 0; i < 6; ++i) c.sizes[rng() % c.G] += 1 + static_cast<int64_t>(rng() % 5);
+      c.tail = 3;
+      check_case(c);
+    });
 }
 
 // Large groups in 128 × 256 tiles with every kind of last m-tile: 48 groups of 33-450 rows at N 512 make 128-row
@@ -576,21 +576,17 @@ TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
   const uint64_t shape_seed = test::fresh_seed();
   SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
-  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-    for (bool masked : {false, true}) {
-      GemmCase c;
-      c.kind = kind;
-      c.masked = masked;
-      c.n = 512;
-      c.k = 256;
-      c.sizes = boundary;
-      while (c.sizes.size() < 48) c.sizes.push_back(129 + static_cast<int64_t>(rng() % 320));
-      std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
-      c.G = static_cast<int>(c.sizes.size());
-      c.tail = 5;
-      c.max_m_extra = 3;
-      check_case(c);
-    }
+  for_each_kind_and_layout([&](GemmCase c) {
+    c.n = 512;
+    c.k = 256;
+    c.sizes = boundary;
+    while (c.sizes.size() < 48) c.sizes.push_back(129 + static_cast<int64_t>(rng() % 320));
+    std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
+    c.G = static_cast<int>(c.sizes.size());
+    c.tail = 5;
+    c.max_m_extra = 3;
+    check_case(c);
+  });
 }
 
 TEST_F(GroupedGemmGpu, StridedOperands) {
@@ -727,27 +723,23 @@ TEST_F(GroupedGemmGpu, Deterministic) {
   const uint64_t shape_seed = test::fresh_seed();  // group sizes / offsets; each case's data has its own seed
   SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
-  for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
-    for (bool masked : {false, true}) {
-      GemmCase c;
-      c.kind = kind;
-      c.masked = masked;
-      c.G = 8;
-      c.n = 1024;
-      c.k = 1024;
-      c.sizes = random_sizes(8, 512, rng);
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
-      const Host h = make_host(c, seed);
-      Device d(h);
-      const std::vector<uint16_t> first = run(h, d, stream);
-      expect_matches(h, reference_of(h), first);
-      for (int again = 0; again < 2; ++again) {
-        const std::vector<uint16_t> y = run(h, d, stream);
-        ASSERT_EQ(y.size(), first.size());
-        EXPECT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(uint16_t))) << "run " << again + 2;
-      }
+  for_each_kind_and_layout([&](GemmCase c) {
+    c.G = 8;
+    c.n = 1024;
+    c.k = 1024;
+    c.sizes = random_sizes(8, 512, rng);
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
+    const Host h = make_host(c, seed);
+    Device d(h);
+    const std::vector<uint16_t> first = run(h, d, stream);
+    expect_matches(h, reference_of(h), first);
+    for (int again = 0; again < 2; ++again) {
+      const std::vector<uint16_t> y = run(h, d, stream);
+      ASSERT_EQ(y.size(), first.size());
+      EXPECT_EQ(0, std::memcmp(y.data(), first.data(), y.size() * sizeof(uint16_t))) << "run " << again + 2;
     }
+  });
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
