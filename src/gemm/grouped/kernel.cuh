@@ -36,6 +36,13 @@
 #include "ptx/wgmma.cuh"
 
 namespace tessera::gemm::detail {
+#ifdef TESSERA_GG_TRACE
+// A timeline of the fp8 mainloop, for measurement builds only (-DTESSERA_GG_TRACE=K0, docs/perf/grouped_gemm.md,
+// "An in-kernel timeline"): thread 0 of each consumer warpgroup of CTA 0 records clock64() at 7 points of k-blocks
+// K0 .. K0 + 23 of the first 128-row tile it runs in the launch, and prints them once per process.
+__device__ unsigned long long g_trace[2][24][7];
+__device__ int g_trace_done;
+#endif
 
 // Registers per thread after setmaxnreg. A CTA keeps the registers it was launched with (the __launch_bounds__
 // cap, 65536 / 384 rounded down to 8 = 168 per thread): what the producer gives back is all the consumers can
@@ -286,8 +293,31 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
     // accumulator, and ptxas serializes wgmma left in flight across such reads, so each batch completes first;
     // the two consumer warpgroups interleave over the promotions instead.
     float part[kRegs];
+#ifdef TESSERA_GG_TRACE
+    const bool tr = kBlockM == 128 && blockIdx.x == 0 && (threadIdx.x & 127) == 0 &&
+                    *reinterpret_cast<volatile int*>(&g_trace_done) == 0;
+    // Point i of k-block kb: 0 stage full, 1 + 3h piece h committed, 2 + 3h its batch complete, 3 + 3h promoted.
+#define TESSERA_GG_STAMP(kb, i)                                                       \
+  do {                                                                                \
+    const int k_ = (kb) - (TESSERA_GG_TRACE);                                         \
+    if (tr && k_ >= 0 && k_ < 24) g_trace[wg][k_][i] = clock64();                    \
+  } while (0)
+#define TESSERA_GG_STAMP_PROMOTED(kb, h)   \
+  do {                                     \
+    ptx::wgmma_fence_registers(total[h]);  \
+    TESSERA_GG_STAMP(kb, 3 + 3 * (h));     \
+  } while (0)
+#else
+#define TESSERA_GG_STAMP(kb, i) \
+  do {                          \
+  } while (0)
+#define TESSERA_GG_STAMP_PROMOTED(kb, h) \
+  do {                                   \
+  } while (0)
+#endif
     for (int kb0 = 0; kb0 < p.k_blocks; kb0 += kPerStage) {
       x.ring.consumer_wait(st);
+      TESSERA_GG_STAMP(kb0, 0);
 #pragma unroll
       for (int j = 0; j < kPerStage; ++j) {
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
@@ -304,8 +334,10 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
             s_lo = ptx::ld_shared_f32(prod + Split::tok_row(h) + row_lo);
             s_hi = ptx::ld_shared_f32(prod + Split::tok_row(h) + row_lo + 8);
           }
+          TESSERA_GG_STAMP(kb0, 1 + 3 * h);
           ptx::wgmma_wait_group<0>();
           ptx::wgmma_fence_registers(part);
+          TESSERA_GG_STAMP(kb0, 2 + 3 * h);
           if (blockwise) {
             // All products first, then the stage is released (this thread's last read of it), then the FMAs.
             if constexpr (kTokensInM) {
@@ -335,10 +367,28 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
 #pragma unroll
             for (int i = 0; i < kRegs; ++i) total[h][i] += part[i];
           }
+          TESSERA_GG_STAMP_PROMOTED(kb0, h);
         }
       }
       st.advance(p.stages);
     }
+#ifdef TESSERA_GG_TRACE
+    if (tr) {  // cycles since warpgroup 0's first recorded stage
+      __threadfence();
+      const unsigned long long t0 = *reinterpret_cast<volatile unsigned long long*>(&g_trace[0][0][0]);
+      for (int k = 0; k < 24; ++k) {
+        const unsigned long long* e = g_trace[wg][k];
+        printf("trace scaling %d kb %3d wg %d | full %7lld commit0 %7lld done0 %7lld promoted0 %7lld commit1 %7lld "
+               "done1 %7lld promoted1 %7lld\n",
+               p.scaling, k + TESSERA_GG_TRACE, wg, (long long)(e[0] - t0), (long long)(e[1] - t0),
+               (long long)(e[2] - t0), (long long)(e[3] - t0), (long long)(e[4] - t0), (long long)(e[5] - t0),
+               (long long)(e[6] - t0));
+      }
+      if (wg == 1) g_trace_done = 1;
+    }
+#endif
+#undef TESSERA_GG_STAMP
+#undef TESSERA_GG_STAMP_PROMOTED
   } else {
     // bf16: one fp32 accumulator over all of K; a stage's batch stays in flight while the next stage is awaited,
     // and a stage is released once the batch after it is issued and it has completed.
