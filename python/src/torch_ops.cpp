@@ -107,12 +107,13 @@ std::optional<TensorView> optional_view_of(const std::optional<at::Tensor>& t, c
   return view_of(*t, op, arg);
 }
 
-// An operand that can only hold fp8 e4m3: uint8 bytes are read as e4m3.
 // Any of torch's fp8 dtypes.
 bool is_float8(const at::Tensor& t) {
   const auto st = t.scalar_type();
   return st == at::kFloat8_e4m3fn || st == at::kFloat8_e5m2 || st == at::kFloat8_e4m3fnuz || st == at::kFloat8_e5m2fnuz;
 }
+
+// An operand that can only hold fp8 e4m3: uint8 bytes are read as e4m3.
 
 TensorView fp8_view_of(const at::Tensor& t, const char* op, const char* arg) {
   TensorView v = view_of(t, op, arg);

@@ -77,6 +77,8 @@ TEST(GroupedGemmConfig, EveryGroupCountFitsSharedMemoryWithAtLeastTwoStages) {
     if (stages < kMaxStages) EXPECT_GT(SmemLayout::make(stages + 1, g).total_bytes, kSmemLimit) << g;
   }
   EXPECT_EQ(select_stages(256), kMaxStages);
+  // The block-wise scale warps (three, kernel.cuh: kScaleWarps) need a ring of at least three stages at any G.
+  EXPECT_GE(select_stages(tessera::gemm::kGroupedGemmMaxGroups), 3);
   const SmemLayout l = SmemLayout::make(4, 8);
   EXPECT_EQ(l.operands_bytes % 1024, 0);
   EXPECT_EQ(l.scales_bytes % 8, 0);  // barriers follow the scales

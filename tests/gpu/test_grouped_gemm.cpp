@@ -568,9 +568,9 @@ TEST_F(GroupedGemmGpu, OneLargeGroupAmongTinyOnes) {
 }
 
 // Large groups in 128 × 256 tiles with every kind of last m-tile: 48 groups of 33-450 rows at N 512 make 128-row
-// tiles the launch's choice (about 190 of them against ~750 64-row ones on 132 SMs: config.h, large_block_m; the
-// other tests' large groups mostly run as 64 × 128 tiles), and the sizes include every remainder boundary (rows % 128
-// of 0, 1, 64, 65) and groups of 33-64 rows, a single mostly empty tile.
+// tiles the launch's choice (about 240 of them against ~870 64-row ones, 2 waves against 7 on 132 SMs: config.h,
+// large_block_m; the other tests' large groups mostly run as 64 × 128 tiles), and the sizes include every remainder
+// boundary (rows % 128 of 0, 1, 64, 65) and groups of 33-64 rows, a single mostly empty tile.
 TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
   const std::vector<int64_t> boundary = {33, 64, 65, 100, 128, 129, 150, 192, 193, 255, 256, 257, 320, 321, 448};
   const uint64_t shape_seed = test::fresh_seed();

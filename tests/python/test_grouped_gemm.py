@@ -589,10 +589,31 @@ def test_cuda_graph_capture_allocating_output():
 @gpu
 @pytest.mark.parametrize("kind,layout,scale_mode", [("fp8", "contiguous", "per_tensor"), ("fp8", "masked", "blockwise"),
                                                     ("bf16", "contiguous", "per_tensor"), ("bf16", "masked", "per_tensor")])
-def test_eager_entry_equals_the_operator_and_hands_back_what_it_does_not_take(kind, layout, scale_mode):
+def test_eager_entry_equals_the_operator_and_hands_back_what_it_does_not_take(kind, layout, scale_mode, monkeypatch):
     # The eager call is one crossing into C++ (tessera._torch_C.grouped_gemm_eager): bitwise the result of
     # torch.ops.tessera.*, with or without out=. What it does not take (a DLPack producer, a wrong dtype or rank)
     # goes to the checked Python path, with that path's result or message.
+    from tessera import _dlpack
+
+    calls = []  # (entry, raised) of every call into tessera._torch_C
+    real = _dlpack._eager
+
+    class Spy:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+
+            def call(*args):
+                try:
+                    res = fn(*args)
+                except Exception:
+                    calls.append((name, True))
+                    raise
+                calls.append((name, False))
+                return res
+
+            return call
+
+    monkeypatch.setattr(_dlpack, "_eager", Spy())
     p = Problem(kind, layout, 3, 256, 256, [40, 0, 77], scale_mode=scale_mode, tail=3,
                 max_m=80 if layout == "masked" else None, seed=77)
     N = p.N
@@ -603,6 +624,7 @@ def test_eager_entry_equals_the_operator_and_hands_back_what_it_does_not_take(ki
 
     eager_y = p.run()
     given = p.run(out=p.poisoned_out())
+    assert calls == [("grouped_gemm_eager", False)] * 2, calls  # one crossing each, no fallback
     op = getattr(torch.ops.tessera, p.op_name())
     ref = torch.full_like(given, math.nan)
     if kind == "fp8":
@@ -626,7 +648,9 @@ def test_eager_entry_equals_the_operator_and_hands_back_what_it_does_not_take(ki
     fn = getattr(tessera, p.op_name())
     scales = (p.x_scale, p.w_scale) if kind == "fp8" else ()
     kw = {"scale_mode": scale_mode} if kind == "fp8" else {}
+    calls.clear()
     via_producer = fn(Producer(p.x), p.w, p.group_rows, *scales, **kw)
+    assert calls == [("grouped_gemm_eager", True), (p.op_name(), False)], calls  # handed to the checked path
     torch.cuda.synchronize()
     same(via_producer, ref)
     with pytest.raises(ValueError, match="'w' must have rank 3"):

@@ -49,8 +49,11 @@ __device__ int g_trace_done;
 // take, or their setmaxnreg.inc waits forever.
 inline constexpr int kProducerRegs = 56;
 inline constexpr int kConsumerRegs = 224;
-// Producer warps that write the block-wise scale products (warps 1..kScaleWarps of the producer warpgroup).
+// Producer warps that write the block-wise scale products (warps 1..kScaleWarps of the producer warpgroup). Warp w
+// waits on stage g's empty barrier knowing only that stage g - kScaleWarps - stages was released; its one-bit
+// parity wait cannot be satisfied by an older phase only while stages >= kScaleWarps, so every ring must be that deep.
 inline constexpr int kScaleWarps = 3;
+static_assert(select_stages(kGroupedGemmMaxGroups) >= kScaleWarps, "the shallowest ring is shallower than kScaleWarps");
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= (65536 / kThreads / 8 * 8) * kThreads,
               "setmaxnreg budget exceeds the registers of the CTA");
 
