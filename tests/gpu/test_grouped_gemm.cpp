@@ -589,6 +589,26 @@ TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
   });
 }
 
+// The most groups a launch takes (kGroupedGemmMaxGroups): the tile table then leaves room for a ring of only three
+// stages (config.h: select_stages), the shallowest the three block-wise scale warps allow (kernel.cuh: kScaleWarps).
+// Decode-like group sizes (0-9 rows, every tile height of 8 and 32) and a few 40-300-row groups, every kind and layout.
+TEST_F(GroupedGemmGpu, MostGroupsRunOnTheShallowestRing) {
+  ASSERT_EQ(tessera::gemm::detail::select_stages(tessera::gemm::kGroupedGemmMaxGroups), 3);
+  const uint64_t shape_seed = test::fresh_seed();
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
+  std::mt19937_64 rng(shape_seed);
+  for_each_kind_and_layout([&](GemmCase c) {
+    c.G = tessera::gemm::kGroupedGemmMaxGroups;
+    c.n = 128;
+    c.k = 384;
+    c.sizes.assign(c.G, 0);
+    for (int64_t& r : c.sizes) r = static_cast<int64_t>(rng() % 10);
+    for (int i = 0; i < 4; ++i) c.sizes[rng() % c.G] = 40 + static_cast<int64_t>(rng() % 260);
+    c.tail = 2;
+    check_case(c);
+  });
+}
+
 TEST_F(GroupedGemmGpu, StridedOperands) {
   for (Kind kind : {Kind::kFP8Blockwise, Kind::kFP8PerTensor, Kind::kBF16})
     for (bool masked : {false, true})
