@@ -234,9 +234,9 @@ struct ConsumerCtx {
 template <int kBlockM, int kHalves, bool kTokensInM_>
 struct TileSplit {
   static constexpr bool kTokensInM = kTokensInM_;
-  static constexpr int kPieces = kTokensInM ? (kBlockM == 128 ? 2 : 1) : kHalves;
-  static constexpr int kN = kTokensInM ? (kBlockM == 128 ? 128 : 64) : kBlockM;  // wgmma N
   static_assert(!kTokensInM || (kBlockM >= 64 && kHalves == kBlockM / 64), "tokens in M: 64 × 128 or 128 × 256");
+  static constexpr int kPieces = kTokensInM ? kBlockM / 64 : kHalves;
+  static constexpr int kN = kTokensInM ? 64 * kHalves : kBlockM;  // wgmma N
   // Byte offsets in a k-block's operands of piece p's A (M side) and B (N side) rows; weights first, then tokens.
   __device__ static int a_row(int wg, int p) { return kTokensInM ? kHalves * 128 + 64 * p : (wg * kHalves + p) * 64; }
   __device__ static int b_row(int wg, int p) { return kTokensInM ? 64 * kHalves * wg : kHalves * 128; }
@@ -646,6 +646,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Block-wise fp8 runs its 64- and 128-row tiles with tokens in wgmma's M side (TileSplit), every other
       // mode with weights in M: measured on an H200 (docs/perf/grouped_gemm.md, v7), tokens in M made block-wise
       // 2-6 % faster and per-tensor / bf16 3-18 % slower.
+      // The fourth template argument is kFP8, not true: the bf16 kernel never runs tokens in M, so it does not
+      // instantiate those tiles.
       const bool tokens_in_m = kFP8 && blockwise;
       switch (c.block_m) {
         case 8: consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
