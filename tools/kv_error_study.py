@@ -9,8 +9,11 @@ output o against the same step on the unquantized cache. Values are quantized pe
 Existing formats reproduce tessera's quantizers (src/reference/attention_reference.cpp: quantize_group): integer
 codes with an fp16 (scale, offset) pair per row or per group of 32, min/max asymmetric, round half to even;
 fp8 e4m3 with one fp32 scale per KV head (amax / 448). Candidate formats:
-  kivi/B   per-channel int4 keys (KIVI): an fp16 (scale, offset) per channel over each block of B tokens; a
-           sequence's last partial block is held unquantized (the issue's "held at higher precision").
+  kivi/B   per-channel int4 (or int8) keys (KIVI): an fp16 (scale, offset) per channel over each block of B
+           tokens; a sequence's last partial block is held unquantized (the issue's "held at higher precision").
+           tessera's int8_kchannel / int4_kchannel use B = 32 with per-row int8 / int4 values; they quantize a
+           partial last block over the rows it has, which this study does not model (no partial block when L is
+           a multiple of 32, as by default).
   had+F    keys and queries multiplied by the same normalized Hadamard matrix H (H Hᵀ = I, so q·k is unchanged),
            then the rotated keys stored in format F.
 
@@ -110,8 +113,10 @@ FORMATS = [
     ("int4, groups of 32", k_int(4, 32), k_int(4, 32), False),
     ("kivi int4, blocks of 16", k_kivi(4, 16), k_int(4, 32), False),
     ("kivi int4, blocks of 32", k_kivi(4, 32), k_int(4, 32), False),
+    ("kivi int4, blocks of 32, V per row", k_kivi(4, 32), k_int(4, 0), False),  # as int4_kchannel stores them
     ("kivi int4, blocks of 64", k_kivi(4, 64), k_int(4, 32), False),
     ("kivi int4, blocks of 128", k_kivi(4, 128), k_int(4, 32), False),
+    ("kivi int8, blocks of 32", k_kivi(8, 32), k_int(8, 0), False),  # as int8_kchannel stores them (kKeyBlock 32)
     ("kivi int8, blocks of 64", k_kivi(8, 64), k_int(8, 0), False),
     ("had + fp8 e4m3", k_fp8, k_fp8, True),
     ("had + int8, per row", k_int(8, 0), k_int(8, 0), True),

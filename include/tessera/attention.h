@@ -33,6 +33,17 @@
 //   NG = 1 (kInt8, kInt4: one pair per row) or D/32 (kInt4Group32: elements [32g, 32g+32) use pair g).
 //   Last dim unit-stride, other strides multiples of 2 elements (4 bytes), base 4-byte aligned.
 //   Element value = code · scale + offset (codes unsigned: 0..255 for int8, 0..15 for int4).
+// Per-channel key formats (kInt8KChannel, kInt4KChannel; KIVI-style, docs/perf/decode.md): the key rows hold int8 /
+//   int4 codes as kInt8 / kInt4 rows do, but their scales are per channel over blocks of kKeyBlock = 32 tokens:
+//   k_scale fp16 [B, T_max / 32, HKV, 2·D] or [num_pages, page_size / 32, HKV, 2·D]; element [.., j, h, d] is the
+//   scale and [.., j, h, D + d] the offset of channel d over the tokens (slots) [32j, 32j + 32) of that sequence
+//   (page). T_max (contiguous) and page_size (paged) must be multiples of 32. Last dim unit-stride, other strides
+//   multiples of 8 elements (16 bytes), base 16-byte aligned. Key element value = code · scale[d] + offset[d].
+//   Values keep per-(token, head) pairs: v_scale as for kInt8 / kInt4 (NG = 1).
+//   k_residual (these formats only, required by append_kv, not read by decode): [B, 2·kKeyBlock, HKV, D] in the
+//   dtype of k_new, unit stride along D: slot t % 64 holds the 16-bit key of position t of sequence b for the
+//   positions of the last two blocks an append wrote into, so that append_kv can re-quantize a block that is not yet
+//   full from its exact rows.
 // Scales (kFP8): fp32 [1] (per tensor) or [HKV] (per KV head); element value = e4m3 value · scale.
 // Rows are stored apart from their scales so that every data row is a whole number of 16-byte vectors.
 //
@@ -41,6 +52,16 @@
 //   lo = min x, hi = max x, scale = fp16((hi - lo) / levels), offset = fp16(lo)   (fp16 round-to-nearest-even,
 //   saturated to ±65504); code = clamp(rint((x - offset) / scale), 0, levels), or 0 where scale == 0.
 //   Values must lie within the fp16 range for these formats to represent them.
+// Per-channel keys: the same rule per channel d over the rows of one 32-token block that exist when the block is
+//   written: append_kv (re)writes block j of a sequence from the rows [32j, e), e = min(32j + 32, last position
+//   written + 1), taking rows before the first new one from k_residual. So a block's scales always cover exactly
+//   its rows appended so far, and every row's codes are re-derived from its 16-bit key whenever its block changes.
+//   Contract (device values, not validated): a sequence's rows are appended in order (positions[b] never skips
+//   ahead of its end); positions[b] may go back (speculative decoding rejects draft tokens) by at most 32 positions
+//   from the furthest end the sequence has reached, so that the rows it reads back are still in k_residual; a call
+//   that starts on a block boundary reads no earlier row (a new sequence may start over at 0). An append rewrites
+//   the codes of the earlier rows of its block, so pages shared by several sequences must be shared in whole blocks.
+//   Decode multiplies the query by the channel scales in fp16: q · scale must stay within ±65504.
 // kFP8: code = e4m3(x / scale), round-to-nearest-even, saturated to ±448 (NaN stays NaN).
 // kNative: copied (the new rows must have the cache's dtype).
 #pragma once
@@ -61,6 +82,8 @@ enum class KVFormat : int {
   kInt8 = 2,         // uint8 codes, fp16 (scale, offset) per (token, head)
   kInt4 = 3,         // 4-bit codes, fp16 (scale, offset) per (token, head)
   kInt4Group32 = 4,  // 4-bit codes, fp16 (scale, offset) per 32 elements of a (token, head) row
+  kInt8KChannel = 5, // keys: uint8 codes, fp16 (scale, offset) per channel over 32-token blocks; values as kInt8
+  kInt4KChannel = 6, // keys: 4-bit codes, fp16 (scale, offset) per channel over 32-token blocks; values as kInt4
 };
 
 const char* kv_format_name(KVFormat format);
@@ -72,6 +95,7 @@ struct KVCache {
   std::optional<TensorView> k_scale;        // integer formats and kFP8; absent for kNative
   std::optional<TensorView> v_scale;
   std::optional<TensorView> block_table;    // int32 [B, max_pages]; present = paged layout
+  std::optional<TensorView> k_residual;     // per-channel key formats: the last 64 keys per sequence, 16-bit
 };
 
 inline constexpr int kDecodeMaxSplits = 128;
@@ -88,6 +112,9 @@ struct DecodeParams {
 
 // Elements (D values) per group of kInt4Group32.
 inline constexpr int kInt4GroupSize = 32;
+// Tokens per key-scale block of the per-channel key formats, and the rows of their 16-bit residual.
+inline constexpr int kKeyBlock = 32;
+inline constexpr int kKeyResidualRows = 2 * kKeyBlock;
 
 // Device workspace decode needs for this call (any contents, 16-byte aligned); 0 when one split suffices.
 // Depends only on shapes, the device and params, never on device values, so it can be sized once for a graph.

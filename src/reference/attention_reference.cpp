@@ -31,8 +31,10 @@ void check_format(const char* fn, KVFormat format, int head_dim, DType native_dt
       require(native_dtype == DType::kBF16 || native_dtype == DType::kFP16, fn, "native_dtype must be bf16 or fp16");
       break;
     case KVFormat::kFP8:
-    case KVFormat::kInt8: break;
-    case KVFormat::kInt4: require(head_dim % 2 == 0, fn, "int4 rows need an even head_dim"); break;
+    case KVFormat::kInt8:
+    case KVFormat::kInt8KChannel: break;
+    case KVFormat::kInt4:
+    case KVFormat::kInt4KChannel: require(head_dim % 2 == 0, fn, "int4 rows need an even head_dim"); break;
     case KVFormat::kInt4Group32:
       require(head_dim % attention::kInt4GroupSize == 0, fn, "kInt4Group32 needs head_dim a multiple of 32");
       break;
@@ -62,6 +64,18 @@ void quantize_group(const float* x, int n, int levels, uint8_t* codes, uint16_t*
       if (c > top) c = top;
     }
     codes[i] = static_cast<uint8_t>(c);
+  }
+}
+
+// The code of element i of an integer row: a byte (int8), or a nibble (int4: element 2j low, 2j + 1 high in byte j).
+int row_code(const uint8_t* data, int i, bool int4) { return int4 ? (data[i / 2] >> (4 * (i % 2))) & 0xF : data[i]; }
+
+// The value-row format of a per-channel format (its values are plain per-row rows); other formats unchanged.
+KVFormat value_row_format(KVFormat format) {
+  switch (format) {
+    case KVFormat::kInt8KChannel: return KVFormat::kInt8;
+    case KVFormat::kInt4KChannel: return KVFormat::kInt4;
+    default: return format;
   }
 }
 
@@ -108,9 +122,11 @@ int kv_row_bytes(KVFormat format, int head_dim) {
   switch (format) {
     case KVFormat::kNative: return 2 * head_dim;
     case KVFormat::kFP8:
-    case KVFormat::kInt8: return head_dim;
+    case KVFormat::kInt8:
+    case KVFormat::kInt8KChannel: return head_dim;
     case KVFormat::kInt4:
-    case KVFormat::kInt4Group32: return head_dim / 2;
+    case KVFormat::kInt4Group32:
+    case KVFormat::kInt4KChannel: return head_dim / 2;
   }
   return 0;
 }
@@ -118,7 +134,9 @@ int kv_row_bytes(KVFormat format, int head_dim) {
 int kv_num_scale_groups(KVFormat format, int head_dim) {
   switch (format) {
     case KVFormat::kInt8:
-    case KVFormat::kInt4: return 1;
+    case KVFormat::kInt4:
+    case KVFormat::kInt8KChannel:  // the values' per-row pair; the keys' scales are per channel (k_scale)
+    case KVFormat::kInt4KChannel: return 1;
     case KVFormat::kInt4Group32: return head_dim / attention::kInt4GroupSize;
     default: return 0;
   }
@@ -126,16 +144,22 @@ int kv_num_scale_groups(KVFormat format, int head_dim) {
 
 int kv_levels(KVFormat format) {
   switch (format) {
-    case KVFormat::kInt8: return 255;
+    case KVFormat::kInt8:
+    case KVFormat::kInt8KChannel: return 255;
     case KVFormat::kInt4:
-    case KVFormat::kInt4Group32: return 15;
+    case KVFormat::kInt4Group32:
+    case KVFormat::kInt4KChannel: return 15;
     default: return 0;
   }
 }
 
+bool kv_key_per_channel(KVFormat format) {
+  return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
+}
+
 void quantize_kv_row(KVFormat format, const float* x, int D, DType native_dtype, float fp8_scale, uint8_t* data,
                      uint16_t* pairs) {
-  switch (format) {
+  switch (value_row_format(format)) {
     case KVFormat::kNative:
       for (int i = 0; i < D; ++i) {
         const uint16_t b = native_dtype == DType::kFP16 ? host::f32_to_fp16(x[i]) : host::f32_to_bf16(x[i]);
@@ -156,17 +180,18 @@ void quantize_kv_row(KVFormat format, const float* x, int D, DType native_dtype,
         big.resize(D);
         c = big.data();
       }
-      const int group = format == KVFormat::kInt4 ? D : attention::kInt4GroupSize;
+      const int group = format == KVFormat::kInt4Group32 ? attention::kInt4GroupSize : D;
       for (int g = 0; g * group < D; ++g) quantize_group(x + g * group, group, 15, c + g * group, pairs + 2 * g);
       for (int j = 0; j < D / 2; ++j) data[j] = static_cast<uint8_t>(c[2 * j] | (c[2 * j + 1] << 4));
       return;
     }
+    default: require(false, "quantize_kv_row", "unknown KV format " + std::to_string(static_cast<int>(format)));
   }
 }
 
 void dequantize_kv_row(KVFormat format, const uint8_t* data, const uint16_t* pairs, int D, DType native_dtype,
                        float fp8_scale, double* out) {
-  switch (format) {
+  switch (value_row_format(format)) {
     case KVFormat::kNative:
       for (int i = 0; i < D; ++i) out[i] = native_value(data, i, native_dtype);
       return;
@@ -180,15 +205,67 @@ void dequantize_kv_row(KVFormat format, const uint8_t* data, const uint16_t* pai
     }
     case KVFormat::kInt4:
     case KVFormat::kInt4Group32: {
-      const int group = format == KVFormat::kInt4 ? D : attention::kInt4GroupSize;
+      const int group = format == KVFormat::kInt4Group32 ? attention::kInt4GroupSize : D;
       for (int i = 0; i < D; ++i) {
         const int g = i / group;
         const double scale = host::fp16_to_f32(pairs[2 * g]), offset = host::fp16_to_f32(pairs[2 * g + 1]);
-        const int code = (data[i / 2] >> (4 * (i % 2))) & 0xF;
-        out[i] = code * scale + offset;
+        out[i] = row_code(data, i, true) * scale + offset;
       }
       return;
     }
+    default: require(false, "dequantize_kv_row", "unknown KV format " + std::to_string(static_cast<int>(format)));
+  }
+}
+
+// ---- per-channel keys ----------------------------------------------------------------------------------------
+
+namespace {
+
+// Called once per block or row by the test fixtures: the messages are built only on failure.
+void check_key_block(const char* fn, KVFormat format, int n, int head_dim) {
+  if (!kv_key_per_channel(format))
+    require(false, fn, "format must be kInt8KChannel or kInt4KChannel, got " + std::to_string(static_cast<int>(format)));
+  if (head_dim <= 0 || (format == KVFormat::kInt4KChannel && head_dim % 2 != 0))
+    require(false, fn, "head_dim must be > 0 (and even for int4 rows), got " + std::to_string(head_dim));
+  if (n < 1 || n > attention::kKeyBlock)
+    require(false, fn, "a key block holds 1 to " + std::to_string(attention::kKeyBlock) + " rows, got " +
+                           std::to_string(n));
+}
+
+}  // namespace
+
+void quantize_key_block(KVFormat format, const float* x, int n, int D, uint8_t* codes, uint16_t* params) {
+  check_key_block("quantize_key_block", format, n, D);
+  const bool int4 = format == KVFormat::kInt4KChannel;
+  const int row_bytes = kv_row_bytes(format, D);
+  float column[attention::kKeyBlock];
+  uint8_t column_codes[attention::kKeyBlock];
+  uint16_t pair[2];
+  // The row rule (quantize_group) applied to each channel's column of n values: the same fp32 operations.
+  for (int d = 0; d < D; ++d) {
+    for (int r = 0; r < n; ++r) column[r] = x[int64_t{r} * D + d];
+    quantize_group(column, n, kv_levels(format), column_codes, pair);
+    params[d] = pair[0];
+    params[D + d] = pair[1];
+    for (int r = 0; r < n; ++r) {
+      uint8_t* row = codes + int64_t{r} * row_bytes;
+      if (!int4) {
+        row[d] = column_codes[r];
+      } else if (d % 2 == 0) {
+        row[d / 2] = column_codes[r];  // low nibble; the odd channel after it fills the high one
+      } else {
+        row[d / 2] = static_cast<uint8_t>(row[d / 2] | (column_codes[r] << 4));
+      }
+    }
+  }
+}
+
+void dequantize_key_row(KVFormat format, const uint8_t* codes, const uint16_t* params, int D, double* out) {
+  check_key_block("dequantize_key_row", format, 1, D);
+  const bool int4 = format == KVFormat::kInt4KChannel;
+  for (int d = 0; d < D; ++d) {
+    const double scale = host::fp16_to_f32(params[d]), offset = host::fp16_to_f32(params[D + d]);
+    out[d] = row_code(codes, d, int4) * scale + offset;
   }
 }
 

@@ -23,21 +23,39 @@ uint8_t e4m3_rne_sat(float x);
 
 // ---- KV cache rows -------------------------------------------------------------------------------------------
 
-// Bytes of one (token, head) data row: kNative 2·D, kFP8 / kInt8 D, kInt4 / kInt4Group32 D/2.
+// Bytes of one (token, head) data row: kNative 2·D, kFP8 / kInt8 / kInt8KChannel D, kInt4 / kInt4Group32 /
+// kInt4KChannel D/2.
 int kv_row_bytes(attention::KVFormat format, int head_dim);
-// (scale, offset) pairs per row, NG: 1 (kInt8, kInt4), D/32 (kInt4Group32), 0 (kNative, kFP8).
+// (scale, offset) pairs per row, NG: 1 (kInt8, kInt4, and the per-channel formats' value rows), D/32
+// (kInt4Group32), 0 (kNative, kFP8).
 int kv_num_scale_groups(attention::KVFormat format, int head_dim);
-// Largest code: 255 (kInt8), 15 (kInt4, kInt4Group32), 0 otherwise.
+// Largest code: 255 (kInt8, kInt8KChannel), 15 (kInt4, kInt4Group32, kInt4KChannel), 0 otherwise.
 int kv_levels(attention::KVFormat format);
+// kInt8KChannel or kInt4KChannel: keys with per-channel scales over blocks of kKeyBlock tokens.
+bool kv_key_per_channel(attention::KVFormat format);
 
 // One row of D values x into `data` (kv_row_bytes bytes) and `pairs` (2·NG fp16 bits: scale of group g at 2g,
 // offset at 2g + 1; untouched when NG = 0), as append_kv stores it. native_dtype (kBF16 / kFP16): the element type
 // of kNative rows (x must be exactly representable in it: the bits are copied). fp8_scale: kFP8 only.
+// kInt8KChannel / kInt4KChannel: a VALUE row (per-row pair, as kInt8 / kInt4); their keys use quantize_key_block.
 void quantize_kv_row(attention::KVFormat format, const float* x, int head_dim, DType native_dtype, float fp8_scale,
                      uint8_t* data, uint16_t* pairs);
 // The inverse, exact in double: code · double(scale) + double(offset); double(e4m3) · double(fp8_scale); native.
+// kInt8KChannel / kInt4KChannel: a value row (keys: dequantize_key_row).
 void dequantize_kv_row(attention::KVFormat format, const uint8_t* data, const uint16_t* pairs, int head_dim,
                        DType native_dtype, float fp8_scale, double* out);
+
+// ---- per-channel keys (kInt8KChannel, kInt4KChannel) ---------------------------------------------------------
+
+// Rows x[0..n) ([n][D] floats, n in 1..kKeyBlock) of one key block of a per-channel format into codes
+// [n][kv_row_bytes(format, D)] and params [2·D] fp16 bits (scales of channels 0..D-1, then offsets), as
+// append_kv writes a block whose first n rows exist: per channel d, the integer rule of attention.h over
+// x[0..n)[d]. Throws tessera::Error for another format, n outside 1..kKeyBlock, D <= 0, or an odd D for int4.
+void quantize_key_block(attention::KVFormat format, const float* x, int n, int head_dim, uint8_t* codes,
+                        uint16_t* params);
+// One row of such a block back to D doubles: code · double(scale[d]) + double(offset[d]).
+void dequantize_key_row(attention::KVFormat format, const uint8_t* codes, const uint16_t* params, int head_dim,
+                        double* out);
 
 // Many rows, ordered so that the KV head varies fastest ([..., HKV, D]): row r uses fp8_scales[r % size] (size 1:
 // per tensor; HKV: per head).
@@ -60,7 +78,8 @@ struct QuantizedKV {
 };
 
 // x: [rows][head_dim] floats. Throws tessera::Error on inconsistent arguments (kFP8 without scales, D not a
-// multiple of 32 for kInt4Group32, odd D for int4, native_dtype not bf16/fp16).
+// multiple of 32 for kInt4Group32, odd D for int4, native_dtype not bf16/fp16). The per-channel formats quantize
+// every row as a value row (quantize_kv_row); their key blocks go through quantize_key_block.
 QuantizedKV quantize_kv(attention::KVFormat format, const float* x, int64_t rows, int head_dim,
                         DType native_dtype = DType::kBF16, const std::vector<float>& fp8_scales = {});
 // [rows][head_dim] doubles.

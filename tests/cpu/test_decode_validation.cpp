@@ -1,4 +1,4 @@
-// Attention decode and append_kv: every validation rule (the error names the op and the argument), over the five
+// Attention decode and append_kv: every validation rule (the error names the op and the argument), over the seven
 // cache formats and both layouts, and the CacheDesc the rules produce.
 //
 // Validation runs before any device query, so host buffers stand in for device memory (device 0). A call that
@@ -42,7 +42,7 @@ class HostBuffer {
 struct Buffers {
   static constexpr std::size_t kBytes = 1 << 20;
   HostBuffer q{kBytes}, o{kBytes}, lse{kBytes}, k{kBytes}, v{kBytes}, ks{kBytes}, vs{kBytes}, bt{kBytes},
-      seqlens{kBytes}, ws{kBytes}, k_new{kBytes}, v_new{kBytes}, positions{kBytes};
+      seqlens{kBytes}, ws{kBytes}, k_new{kBytes}, v_new{kBytes}, positions{kBytes}, res{kBytes};
 };
 Buffers& buffers() {
   static Buffers b;  // the checks never write: one set serves every case
@@ -51,42 +51,69 @@ Buffers& buffers() {
 
 constexpr int64_t kB = 2, kHQ = 8, kHKV = 2, kD = 128, kT = 64, kPageSize = 16, kNumPages = 6, kMaxPages = 4, kS = 3;
 
-const KVFormat kFormats[] = {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4,
-                             KVFormat::kInt4Group32};
+const KVFormat kFormats[] = {KVFormat::kNative,      KVFormat::kFP8,          KVFormat::kInt8,
+                             KVFormat::kInt4,        KVFormat::kInt4Group32,  KVFormat::kInt8KChannel,
+                             KVFormat::kInt4KChannel};
 
-bool is_int4(KVFormat f) { return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32; }
+bool is_int4(KVFormat f) {
+  return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32 || f == KVFormat::kInt4KChannel;
+}
+bool is_channel(KVFormat f) { return f == KVFormat::kInt8KChannel || f == KVFormat::kInt4KChannel; }
 int64_t row_elems(KVFormat f) { return is_int4(f) ? kD / 2 : kD; }
 int64_t num_groups(KVFormat f) { return f == KVFormat::kInt4Group32 ? kD / 32 : 1; }
+// Paged caches of the per-channel formats need pages of whole 32-token key blocks: pages of one block and two pages
+// per sequence, for the capacity of the others (64 tokens). (Their k_scale then has a block dim of size 1; the
+// variants below take larger pages too.)
+int64_t page_size_of(KVFormat f) { return is_channel(f) ? kKeyBlock : kPageSize; }
+int64_t max_pages_of(KVFormat f) { return is_channel(f) ? 2 : kMaxPages; }
 
 TensorView view(void* data, DType dtype, std::initializer_list<int64_t> shape) {
   return TensorView::contiguous(data, dtype, shape, 0);
 }
 void* shift(void* p, int64_t bytes) { return static_cast<uint8_t*>(p) + bytes; }
 
+// Dense views of k, v and (integer formats) their scales for d0 sequences or pages of d1 tokens, at the same
+// addresses: k_scale [d0, d1, HKV, 2 * NG], or [d0, d1 / 32, HKV, 2 * D] for the per-channel formats.
+void set_slots(KVCache& c, int64_t d0, int64_t d1) {
+  const KVFormat f = c.format;
+  c.k = view(c.k.data, c.k.dtype, {d0, d1, kHKV, row_elems(f)});
+  c.v = view(c.v.data, c.v.dtype, {d0, d1, kHKV, row_elems(f)});
+  if (f == KVFormat::kNative || f == KVFormat::kFP8) return;
+  c.k_scale = is_channel(f) ? view(c.k_scale->data, DType::kFP16, {d0, d1 / kKeyBlock, kHKV, 2 * kD})
+                            : view(c.k_scale->data, DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
+  c.v_scale = view(c.v_scale->data, DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
+}
+
 KVCache make_cache(KVFormat f, bool paged) {
   Buffers& b = buffers();
   KVCache c;
   c.format = f;
   const DType dt = f == KVFormat::kNative ? DType::kBF16 : f == KVFormat::kFP8 ? DType::kFP8E4M3 : DType::kUInt8;
-  const int64_t d0 = paged ? kNumPages : kB, d1 = paged ? kPageSize : kT;
-  c.k = view(b.k.data(), dt, {d0, d1, kHKV, row_elems(f)});
-  c.v = view(b.v.data(), dt, {d0, d1, kHKV, row_elems(f)});
+  c.k = view(b.k.data(), dt, {1});
+  c.v = view(b.v.data(), dt, {1});
   if (f == KVFormat::kFP8) {
     c.k_scale = view(b.ks.data(), DType::kFP32, {kHKV});
     c.v_scale = view(b.vs.data(), DType::kFP32, {kHKV});
   } else if (f != KVFormat::kNative) {
-    c.k_scale = view(b.ks.data(), DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
-    c.v_scale = view(b.vs.data(), DType::kFP16, {d0, d1, kHKV, 2 * num_groups(f)});
+    c.k_scale = view(b.ks.data(), DType::kFP16, {1});
+    c.v_scale = view(b.vs.data(), DType::kFP16, {1});
   }
-  if (paged) c.block_table = view(b.bt.data(), DType::kInt32, {kB, kMaxPages});
+  set_slots(c, paged ? kNumPages : kB, paged ? page_size_of(f) : kT);
+  if (paged) c.block_table = view(b.bt.data(), DType::kInt32, {kB, max_pages_of(f)});
   return c;
 }
 
+// A key residual [B, 64, HKV, D] of the given dtype (append_kv needs one for the per-channel formats).
+TensorView make_residual(DType dt = DType::kBF16) {
+  return view(buffers().res.data(), dt, {kB, kKeyResidualRows, kHKV, kD});
+}
+
 // Which formats and layouts a case applies to. A mask with no layout bit applies to both layouts.
+// kIntegers: the formats with per-row (or per-group) pairs in both k_scale and v_scale; kChannel: per-channel keys.
 enum : unsigned {
-  kNat = 1u << 0, kF8 = 1u << 1, kI8 = 1u << 2, kI4 = 1u << 3, kI4G = 1u << 4,
-  kContig = 1u << 5, kPaged = 1u << 6,
-  kQuant = kF8 | kI8 | kI4 | kI4G, kIntegers = kI8 | kI4 | kI4G, kAll = kNat | kQuant,
+  kNat = 1u << 0, kF8 = 1u << 1, kI8 = 1u << 2, kI4 = 1u << 3, kI4G = 1u << 4, kI8C = 1u << 5, kI4C = 1u << 6,
+  kContig = 1u << 7, kPaged = 1u << 8,
+  kIntegers = kI8 | kI4 | kI4G, kChannel = kI8C | kI4C, kQuant = kF8 | kIntegers | kChannel, kAll = kNat | kQuant,
 };
 bool applies(unsigned mask, KVFormat f, bool paged) {
   const unsigned layouts = (mask & (kContig | kPaged)) ? mask : mask | kContig | kPaged;
@@ -219,14 +246,14 @@ const std::vector<DecodeCase>& decode_cases() {
       {"native cache fp32", kNat, [](DecodeArgs& a) { a.cache.k.dtype = DType::kFP32; }, "cache.k", {"bf16 | fp16"}},
       {"fp8 cache e5m2", kF8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kFP8E5M2; }, "cache.k", {"fp8_e4m3"}},
       {"fp8 cache as uint8", kF8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kUInt8; }, "cache.k", {"fp8_e4m3"}},
-      {"int8 cache signed", kI8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt8; }, "cache.k",
+      {"int8 cache signed", kI8 | kI8C, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt8; }, "cache.k",
        {"must have dtype uint8,"}},
-      {"int8 cache as int4x2", kI8, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt4x2; }, "cache.k", {"uint8"}},
-      {"int4 cache bf16", kI4 | kI4G, [](DecodeArgs& a) { a.cache.k.dtype = DType::kBF16; }, "cache.k",
+      {"int8 cache as int4x2", kI8 | kI8C, [](DecodeArgs& a) { a.cache.k.dtype = DType::kInt4x2; }, "cache.k", {"uint8"}},
+      {"int4 cache bf16", kI4 | kI4G | kI4C, [](DecodeArgs& a) { a.cache.k.dtype = DType::kBF16; }, "cache.k",
        {"uint8 | int4x2"}},
       {"row of 2D", kAll, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[3] *= 2; }); }, "cache.k",
        {"in dim 3"}},
-      {"int4 row of D bytes", kI4 | kI4G, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[3] = kD; }); },
+      {"int4 row of D bytes", kI4 | kI4G | kI4C, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[3] = kD; }); },
        "cache.k", {"size 64 (D/2 bytes"}},
       {"no KV heads", kAll, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[2] = 0; }); }, "cache.k",
        {"KV heads"}},
@@ -291,7 +318,7 @@ const std::vector<DecodeCase>& decode_cases() {
        [](DecodeArgs& a) { a.cache.block_table->data = shift(a.cache.block_table->data, 2); }, "cache.block_table",
        {"4-byte"}},
       {"paged capacity 2^31", kAll | kPaged, [](DecodeArgs& a) { a.cache.block_table->shape[1] = int64_t{1} << 27; },
-       "cache.block_table", {"2^31", "134217728 pages of 16"}},
+       "cache.block_table", {"2^31", "134217728 pages of "}},
       {"contiguous capacity 2^31", kAll | kContig,
        [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.shape[1] = int64_t{1} << 31; }); }, "cache.k",
        {"2^31"}},
@@ -317,9 +344,9 @@ const std::vector<DecodeCase>& decode_cases() {
        "cache.v_scale", {"shape of 'cache.k_scale' [1]", "got [2]"}},
       {"fp8 scale inside k", kF8, [](DecodeArgs& a) { a.cache.k_scale->data = a.cache.k.data; }, "cache.k_scale",
        {"overlap 'cache.k'"}},
-      {"int scale fp32", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->dtype = DType::kFP32; }, "cache.k_scale",
+      {"int scale fp32", kIntegers | kChannel, [](DecodeArgs& a) { a.cache.k_scale->dtype = DType::kFP32; }, "cache.k_scale",
        {"fp16"}},
-      {"int scale rank 3", kIntegers,
+      {"int scale rank 3", kIntegers | kChannel,
        [](DecodeArgs& a) { a.cache.k_scale = view(a.cache.k_scale->data, DType::kFP16, {kB, kT, kHKV * 2}); },
        "cache.k_scale", {"rank 4"}},
       {"int scale with a pair too many", kIntegers,
@@ -336,14 +363,59 @@ const std::vector<DecodeCase>& decode_cases() {
        "cache.k_scale", {"dim 2", "multiple of 4 bytes (2 elements of fp16)"}},
       {"int scale address", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->data = shift(a.cache.k_scale->data, 2); },
        "cache.k_scale", {"4-byte"}},
-      {"int scale negative stride", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->strides[0] *= -1; },
+      {"int scale negative stride", kIntegers | kChannel, [](DecodeArgs& a) { a.cache.k_scale->strides[0] *= -1; },
        "cache.k_scale", {"non-negative"}},
       {"int v_scale strides differ", kIntegers, [](DecodeArgs& a) { a.cache.v_scale->strides[0] *= 2; },
        "cache.v_scale", {"strides of 'cache.k_scale'"}},
-      {"int v_scale is k_scale", kIntegers, [](DecodeArgs& a) { a.cache.v_scale->data = a.cache.k_scale->data; },
+      {"int v_scale is k_scale", kIntegers | kChannel, [](DecodeArgs& a) { a.cache.v_scale->data = a.cache.k_scale->data; },
        "cache.v_scale", {"overlap 'cache.k_scale'"}},
-      {"int k_scale inside v", kIntegers, [](DecodeArgs& a) { a.cache.k_scale->data = a.cache.v.data; },
+      {"int k_scale inside v", kIntegers | kChannel, [](DecodeArgs& a) { a.cache.k_scale->data = a.cache.v.data; },
        "cache.k_scale", {"overlap 'cache.v'"}},
+      // ---- per-channel key formats: whole key blocks, k_scale per block and channel, v_scale per row
+      {"kchannel page size 16", kChannel | kPaged, [](DecodeArgs& a) { set_slots(a.cache, kNumPages, 16); },
+       "cache.k", {"multiple of 32", "page_size 16 is below the 32-token key block of", "_kchannel caches"}},
+      {"kchannel T_max 48", kChannel | kContig, [](DecodeArgs& a) { set_slots(a.cache, kB, 48); }, "cache.k",
+       {"T_max (dim 1) a multiple of 32", "_kchannel caches", "[2, 48, 2, "}},
+      {"kchannel k_scale per token", kChannel,
+       [](DecodeArgs& a) { a.cache.k_scale = *a.cache.v_scale; a.cache.k_scale->data = buffers().ks.data(); },
+       "cache.k_scale", {"dim 1 / 32", "2 * D", ", 256], got "}},
+      {"kchannel k_scale of one block too few", kChannel, [](DecodeArgs& a) { a.cache.k_scale->shape[1] -= 1; },
+       "cache.k_scale", {"dim 1 / 32"}},
+      {"kchannel k_scale of D values", kChannel,
+       [](DecodeArgs& a) { a.cache.k_scale = view(a.cache.k_scale->data, DType::kFP16, {a.cache.k.shape[0],
+                                                  a.cache.k.shape[1] / 32, kHKV, kD}); },
+       "cache.k_scale", {"2 * D", ", 256], got [", ", 128]"}},
+      {"kchannel k_scale head stride of 2D + 2", kChannel | kContig,
+       [](DecodeArgs& a) { a.cache.k_scale->strides[2] += 2; }, "cache.k_scale",
+       {"dim 2", "multiple of 16 bytes (8 elements of fp16)", "got 258"}},
+      // Pages of one block: the block dim has size 1, and its (normalized) stride reaches past the head rows.
+      {"kchannel k_scale head stride of 2D + 2, pages of one block", kChannel | kPaged,
+       [](DecodeArgs& a) { a.cache.k_scale->strides[2] += 2; }, "cache.k_scale",
+       {"multiple of 16 bytes (8 elements of fp16)"}},
+      {"kchannel k_scale block stride", kChannel | kContig, [](DecodeArgs& a) { a.cache.k_scale->strides[1] += 4; },
+       "cache.k_scale", {"dim 1", "multiple of 16 bytes"}},
+      {"kchannel k_scale 8-byte aligned", kChannel,
+       [](DecodeArgs& a) { a.cache.k_scale->data = shift(a.cache.k_scale->data, 8); }, "cache.k_scale",
+       {"16-byte aligned"}},
+      {"kchannel k_scale last stride", kChannel, [](DecodeArgs& a) { a.cache.k_scale->strides[3] = 2; },
+       "cache.k_scale", {"unit stride"}},
+      {"kchannel v_scale fp32", kChannel, [](DecodeArgs& a) { a.cache.v_scale->dtype = DType::kFP32; },
+       "cache.v_scale", {"fp16"}},
+      {"kchannel v_scale per block", kChannel,
+       [](DecodeArgs& a) { a.cache.v_scale = *a.cache.k_scale; a.cache.v_scale->data = buffers().vs.data(); },
+       "cache.v_scale", {"[dims 0..2 of cache.k, 2]"}},
+      {"kchannel v_scale odd head stride", kChannel, [](DecodeArgs& a) { a.cache.v_scale->strides[2] += 1; },
+       "cache.v_scale", {"dim 2", "multiple of 4 bytes"}},
+      {"kchannel v_scale address", kChannel,
+       [](DecodeArgs& a) { a.cache.v_scale->data = shift(a.cache.v_scale->data, 2); }, "cache.v_scale", {"4-byte"}},
+      {"kchannel v_scale inside k_scale", kChannel,
+       [](DecodeArgs& a) { a.cache.v_scale->data = shift(a.cache.k_scale->data, 64); }, "cache.v_scale",
+       {"overlap 'cache.k_scale'"}},
+      {"kchannel v_scale inside k", kChannel, [](DecodeArgs& a) { a.cache.v_scale->data = a.cache.k.data; },
+       "cache.v_scale", {"overlap 'cache.k'"}},
+      {"k_residual under a per-row format", kAll & ~kChannel,
+       [](DecodeArgs& a) { a.cache.k_residual = make_residual(); }, "cache.k_residual",
+       {"must be absent for ", " caches"}},
       // ---- lengths
       {"seqlens int64", kAll, [](DecodeArgs& a) { a.seqlens.dtype = DType::kInt64; }, "cache_seqlens", {"int32"}},
       {"seqlens of 3", kAll, [](DecodeArgs& a) { a.seqlens.shape[0] = 3; }, "cache_seqlens", {"[B] = [2]"}},
@@ -476,7 +548,7 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
          a.q.dtype = a.o.dtype = DType::kFP16;
          both(a.cache, [](TensorView& t) { t.dtype = DType::kFP16; });
        }},
-      {"int4 as int4x2", kI4 | kI4G, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.dtype = DType::kInt4x2; }); }},
+      {"int4 as int4x2", kI4 | kI4G | kI4C, [](DecodeArgs& a) { both(a.cache, [](TensorView& t) { t.dtype = DType::kInt4x2; }); }},
       {"fp8 per-tensor scales", kF8,
        [](DecodeArgs& a) { both_scales(a.cache, [](TensorView& t) { t.shape[0] = 1; }); }},
       {"fp8 scales shared by k and v", kF8, [](DecodeArgs& a) { a.cache.v_scale = a.cache.k_scale; }},
@@ -549,11 +621,24 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
          a.cache.v = k;
          a.cache.v.data = shift(k.data, (paged ? tokens * kHKV * row : kHKV * row) * elem(a.cache));
        }},
-      {"page size 256", kAll | kPaged, [](DecodeArgs& a) {
-         both(a.cache, [](TensorView& t) { t = view(t.data, t.dtype, {1, 256, kHKV, t.shape[3]}); });
-         if (a.cache.k_scale && a.cache.format != KVFormat::kFP8)
-           both_scales(a.cache, [](TensorView& t) { t = view(t.data, t.dtype, {1, 256, kHKV, t.shape[3]}); });
+      {"page size 256", kAll | kPaged, [](DecodeArgs& a) { set_slots(a.cache, 1, 256); }},
+      {"page size 64", kAll | kPaged, [](DecodeArgs& a) { set_slots(a.cache, 3, 64); }},
+      {"contiguous T_max 96", kAll | kContig, [](DecodeArgs& a) { set_slots(a.cache, kB, 96); }},
+      {"kchannel scales with their own padded strides", kChannel,
+       [](DecodeArgs& a) {
+         TensorView& ks = *a.cache.k_scale;
+         ks.strides[2] = 2 * kD + 8;
+         ks.strides[1] = kHKV * ks.strides[2] + 16;
+         ks.strides[0] = ks.shape[1] * ks.strides[1] + 8;
+         TensorView& vs = *a.cache.v_scale;
+         vs.strides[2] = 4;
+         vs.strides[1] = kHKV * 4 + 2;
+         vs.strides[0] = vs.shape[1] * vs.strides[1];
        }},
+      {"kchannel k_scale and v_scale in one buffer", kChannel,
+       [](DecodeArgs& a) { a.cache.v_scale->data = shift(a.cache.k_scale->data, a.cache.k_scale->numel() * 2); }},
+      {"decode ignores k_residual (any shape or dtype)", kChannel,
+       [](DecodeArgs& a) { a.cache.k_residual = view(a.cache.k.data, DType::kFP32, {3}); }},
       {"softcap, window, negative scale", kAll,
        [](DecodeArgs& a) {
          a.params.softcap = 30.0f;
@@ -589,6 +674,7 @@ AppendArgs make_append(KVFormat f, bool paged) {
   a.v_new = view(b.v_new.data(), DType::kBF16, {kB, kS, kHKV, kD});
   a.positions = view(b.positions.data(), DType::kInt32, {kB});
   a.cache = make_cache(f, paged);
+  if (is_channel(f)) a.cache.k_residual = make_residual();
   return a;
 }
 
@@ -643,16 +729,67 @@ TEST(AppendValidation, EachRuleNamesItsArgument) {
       {"int scale tokens share memory", kIntegers,
        [](AppendArgs& a) { both_scales(a.cache, [](TensorView& t) { t.strides[1] = 0; }); }, "cache.k_scale",
        {"share memory"}},
+      {"kchannel key blocks share memory", kChannel | kContig,  // paged: one block per page
+       [](AppendArgs& a) { a.cache.k_scale->strides[1] = 0; }, "cache.k_scale", {"share memory"}},
+      {"kchannel value tokens share memory", kChannel, [](AppendArgs& a) { a.cache.v_scale->strides[1] = 0; },
+       "cache.v_scale", {"share memory"}},
       {"k inside k_new", kAll, [](AppendArgs& a) { a.k_new.data = a.cache.k.data; }, "cache.k", {"overlap 'k_new'"}},
       {"v inside v_new", kAll, [](AppendArgs& a) { a.v_new.data = a.cache.v.data; }, "cache.v", {"overlap 'v_new'"}},
-      {"k_scale at positions", kIntegers, [](AppendArgs& a) { a.positions.data = a.cache.k_scale->data; },
+      {"k_scale at positions", kIntegers | kChannel, [](AppendArgs& a) { a.positions.data = a.cache.k_scale->data; },
        "cache.k_scale", {"overlap 'positions'"}},
-      {"v_scale inside v_new", kIntegers, [](AppendArgs& a) { a.v_new.data = a.cache.v_scale->data; },
+      {"v_scale inside v_new", kIntegers | kChannel, [](AppendArgs& a) { a.v_new.data = a.cache.v_scale->data; },
        "cache.v_scale", {"overlap 'v_new'"}},
       {"v at the block table", kAll | kPaged, [](AppendArgs& a) { a.cache.block_table->data = a.cache.v.data; },
        "cache.v", {"overlap 'cache.block_table'"}},
       {"fp8 scale inside v", kF8, [](AppendArgs& a) { a.cache.k_scale->data = a.cache.v.data; }, "cache.k_scale",
        {"overlap 'cache.v'"}},
+      // ---- the key residual of the per-channel formats
+      {"no k_residual", kChannel, [](AppendArgs& a) { a.cache.k_residual.reset(); }, "cache.k_residual",
+       {"is required by append_kv for ", "_kchannel caches", "[B, 64, HKV, D]"}},
+      {"k_residual under a per-row format", kAll & ~kChannel,
+       [](AppendArgs& a) { a.cache.k_residual = make_residual(); }, "cache.k_residual",
+       {"must be absent for ", " caches"}},
+      {"k_residual fp16 under bf16 k_new", kChannel, [](AppendArgs& a) { a.cache.k_residual->dtype = DType::kFP16; },
+       "cache.k_residual", {"dtype of 'k_new' (bf16), got fp16"}},
+      {"k_residual fp32", kChannel,
+       [](AppendArgs& a) { a.cache.k_residual->dtype = DType::kFP32; }, "cache.k_residual", {"dtype of 'k_new'"}},
+      {"k_residual of 32 rows", kChannel, [](AppendArgs& a) { a.cache.k_residual->shape[1] = 32; },
+       "cache.k_residual", {"[B, 64, HKV, D]", "[2, 64, 2, 128], got [2, 32, 2, 128]"}},
+      {"k_residual of 3 sequences", kChannel, [](AppendArgs& a) { a.cache.k_residual->shape[0] = 3; },
+       "cache.k_residual", {"[B, 64, HKV, D]"}},
+      {"k_residual of one head", kChannel, [](AppendArgs& a) { a.cache.k_residual->shape[2] = 1; },
+       "cache.k_residual", {"[B, 64, HKV, D]"}},
+      {"k_residual rank 3", kChannel,
+       [](AppendArgs& a) { a.cache.k_residual = view(buffers().res.data(), DType::kBF16, {kB, 64, kHKV * kD}); },
+       "cache.k_residual", {"rank 4"}},
+      {"k_residual D stride", kChannel, [](AppendArgs& a) { a.cache.k_residual->strides[3] = 2; },
+       "cache.k_residual", {"unit stride"}},
+      {"k_residual row stride", kChannel, [](AppendArgs& a) { a.cache.k_residual->strides[2] = kD + 4; },
+       "cache.k_residual", {"dim 2", "multiple of 16 bytes (8 elements of bf16)"}},
+      {"k_residual address", kChannel,
+       [](AppendArgs& a) { a.cache.k_residual->data = shift(a.cache.k_residual->data, 8); }, "cache.k_residual",
+       {"16-byte aligned"}},
+      {"k_residual negative stride", kChannel, [](AppendArgs& a) { a.cache.k_residual->strides[0] *= -1; },
+       "cache.k_residual", {"non-negative"}},
+      {"k_residual slots share memory", kChannel, [](AppendArgs& a) { a.cache.k_residual->strides[1] = 0; },
+       "cache.k_residual", {"share memory"}},
+      {"k_residual inside k", kChannel, [](AppendArgs& a) { a.cache.k_residual->data = a.cache.k.data; },
+       "cache.k_residual", {"overlap 'cache.k'"}},
+      {"k_residual inside v", kChannel, [](AppendArgs& a) { a.cache.k_residual->data = a.cache.v.data; },
+       "cache.k_residual", {"overlap 'cache.v'"}},
+      {"k_residual inside k_scale", kChannel,
+       [](AppendArgs& a) { a.cache.k_residual->data = a.cache.k_scale->data; }, "cache.k_residual",
+       {"overlap 'cache.k_scale'"}},
+      {"k_residual inside v_scale", kChannel,
+       [](AppendArgs& a) { a.cache.k_residual->data = a.cache.v_scale->data; }, "cache.k_residual",
+       {"overlap 'cache.v_scale'"}},
+      {"k_residual at k_new", kChannel, [](AppendArgs& a) { a.k_new.data = a.cache.k_residual->data; },
+       "cache.k_residual", {"overlap 'k_new'"}},
+      {"k_residual at the block table", kChannel | kPaged,
+       [](AppendArgs& a) { a.cache.block_table->data = a.cache.k_residual->data; }, "cache.k_residual",
+       {"overlap 'cache.block_table'"}},
+      {"kchannel page size 16", kChannel | kPaged, [](AppendArgs& a) { set_slots(a.cache, kNumPages, 16); },
+       "cache.k", {"page_size 16 is below the 32-token key block of"}},
   };
   int runs = 0;
   for (const AppendCase& c : cases)
@@ -677,7 +814,11 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
   const std::vector<AppendVariant> variants = {
       {"as made", kAll, [](AppendArgs&) {}},
       {"no new tokens", kAll, [](AppendArgs& a) { a.k_new.shape[1] = a.v_new.shape[1] = 0; }},
-      {"fp16 rows", kQuant, [](AppendArgs& a) { a.k_new.dtype = a.v_new.dtype = DType::kFP16; }},
+      {"fp16 rows", kQuant,
+       [](AppendArgs& a) {
+         a.k_new.dtype = a.v_new.dtype = DType::kFP16;
+         if (a.cache.k_residual) a.cache.k_residual->dtype = DType::kFP16;  // the residual follows k_new
+       }},
       {"fp16 rows into an fp16 cache", kNat,
        [](AppendArgs& a) {
          a.k_new.dtype = a.v_new.dtype = DType::kFP16;
@@ -698,11 +839,27 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
       {"k and v interleaved in one buffer", kAll | kPaged,
        [](AppendArgs& a) {
          const int64_t row = a.cache.k.shape[3];
-         a.cache.k.strides[0] = 2 * kPageSize * kHKV * row;
+         const int64_t page = a.cache.k.shape[1];
+         a.cache.k.strides[0] = 2 * page * kHKV * row;
          a.cache.v = a.cache.k;
-         a.cache.v.data = shift(a.cache.k.data, kPageSize * kHKV * row * elem(a.cache));
+         a.cache.v.data = shift(a.cache.k.data, page * kHKV * row * elem(a.cache));
        }},
       {"fp8 scales shared by k and v", kF8, [](AppendArgs& a) { a.cache.v_scale = a.cache.k_scale; }},
+      {"padded k_residual", kChannel,
+       [](AppendArgs& a) {
+         TensorView& r = *a.cache.k_residual;
+         r.strides[2] = kD + 8;
+         r.strides[1] = kHKV * r.strides[2] + 24;
+         r.strides[0] = kKeyResidualRows * r.strides[1] + 8;
+       }},
+      {"k_residual of one sequence, odd batch stride", kChannel,
+       [](AppendArgs& a) {
+         a.k_new.shape[0] = a.v_new.shape[0] = a.positions.shape[0] = 1;
+         if (a.cache.block_table) a.cache.block_table->shape[0] = 1;
+         else set_slots(a.cache, 1, kT);
+         a.cache.k_residual->shape[0] = 1;
+         a.cache.k_residual->strides[0] = 3;  // a size-1 dim: never used
+       }},
   };
   for (const AppendVariant& v : variants)
     for (KVFormat f : kFormats)
@@ -781,6 +938,16 @@ TEST(DecodeCacheDesc, PageSizesAndScaleModes) {
     EXPECT_EQ(d.capacity, kMaxPages * page);
     EXPECT_EQ(d.num_scale_groups, 1);
   }
+  for (KVFormat f : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int64_t page : {32, 64, 128, 256}) {
+      KVCache c = make_cache(f, true);
+      set_slots(c, 2, page);
+      const CacheDesc d = cache_desc(c);
+      EXPECT_EQ(d.page_size, page);
+      EXPECT_EQ(d.capacity, 2 * page);  // two pages per sequence
+      EXPECT_EQ(d.kc_stride_outer, page / 32 * kHKV * 2 * kD);
+      EXPECT_EQ(d.scale_stride_outer, page * kHKV * 2);
+    }
   KVCache c = make_cache(KVFormat::kFP8, false);
   CacheDesc d = cache_desc(c);
   EXPECT_TRUE(d.fp8_per_head);
@@ -789,6 +956,38 @@ TEST(DecodeCacheDesc, PageSizesAndScaleModes) {
   EXPECT_EQ(d.k_scale, nullptr);
   both_scales(c, [](TensorView& t) { t.shape[0] = 1; });
   EXPECT_FALSE(cache_desc(c).fp8_per_head);
+}
+
+// Per-channel key formats: the key scales' strides (per block) apart from the value scales' (per token).
+TEST(DecodeCacheDesc, ChannelFormatsDescribeBothScaleTensors) {
+  for (KVFormat f : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (bool paged : {false, true}) {
+      SCOPED_TRACE(describe(f, paged));
+      KVCache c = make_cache(f, paged);
+      c.k_scale->strides[2] = 2 * kD + 8;  // padded head rows of the key scales
+      c.k_scale->strides[1] = kHKV * (2 * kD + 8);
+      c.k_scale->strides[0] = c.k_scale->shape[1] * c.k_scale->strides[1] + 64;
+      c.v_scale->strides[2] = 6;
+      c.v_scale->strides[1] = kHKV * 6;
+      c.v_scale->strides[0] = c.v_scale->shape[1] * kHKV * 6;
+      const CacheDesc d = cache_desc(c);
+      EXPECT_TRUE(d.k_channel);
+      EXPECT_EQ(d.num_scale_groups, 1);
+      EXPECT_EQ(d.row_bytes, f == KVFormat::kInt4KChannel ? kD / 2 : kD);
+      EXPECT_EQ(d.capacity, kT);
+      EXPECT_EQ(d.k_scale, c.k_scale->data);
+      EXPECT_EQ(d.v_scale, c.v_scale->data);
+      EXPECT_EQ(d.kc_stride_head, 2 * kD + 8);
+      EXPECT_EQ(d.kc_stride_block, kHKV * (2 * kD + 8));
+      EXPECT_EQ(d.kc_stride_outer, c.k_scale->strides[0]);
+      EXPECT_EQ(d.scale_stride_head, 6);
+      EXPECT_EQ(d.scale_stride_token, kHKV * 6);
+      EXPECT_EQ(d.scale_stride_outer, c.v_scale->strides[0]);
+      EXPECT_EQ(d.k_residual, nullptr);  // decode's description: the residual is append_kv's
+    }
+  const CacheDesc row = cache_desc(make_cache(KVFormat::kInt8, false));
+  EXPECT_FALSE(row.k_channel);
+  EXPECT_EQ(row.kc_stride_head, 0);
 }
 
 TEST(DecodeCacheDesc, SizeOneDimsGetDenseStrides) {
@@ -807,6 +1006,8 @@ TEST(DecodeValidation, FormatNames) {
   EXPECT_STREQ(kv_format_name(KVFormat::kInt8), "int8");
   EXPECT_STREQ(kv_format_name(KVFormat::kInt4), "int4");
   EXPECT_STREQ(kv_format_name(KVFormat::kInt4Group32), "int4_group32");
+  EXPECT_STREQ(kv_format_name(KVFormat::kInt8KChannel), "int8_kchannel");
+  EXPECT_STREQ(kv_format_name(KVFormat::kInt4KChannel), "int4_kchannel");
   EXPECT_STREQ(kv_format_name(static_cast<KVFormat>(9)), "unknown");
 }
 
@@ -882,6 +1083,30 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   EXPECT_EQ(a.new_stride_s, kHKV * kD);
   EXPECT_EQ(a.vnew_stride_h, kD);
   EXPECT_EQ(a.cache.num_scale_groups, 1);
+  EXPECT_EQ(a.cache.k_residual, nullptr);
+
+  // A per-channel cache: append_kv gets the residual's address, dtype and strides (elements).
+  KVCache kc;
+  kc.format = KVFormat::kInt4KChannel;
+  kc.k = dview(at(9), DType::kUInt8, {kB, kT, kHKV, kD / 2});
+  kc.v = dview(at(10), DType::kUInt8, {kB, kT, kHKV, kD / 2});
+  kc.k_scale = dview(at(11), DType::kFP16, {kB, kT / kKeyBlock, kHKV, 2 * kD});
+  kc.v_scale = dview(at(12), DType::kFP16, {kB, kT, kHKV, 2});
+  kc.k_residual = test::strided(at(13), DType::kFP16, {kB, kKeyResidualRows, kHKV, kD},
+                                {kKeyResidualRows * kHKV * (kD + 8), kHKV * (kD + 8), kD + 8, 1});
+  const AppendProblem ac = check_append(kAppend, k_new, v_new, seqlens, kc);
+  EXPECT_TRUE(ac.cache.k_channel);
+  EXPECT_EQ(ac.cache.k_residual, kc.k_residual->data);
+  EXPECT_TRUE(ac.cache.residual_fp16);
+  EXPECT_EQ(ac.cache.res_stride_head, kD + 8);
+  EXPECT_EQ(ac.cache.res_stride_slot, kHKV * (kD + 8));
+  EXPECT_EQ(ac.cache.res_stride_b, kKeyResidualRows * kHKV * (kD + 8));
+  EXPECT_EQ(ac.cache.kc_stride_block, kHKV * 2 * kD);
+  EXPECT_EQ(ac.cache.scale_stride_token, kHKV * 2);
+  // Decode reads no residual: its description has none, given or not.
+  const DecodeProblem dc = check_decode(kDecode, q, kc, seqlens, o, std::nullopt, ws, params);
+  EXPECT_EQ(dc.cache.k_residual, nullptr);
+  EXPECT_TRUE(dc.cache.k_channel);
 }
 
 }  // namespace

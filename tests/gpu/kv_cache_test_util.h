@@ -1,6 +1,11 @@
 // Shared by the decode and append_kv GPU tests: the KV formats under test, random values already rounded to the
 // input dtype, the cache geometry (contiguous or paged, with padding), its host model (data and scale bytes, the
 // quantization rule of attention.h) and its device copy.
+//
+// Per-channel key formats (kInt8KChannel, kInt4KChannel): keys are written a whole 32-slot block at a time
+// (HostCache::put_key_block: codes of the block's rows and the block's per-channel scales in k_scale
+// [outer, slots / 32, HKV, 2·D]); values row by row as kInt8 / kInt4 (put(true, ...)). The cache also has a key
+// residual [B, 64, HKV, D] (16-bit, the dtype CacheGeom::residual_dtype), modelled in HostCache::res.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,14 +47,25 @@ struct Fmt {
   const char* name;
 };
 
-inline const Fmt kFormats[] = {
+inline constexpr Fmt kFormats[] = {
     {KVFormat::kNative, DType::kBF16, false, "native-bf16"}, {KVFormat::kNative, DType::kFP16, false, "native-fp16"},
     {KVFormat::kFP8, DType::kBF16, false, "fp8-tensor"},     {KVFormat::kFP8, DType::kBF16, true, "fp8-head"},
     {KVFormat::kInt8, DType::kBF16, false, "int8"},          {KVFormat::kInt4, DType::kBF16, false, "int4"},
     {KVFormat::kInt4Group32, DType::kBF16, false, "int4-group32"},
 };
 
+// The per-channel key formats: decode and append_kv take them; kept out of kFormats so that a test iterating over
+// kFormats (the append_kv tests' row-wise model) does not meet a format whose keys are written per block.
+inline constexpr Fmt kChannelFormats[] = {
+    {KVFormat::kInt8KChannel, DType::kBF16, false, "int8-kchannel"},
+    {KVFormat::kInt4KChannel, DType::kBF16, false, "int4-kchannel"},
+};
+// Every format decode reads: kFormats' seven (same indices), then the two per-channel ones (7, 8).
+inline constexpr Fmt kDecodeFormats[] = {kFormats[0], kFormats[1], kFormats[2],        kFormats[3],       kFormats[4],
+                                         kFormats[5], kFormats[6], kChannelFormats[0], kChannelFormats[1]};
+
 inline bool is_native(const Fmt& f) { return f.format == KVFormat::kNative; }
+inline bool is_key_channel(const Fmt& f) { return reference::kv_key_per_channel(f.format); }
 
 inline float round_to(DType dt, float x) {
   return dt == DType::kFP16 ? host::fp16_to_f32(host::f32_to_fp16(x)) : host::bf16_to_f32(host::f32_to_bf16(x));
@@ -102,18 +118,28 @@ struct CacheGeom {
   int64_t capacity = 0;   // paged: a multiple of page_size
   int extra_pages = 3;    // paged: pages no sequence uses
   int64_t row_pad = 0;    // bytes after each head row (multiple of 16)
-  int64_t scale_pad = 0;  // fp16 after each head's pairs (multiple of 2)
+  int64_t scale_pad = 0;  // fp16 after each head's pairs (multiple of 2); the per-channel key scales get it
+                          // rounded up to a multiple of 8 (their strides must be whole 16-byte vectors)
   int table_pad = 0;      // paged: block-table entries after each row's max_pages (never to be read)
+  DType residual_dtype = DType::kBF16;  // per-channel formats: k_residual's dtype (append_kv: k_new's)
+  int64_t residual_pad = 0;             // per-channel formats: elements after each residual head row (multiple of 8)
 
   // Derived by finish().
   int row_bytes = 0, NG = 0, max_pages = 0, table_stride = 0;
   int64_t num_outer = 0, slots = 0;  // B and capacity, or num_pages and page_size
   int64_t sh = 0, st = 0, so = 0;    // data strides, bytes
-  int64_t ssh = 0, sst = 0, sso = 0; // scale strides, fp16 elements
+  int64_t ssh = 0, sst = 0, sso = 0; // scale strides, fp16 elements (per-channel formats: v_scale's)
+  // Per-channel key formats only (k_channel): k_scale [num_outer, key_blocks, HKV, 2·D] strides (fp16 elements),
+  // and the residual's [B, 64, HKV, D] strides (elements).
+  bool k_channel = false;
+  int64_t key_blocks = 0;              // slots / 32
+  int64_t kch = 0, kcb = 0, kco = 0;   // head, block, outer
+  int64_t rsh = 0, rss = 0, rsb = 0;   // head, slot, sequence
 
   void finish() {
     row_bytes = reference::kv_row_bytes(fmt.format, D);
     NG = reference::kv_num_scale_groups(fmt.format, D);
+    k_channel = is_key_channel(fmt);
     if (paged) {
       max_pages = static_cast<int>(capacity / page_size);
       table_stride = max_pages + table_pad;
@@ -129,12 +155,25 @@ struct CacheGeom {
     sst = HKV * ssh;
     so = slots * st;
     sso = slots * sst;
+    if (k_channel) {
+      if (slots % kKeyBlock != 0)
+        ADD_FAILURE() << "test geometry: " << fmt.name << " needs a page size / capacity that is a multiple of 32, got "
+                      << slots;
+      key_blocks = slots / kKeyBlock;
+      kch = 2 * D + (scale_pad + 7) / 8 * 8;
+      kcb = HKV * kch;
+      kco = key_blocks * kcb;
+      rsh = D + residual_pad;
+      rss = HKV * rsh;
+      rsb = kKeyResidualRows * rss;
+    }
   }
   DType data_dtype() const {
     switch (fmt.format) {
       case KVFormat::kNative: return fmt.dtype;
       case KVFormat::kFP8: return DType::kFP8E4M3;
-      case KVFormat::kInt8: return DType::kUInt8;
+      case KVFormat::kInt8:
+      case KVFormat::kInt8KChannel: return DType::kUInt8;
       default: return int4x2 ? DType::kInt4x2 : DType::kUInt8;
     }
   }
@@ -154,8 +193,10 @@ struct HostCache {
   CacheGeom g;
   std::vector<uint8_t> k, v;           // [num_outer][slots][HKV] rows of sh bytes
   std::vector<uint16_t> ks, vs;        // [num_outer][slots][HKV] of ssh fp16; empty without pairs
+                                       // (per-channel formats: ks is [num_outer][key_blocks][HKV] of kch fp16)
   std::vector<float> kf, vf;           // kFP8 scales: [1] or [HKV]
   std::vector<int32_t> table;          // paged: [B][table_stride]; the padding names unused (garbage) pages
+  std::vector<uint16_t> res;           // per-channel formats: k_residual [B][64][HKV] of rsh 16-bit keys
 
   // Data filled with `fill` (or random bytes when random_fill), pages shuffled.
   HostCache(const CacheGeom& geom, std::mt19937_64& rng, bool random_fill, uint8_t fill = 0xFF) : g(geom) {
@@ -163,14 +204,16 @@ struct HostCache {
     k.assign(rows * g.sh, fill);
     v.assign(rows * g.sh, fill);
     if (g.NG) {
-      ks.assign(rows * g.ssh, static_cast<uint16_t>(fill * 0x101));
+      ks.assign(g.k_channel ? g.num_outer * g.kco : rows * g.ssh, static_cast<uint16_t>(fill * 0x101));
       vs.assign(rows * g.ssh, static_cast<uint16_t>(fill * 0x101));
     }
+    if (g.k_channel) res.assign(int64_t{g.B} * g.rsb, static_cast<uint16_t>(fill * 0x101));
     if (random_fill) {
       for (auto& b : k) b = static_cast<uint8_t>(rng());
       for (auto& b : v) b = static_cast<uint8_t>(rng());
       for (auto& h : ks) h = static_cast<uint16_t>(rng());
       for (auto& h : vs) h = static_cast<uint16_t>(rng());
+      for (auto& h : res) h = static_cast<uint16_t>(rng());
     }
     if (g.paged) {
       std::vector<int32_t> perm(g.num_outer);
@@ -191,21 +234,52 @@ struct HostCache {
   }
   int64_t data_at(int64_t outer, int64_t slot, int h) const { return outer * g.so + slot * g.st + h * g.sh; }
   int64_t scale_at(int64_t outer, int64_t slot, int h) const { return outer * g.sso + slot * g.sst + h * g.ssh; }
+  // Per-channel formats: the 2·D key scales of the block holding `slot`, and the residual row (b, slot r, h).
+  int64_t key_scale_at(int64_t outer, int64_t slot, int h) const {
+    return outer * g.kco + slot / kKeyBlock * g.kcb + h * g.kch;
+  }
+  int64_t residual_at(int b, int64_t r, int h) const { return b * g.rsb + r * g.rss + h * g.rsh; }
   float fp8_scale(bool is_v, int h) const {
     const std::vector<float>& s = is_v ? vf : kf;
     return s.size() == 1 ? s[0] : s[h];
   }
-  // Quantizes row x (D floats) into the image at (b, t, h), as append_kv would.
+  // Quantizes row x (D floats) into the image at (b, t, h), as append_kv would. Per-channel formats: value rows
+  // only (their keys go in by block: put_key_block).
   void put(bool is_v, int b, int64_t t, int h, const float* x) {
+    if (g.k_channel && !is_v) {
+      ADD_FAILURE() << "HostCache::put: keys of " << g.fmt.name << " are written by block (put_key_block)";
+      return;
+    }
     const auto [outer, slot] = locate(b, t);
     if (outer < 0) return;
     uint16_t* pairs = g.NG ? &(is_v ? vs : ks)[scale_at(outer, slot, h)] : nullptr;
     const float fp8 = g.fmt.format == KVFormat::kFP8 ? fp8_scale(is_v, h) : 1.0f;
     reference::quantize_kv_row(g.fmt.format, x, g.D, g.fmt.dtype, fp8, &(is_v ? v : k)[data_at(outer, slot, h)], pairs);
   }
+  // Per-channel formats: quantizes the key rows x[0..n) ([n][D] floats, n in 1..32) of sequence b, tokens
+  // [t0, t0 + n) with t0 a multiple of 32, head h, as one block (quantize_key_block): their codes and the block's
+  // 2·D scales. The block's other rows are left as they are. Skipped on an invalid page.
+  void put_key_block(int b, int64_t t0, int h, const float* x, int n) {
+    if (!g.k_channel || t0 % kKeyBlock != 0 || n < 1 || n > kKeyBlock) {
+      ADD_FAILURE() << "HostCache::put_key_block: " << g.fmt.name << " t0=" << t0 << " n=" << n;
+      return;
+    }
+    const auto [outer, slot] = locate(b, t0);
+    if (outer < 0) return;
+    std::vector<uint8_t> codes(static_cast<size_t>(n) * g.row_bytes);
+    reference::quantize_key_block(g.fmt.format, x, n, g.D, codes.data(), &ks[key_scale_at(outer, slot, h)]);
+    for (int r = 0; r < n; ++r)  // the rows of a block are consecutive slots of one page
+      std::copy(&codes[static_cast<size_t>(r) * g.row_bytes], &codes[static_cast<size_t>(r + 1) * g.row_bytes],
+                &k[data_at(outer, slot + r, h)]);
+  }
   // The dequantized row at (b, t, h).
   void get(bool is_v, int b, int64_t t, int h, double* out) const {
     const auto [outer, slot] = locate(b, t);
+    if (g.k_channel && !is_v) {
+      reference::dequantize_key_row(g.fmt.format, &k[data_at(outer, slot, h)], &ks[key_scale_at(outer, slot, h)],
+                                    g.D, out);
+      return;
+    }
     const uint16_t* pairs = g.NG ? &(is_v ? vs : ks)[scale_at(outer, slot, h)] : nullptr;
     reference::dequantize_kv_row(g.fmt.format, &(is_v ? v : k)[data_at(outer, slot, h)], pairs, g.D, g.fmt.dtype,
                                  g.fmt.format == KVFormat::kFP8 ? fp8_scale(is_v, h) : 1.0f, out);
@@ -217,10 +291,11 @@ struct DeviceCache {
   DeviceBuffer<uint16_t> ks, vs;
   DeviceBuffer<float> kf, vf;
   DeviceBuffer<int32_t> table;
+  DeviceBuffer<uint16_t> res;  // per-channel formats: k_residual
   KVCache view;
 
   explicit DeviceCache(const HostCache& h)
-      : k(h.k), v(h.v), ks(h.ks), vs(h.vs), kf(h.kf), vf(h.vf), table(h.table) {
+      : k(h.k), v(h.v), ks(h.ks), vs(h.vs), kf(h.kf), vf(h.vf), table(h.table), res(h.res) {
     const CacheGeom& g = h.g;
     const DType dt = g.data_dtype();
     const int64_t es = static_cast<int64_t>(dtype_size(dt));
@@ -229,7 +304,11 @@ struct DeviceCache {
                      {g.so / es, g.st / es, g.sh / es, 1});
     view.v = view.k;
     view.v.data = v.get();
-    if (g.NG) {
+    if (g.k_channel) {
+      view.k_scale = strided(ks.get(), DType::kFP16, {g.num_outer, g.key_blocks, g.HKV, 2 * g.D}, {g.kco, g.kcb, g.kch, 1});
+      view.v_scale = strided(vs.get(), DType::kFP16, {g.num_outer, g.slots, g.HKV, 2}, {g.sso, g.sst, g.ssh, 1});
+      view.k_residual = strided(res.get(), g.residual_dtype, {g.B, kKeyResidualRows, g.HKV, g.D}, {g.rsb, g.rss, g.rsh, 1});
+    } else if (g.NG) {
       view.k_scale = strided(ks.get(), DType::kFP16, {g.num_outer, g.slots, g.HKV, 2 * g.NG}, {g.sso, g.sst, g.ssh, 1});
       view.v_scale = *view.k_scale;
       view.v_scale->data = vs.get();
@@ -245,6 +324,7 @@ struct DeviceCache {
     ks.upload(h.ks);
     vs.upload(h.vs);
     table.upload(h.table);
+    res.upload(h.res);
   }
 };
 

@@ -22,6 +22,8 @@ const char* kv_format_name(KVFormat format) {
     case KVFormat::kInt8: return "int8";
     case KVFormat::kInt4: return "int4";
     case KVFormat::kInt4Group32: return "int4_group32";
+    case KVFormat::kInt8KChannel: return "int8_kchannel";
+    case KVFormat::kInt4KChannel: return "int4_kchannel";
   }
   return "unknown";
 }
@@ -48,8 +50,12 @@ std::string strides_str(const TensorView& t) {
 }
 
 bool supported_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
-bool is_int4(KVFormat f) { return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32; }
-bool is_integer(KVFormat f) { return f == KVFormat::kInt8 || is_int4(f); }
+bool is_int4(KVFormat f) {
+  return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32 || f == KVFormat::kInt4KChannel;
+}
+// Keys with per-channel scales over kKeyBlock-token blocks (k_scale [outer, slots / 32, HKV, 2·D]).
+bool is_key_channel(KVFormat f) { return f == KVFormat::kInt8KChannel || f == KVFormat::kInt4KChannel; }
+bool is_integer(KVFormat f) { return f == KVFormat::kInt8 || f == KVFormat::kInt8KChannel || is_int4(f); }
 
 // A copy of `t` whose dims of size <= 1 get a stride reaching past the dims inside them. Such strides never
 // address memory, so frameworks leave anything there; the rules and the launchers see a harmless value instead.
@@ -182,6 +188,39 @@ std::vector<Named> cache_tensors(const KVCache& cache) {
   return v;
 }
 
+// Per-channel key formats: k_scale holds (scale, offset) per channel over blocks of kKeyBlock slots, v_scale one
+// pair per row as kInt8 / kInt4 do; the two have different shapes, so each gets its own strides.
+void check_channel_scales(const ArgCheck& check, const TensorView& ksv, const TensorView& vsv, const KVCache& cache,
+                          const TensorView& k, int64_t head_dim, CacheDesc& c) {
+  const char* ks = "cache.k_scale";
+  const char* vs = "cache.v_scale";
+  check.dtype(ksv, ks, {DType::kFP16});
+  check_shape(check, ksv, ks, {k.shape[0], k.shape[1] / kKeyBlock, k.shape[2], 2 * head_dim},
+              "[dims 0..1 of cache.k with dim 1 / 32, HKV, 2 * D] (fp16 per-channel scales, then offsets, per "
+              "32-token key block)");
+  check_layout(check, ksv, ks, true, kVectorBytes, kVectorBytes);  // a block's 2·D values move as 16-byte vectors
+  check.dtype(vsv, vs, {DType::kFP16});
+  check_shape(check, vsv, vs, {k.shape[0], k.shape[1], k.shape[2], 2},
+              "[dims 0..2 of cache.k, 2] (fp16 (scale, offset) pairs of the value rows)");
+  check_layout(check, vsv, vs, true, 4, 4);  // pairs move as 4-byte words
+  // Different shapes: no fused (interleaved) layout to allow, the extents must be apart.
+  check.no_overlap(ksv, ks, vsv, vs);
+  for (const Named& s : {Named{&ksv, ks}, Named{&vsv, vs}}) {
+    check.no_overlap(cache.k, "cache.k", *s.t, s.name);
+    check.no_overlap(cache.v, "cache.v", *s.t, s.name);
+  }
+  c.k_channel = true;
+  c.num_scale_groups = 1;
+  c.k_scale = static_cast<const uint16_t*>(ksv.data);
+  c.v_scale = static_cast<const uint16_t*>(vsv.data);
+  c.kc_stride_outer = ksv.strides[0];
+  c.kc_stride_block = ksv.strides[1];
+  c.kc_stride_head = ksv.strides[2];
+  c.scale_stride_outer = vsv.strides[0];
+  c.scale_stride_token = vsv.strides[1];
+  c.scale_stride_head = vsv.strides[2];
+}
+
 void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView& k, int64_t head_dim, CacheDesc& c) {
   const char* ks = "cache.k_scale";
   const char* vs = "cache.v_scale";
@@ -218,6 +257,11 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
       check.no_overlap(cache.k, "cache.k", *s.t, s.name);
       check.no_overlap(cache.v, "cache.v", *s.t, s.name);
     }
+    return;
+  }
+
+  if (is_key_channel(format)) {
+    check_channel_scales(check, ksv, vsv, cache, k, head_dim, c);
     return;
   }
 
@@ -258,8 +302,8 @@ void check_cache_devices(const ArgCheck& check, const KVCache& cache) {
 CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64_t head_dim, DType native_dtype) {
   const ArgCheck check(op);
   const KVFormat format = cache.format;
-  if (static_cast<int>(format) < 0 || static_cast<int>(format) > static_cast<int>(KVFormat::kInt4Group32))
-    check.fail("cache.format", "must be a KVFormat (0..4), got " + str(static_cast<int>(format)));
+  if (static_cast<int>(format) < 0 || static_cast<int>(format) > static_cast<int>(KVFormat::kInt4KChannel))
+    check.fail("cache.format", "must be a KVFormat (0..6), got " + str(static_cast<int>(format)));
   if (!supported_head_dim(head_dim))  // the callers reject it first, naming their own argument
     check.fail("cache.k", "cannot hold head dim " + str(head_dim) + " (D must be 64, 128 or 256)");
 
@@ -273,7 +317,8 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
                                   " (kNative caches hold rows of the dtype of q / k_new), got " + dtype_name(k.dtype));
       break;
     case KVFormat::kFP8: check.dtype(k, "cache.k", {DType::kFP8E4M3}); break;
-    case KVFormat::kInt8: check.dtype(k, "cache.k", {DType::kUInt8}); break;
+    case KVFormat::kInt8:
+    case KVFormat::kInt8KChannel: check.dtype(k, "cache.k", {DType::kUInt8}); break;
     default: check.dtype(k, "cache.k", {DType::kUInt8, DType::kInt4x2}); break;
   }
   check.rank(k, "cache.k", 4);
@@ -307,6 +352,9 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
     if (page_size < kMinPageSize || page_size > kMaxPageSize || (page_size & (page_size - 1)) != 0)
       check.fail("cache.k", "must have a page size (dim 1; paged, as a block table is given) that is a power of two "
                             "in [16, 256], got shape " + k.shape_str());
+    if (is_key_channel(format) && page_size % kKeyBlock != 0)
+      check.fail("cache.k", "must have a page size (dim 1) that is a multiple of 32: page_size " + str(page_size) +
+                                " is below the 32-token key block of " + kv_format_name(format) + " caches");
     if (k.shape[0] < 1) check.fail("cache.k", "must have at least one page (dim 0), got shape " + k.shape_str());
     if (max_pages >= kMaxPositions / page_size)
       check.fail(arg, "must address fewer than 2^31 tokens per sequence (max_pages * page_size; positions are "
@@ -324,6 +372,9 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
     if (k.shape[1] >= kMaxPositions)
       check.fail("cache.k", "must hold fewer than 2^31 tokens per sequence (T_max, dim 1; positions are int32), got "
                             "shape " + k.shape_str());
+    if (is_key_channel(format) && k.shape[1] % kKeyBlock != 0)
+      check.fail("cache.k", "must have T_max (dim 1) a multiple of 32, the key block of " +
+                                std::string(kv_format_name(format)) + " caches, got shape " + k.shape_str());
     c.num_pages = batch;
     c.capacity = k.shape[1];
   }
@@ -355,6 +406,11 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
       check.fail("cache.k", "must have strides below 2^40 bytes (the TMA limit), got " + str(k.strides[d]) +
                             " elements in dim " + str(d));
 
+  // Only the per-channel formats have a residual. check_append checks it; decode never reads it, so there it is
+  // ignored, whatever it holds (neither validated nor passed on).
+  if (cache.k_residual && !is_key_channel(format))
+    check.fail("cache.k_residual", std::string("must be absent for ") + kv_format_name(format) +
+                                       " caches (only the per-channel key formats keep one)");
   check_scales(check, cache, k, head_dim, c);
   return c;
 }
@@ -573,12 +629,32 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
   const CacheDesc c = check_cache(op, cache, B, D, k_new.dtype);
   check.dim(k_new, "k_new", 2, c.num_kv_heads, "HKV, cache.k.shape[2]");
 
+  // ---- the per-channel formats' key residual: append_kv re-quantizes a block from it (read) and keeps the new
+  // keys in it (written), so it is one more output
+  std::optional<TensorView> residual;
+  if (is_key_channel(cache.format)) {
+    const char* arg = "cache.k_residual";
+    if (!cache.k_residual)
+      check.fail(arg, std::string("is required by append_kv for ") + kv_format_name(cache.format) +
+                          " caches (the last 64 keys of each sequence, [B, 64, HKV, D] in the dtype of k_new)");
+    residual = normalized(*cache.k_residual);
+    check.same_dtype(k_new, "k_new", *residual, arg);
+    check_shape(check, *residual, arg, {B, kKeyResidualRows, c.num_kv_heads, D},
+                "[B, 64, HKV, D] (B of k_new, the last 64 keys of each sequence)");
+    check_layout(check, *residual, arg, true, kVectorBytes, kVectorBytes);  // rows move as 16-byte vectors
+  }
+
   // ---- memory: the cache is the output here. Its rows must not alias each other (two writers would race),
   // nor any input. fp8 scales are inputs; check_cache kept them off the data.
   std::vector<Named> outputs = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
   if (is_integer(cache.format)) {
     outputs.push_back({&*cache.k_scale, "cache.k_scale"});
     outputs.push_back({&*cache.v_scale, "cache.v_scale"});
+  }
+  // check_cache kept the data and the scales apart; the residual is apart from all of them.
+  if (residual) {
+    for (const Named& t : outputs) check.no_overlap(*t.t, t.name, *cache.k_residual, "cache.k_residual");
+    outputs.push_back({&*cache.k_residual, "cache.k_residual"});
   }
   for (const Named& t : outputs) check_no_self_overlap(check, normalized(*t.t), t.name);
   std::vector<Named> inputs = {{&k_new_in, "k_new"}, {&v_new_in, "v_new"}, {&positions_in, "positions"}};
@@ -591,6 +667,7 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
   check.on_current_device(v_new, "v_new");
   check.on_current_device(positions, "positions");
   check_cache_devices(check, cache);
+  if (residual) check.on_current_device(*residual, "cache.k_residual");
 
   AppendProblem p;
   p.cache = c;
@@ -606,6 +683,13 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
   p.vnew_stride_s = v_new.strides[1];
   p.vnew_stride_h = v_new.strides[2];
   p.positions = static_cast<const int32_t*>(positions.data);
+  if (residual) {
+    p.cache.k_residual = residual->data;
+    p.cache.residual_fp16 = residual->dtype == DType::kFP16;
+    p.cache.res_stride_b = residual->strides[0];
+    p.cache.res_stride_slot = residual->strides[1];
+    p.cache.res_stride_head = residual->strides[2];
+  }
   return p;
 }
 

@@ -35,6 +35,17 @@ struct CacheDesc {
   int64_t scale_stride_token = 0;
   int64_t scale_stride_head = 0;
 
+  // Per-channel key formats (kInt8KChannel, kInt4KChannel): k_scale holds [outer, block, head, 2·D] fp16 (scales,
+  // then offsets) with these strides (fp16 elements); the strides above then describe v_scale only.
+  bool k_channel = false;
+  int64_t kc_stride_outer = 0;
+  int64_t kc_stride_block = 0;
+  int64_t kc_stride_head = 0;
+  // Their 16-bit key residual [B, kKeyResidualRows, HKV, D] (append_kv only; null for decode), strides in elements.
+  const void* k_residual = nullptr;
+  bool residual_fp16 = false;
+  int64_t res_stride_b = 0, res_stride_slot = 0, res_stride_head = 0;
+
   const float* k_fp8_scale = nullptr;  // kFP8: [1] or [HKV]
   const float* v_fp8_scale = nullptr;
   bool fp8_per_head = false;
