@@ -8,9 +8,16 @@ namespace tessera::attention::detail {
 
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = 32 * kDecodeWarps;
-// Bits per cached element: 16 (bf16/fp16), 8 (fp8, int8), 4 (both int4 formats).
+// Bits per cached element: 16 (bf16/fp16), 8 (fp8, the int8 formats), 4 (the int4 formats).
 constexpr int decode_elem_bits(KVFormat format) {
-  return format == KVFormat::kNative ? 16 : (format == KVFormat::kFP8 || format == KVFormat::kInt8 ? 8 : 4);
+  return format == KVFormat::kNative ? 16
+         : (format == KVFormat::kFP8 || format == KVFormat::kInt8 || format == KVFormat::kInt8KChannel) ? 8
+                                                                                                          : 4;
+}
+// Per-channel key scales (kInt8KChannel, kInt4KChannel): keys carry one (scale, offset) per channel and 32-token
+// block instead of one pair per row.
+constexpr bool decode_key_channel(KVFormat format) {
+  return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
 }
 
 // Tokens one warp takes per pipeline step (one TMA box of key rows and one of value rows, one barrier wait, one
@@ -33,6 +40,7 @@ struct DecodeConfig {
   int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
   int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
   int const_off;     // kDecodeConstBytes of constants after the barriers (the value-centring mma operand)
+  int qp_off;        // per-channel keys: each warp's scaled query fragments (q_bytes each), after the constants
   int stages;        // tiles in flight per warp (ring depth)
   int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
   int smem_bytes;    // dynamic shared memory per CTA
@@ -40,16 +48,20 @@ struct DecodeConfig {
 
 constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles) {
   const int bits = decode_elem_bits(format);
-  const bool pairs = format == KVFormat::kInt8 || bits == 4;
+  const bool pairs = format == KVFormat::kInt8 || format == KVFormat::kInt8KChannel || bits == 4;
+  const bool key_channel = decode_key_channel(format);
   const int groups = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
   DecodeConfig c{};
-  // Per warp and stage: key rows and value rows of head_dim * bits / 8 bytes, and their scale pairs.
+  // Per warp and stage: key rows and value rows of head_dim * bits / 8 bytes, and their scale pairs (per-channel
+  // keys: the block's 2·D fp16 scales and offsets, then the value rows' pairs).
   const int rows = decode_stage_rows(format, head_dim);
-  c.stage_bytes = 2 * rows * (head_dim * bits / 8) + (pairs ? 2 * rows * 4 * groups : 0);
+  c.stage_bytes = 2 * rows * (head_dim * bits / 8) +
+                  (!pairs ? 0 : key_channel ? 4 * head_dim + rows * 4 : 2 * rows * 4 * groups);
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
   // Besides the ring: the alignment slack of the dynamic base, the mbarriers (8 stages at most), the constants.
-  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + kDecodeConstBytes;
+  const int qp_bytes = key_channel ? kDecodeWarps * c.q_bytes : 0;
+  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + kDecodeConstBytes + qp_bytes;
   // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
   // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
   // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
@@ -72,7 +84,8 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   const int staging = kDecodeWarps * c.stages * c.stage_bytes;
   c.bar_off = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
   c.const_off = c.bar_off + kDecodeWarps * c.stages * 8;
-  c.smem_bytes = kDecodeSmemAlign + c.const_off + kDecodeConstBytes;
+  c.qp_off = c.const_off + kDecodeConstBytes;
+  c.smem_bytes = kDecodeSmemAlign + c.qp_off + qp_bytes;
   return c;
 }
 

@@ -72,6 +72,7 @@ struct DecodeLayout {
   static constexpr int kPairRingOff = kQBytes + kDecodeWarps * kStages * T::kDataBytes;
   static constexpr int kBarOff = kCfg.bar_off;
   static constexpr int kConstOff = kCfg.const_off;
+  static constexpr int kQpOff = kCfg.qp_off;  // per-channel keys: [warp][n-tile][k-step][lane] uint2
   static constexpr int kBytes = kCfg.smem_bytes;  // with kDecodeSmemAlign of slack for aligning the base
 };
 
@@ -239,11 +240,26 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
                                           (tok & (cd.page_size - 1)) * cd.scale_stride_token
                                     : scale_base + tok * cd.scale_stride_token;
       uint8_t* dst = my_pairs + stage * T::kPairBytes + pair_pos(row) * T::kPairRowBytes;
+      if constexpr (T::kKChannel) {
+        // The stage's key block (one: stages are kRows-aligned and kRows <= kKeyBlock): its D scales and D offsets,
+        // 16 bytes per lane and copy. A page that is not valid reads nothing (its logits are masked anyway).
+        const bool block_ok = (ok & 1u) != 0;
+        const int64_t kat =
+            !block_ok ? 0
+            : cd.paged ? outer[0] * cd.kc_stride_outer + ((tok0 & (cd.page_size - 1)) / kKeyBlock) * cd.kc_stride_block +
+                             kvh * cd.kc_stride_head
+                       : b * cd.kc_stride_outer + (tok0 / kKeyBlock) * cd.kc_stride_block + kvh * cd.kc_stride_head;
+        uint8_t* kdst = my_pairs + stage * T::kPairBytes;
+#pragma unroll
+        for (int q = lane; q < kD / 4; q += 32)  // 4·D bytes in 16-byte pieces
+          ptx::cp_async_zfill<16>(ptx::smem_u32(kdst + 16 * q), cd.k_scale + kat + 8 * q, block_ok ? 16 : 0);
+      }
 #pragma unroll
       for (int kv = 0; kv < 2 * kRows / 32; ++kv) {  // 0: keys, 1: values (32-row stages)
         const bool values = kRows == 32 ? kv == 1 : lane >= 16;
+        if (T::kKChannel && !values) continue;  // the keys' scales came above
         const uint16_t* gs = (values ? cd.v_scale : cd.k_scale) + at;
-        uint8_t* d = dst + (values ? kRows * T::kPairRowBytes : 0);
+        uint8_t* d = dst + (values ? T::kKeyPairBytes : 0);
 #pragma unroll
         for (int g = 0; g < T::kGroups; ++g)
           ptx::cp_async_zfill<4>(ptx::smem_u32(d + 4 * g), gs + 2 * g, copy ? 4 : 0);  // 0: reads nothing
@@ -301,7 +317,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // Folded formats: Σ_d q_hd of the fp16 query values (qsum), and of the values as fed (qsum_fed: with int4's
   // odd D positions at 1/16; those are the fragments' second registers), for this lane's heads 2c, 2c + 1.
   float qsum[kNT][2] = {}, qsum_fed[kNT][2] = {};
-  if constexpr (T::kFold) {
+  if constexpr (T::kKeyRowFold) {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       float part[2] = {0.0f, 0.0f};  // even-position and odd-position registers
@@ -377,6 +393,44 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     // Inf) are zeroed in the fragments. A stage inside every token's range needs no selection.
     const int tok0 = tile_tok0(i);
     const uint32_t halves_ok = (page_ok_bits >> (kHalves * stage)) & kHalfMask;
+
+    // Per-channel keys: s_t = Σ_d q_d (σ_d c_td + ω_d) = Σ_d (q_d σ_d)(bias + u_d c_td) - bias Σ_d q_d σ_d + Σ_d q_d ω_d.
+    // The scaled query q' = q σ (fp16; the fragments already carry int4's 1/16 at odd positions) is this stage's B
+    // operand; the second term starts the S^T accumulators (an mma of q' with the constant A = -bias), the third
+    // (kap) is added per head: an mma of the unscaled fragments with A rows 0..7 = the offsets at even positions
+    // and rows 8..15 = those at odd positions, so that int4's odd sum can be multiplied back by 16 exactly.
+    // q' goes to this warp's own fragment block in shared memory (registers cannot hold it beside the stage's keys).
+    uint2* qp = reinterpret_cast<uint2*>(smem + L::kQpOff) + warp * (kNT * kKSteps * 32);
+    float bias0[kNT][2] = {}, kap[kNT][2] = {};
+    if constexpr (T::kKChannel) {
+      const uint8_t* kparams = my_pairs + stage * T::kPairBytes;
+      constexpr uint32_t kMinusBias = 0xe400e400u;  // fp16x2 (-1024, -1024)
+      const uint32_t minus_bias[4] = {kMinusBias, kMinusBias, kMinusBias, kMinusBias};
+      float bacc[kNT][4] = {}, wacc[kNT][4] = {};
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t sx, sy, wx, wy;
+        kc_params<T>(kparams, c, ks, sx, sy, wx, wy);
+        const uint32_t wa[4] = {wx, T::kOddUnit ? 0u : wx, T::kOddUnit ? 0u : wy, wy};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const uint2 qf = q_frag[(nt * kKSteps + ks) * 32 + lane];
+          const uint2 qs = make_uint2(fp16_bits2(__hmul2(as_half2(qf.x), as_half2(sx))),
+                                      fp16_bits2(__hmul2(as_half2(qf.y), as_half2(sy))));
+          qp[(nt * kKSteps + ks) * 32 + lane] = qs;
+          ptx::mma_m16n8k16<true>(bacc[nt], minus_bias, qs.x, qs.y);
+          ptx::mma_m16n8k16<true>(wacc[nt], wa, qf.x, qf.y);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          bias0[nt][h] = bacc[nt][h];
+          // int8 (no odd unit): rows r and r + 8 both hold the whole sum.
+          kap[nt][h] = T::kOddUnit ? fmaf(kInt4OddUnit, wacc[nt][h + 2], wacc[nt][h]) : wacc[nt][h];
+        }
+    }
     const bool partial = lo_of(len) > tok0 || lim_first() - tok0 < kRows || halves_ok != kHalfMask;
     auto row_ok = [&](int row) { return attended(row, tok0, halves_ok); };
 
@@ -385,6 +439,14 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     // half, measured no better in an interleaved A/B: v8c in docs/perf/decode.md.)
     constexpr int kSplitK = kHalves == 2 ? 1 : 2;
     float sacc[kNT][kHalves * kSplitK][4] = {};
+    if constexpr (T::kKChannel) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int m = 0; m < kHalves; ++m)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sacc[nt][m * kSplitK][k] = bias0[nt][k & 1];
+    }
 #pragma unroll
     for (int j = 0; j < T::kKChunks; ++j) {
 #pragma unroll
@@ -407,7 +469,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
           const uint32_t ka[4] = {kf[0][2 * sub], kf[1][2 * sub], kf[0][2 * sub + 1], kf[1][2 * sub + 1]};
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
-            const uint2 qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
+            const uint2 qb = (T::kKChannel ? qp : q_frag)[(nt * kKSteps + ks) * 32 + lane];
             ptx::mma_m16n8k16<kF16>(sacc[nt][m * kSplitK + (ks & (kSplitK - 1))], ka, qb.x, qb.y);
           }
         }
@@ -420,7 +482,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
     for (int m = 0; m < kHalves; ++m) {
       float sc[2] = {qk_mul, qk_mul}, shb[2] = {0.0f, 0.0f}, sho[2] = {0.0f, 0.0f};
-      if constexpr (T::kFold) {
+      if constexpr (T::kKeyRowFold) {
         const uint2 kp = *reinterpret_cast<const uint2*>(pairs + (16 * m + 2 * r) * T::kPairRowBytes);
         const float2 p0 = half2_to_float2(kp.x), p1 = half2_to_float2(kp.y);  // (scale, offset) of rows r, r + 8
         sc[0] = p0.x * qk_mul;
@@ -438,7 +500,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
           for (int e = 1; e < kSplitK; ++e) acc += sacc[nt][m * kSplitK + e][k];
           float v = acc * qk_mul;
-          if constexpr (T::kFold)
+          if constexpr (T::kKChannel)
+            v = (acc + kap[nt][k & 1]) * qk_mul;
+          else if constexpr (T::kKeyRowFold)
             v = fmaf(sc[k >> 1], acc, fmaf(qsum_fed[nt][k & 1], shb[k >> 1], qsum[nt][k & 1] * sho[k >> 1]));
           if (capped) v = cap_log2 * tanhf(v);
           x[nt][m][k] = v;
@@ -516,7 +580,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       // see the centred codes).
       float vs[2] = {1.0f, 1.0f}, vw[2] = {0.0f, 0.0f};
       if constexpr (T::kFold) {
-        const uint2 vp = *reinterpret_cast<const uint2*>(pairs + (kRows + 16 * m + 2 * r) * T::kPairRowBytes);
+        const uint2 vp =
+            *reinterpret_cast<const uint2*>(pairs + T::kKeyPairBytes + (16 * m + 2 * r) * T::kPairRowBytes);
         const float2 p0 = half2_to_float2(vp.x), p1 = half2_to_float2(vp.y);
         vs[0] = p0.x;
         vs[1] = p1.x;
@@ -578,8 +643,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
           if constexpr (T::kGrouped) {
             const int g = (r + 8 * j) * T::kVChunkElems / kInt4GroupSize;
             const int t0 = 16 * m + 2 * c + 8 * hi;
-            pair0 = *reinterpret_cast<const uint32_t*>(pairs + (kRows + pair_pos(t0)) * T::kPairRowBytes + 4 * g);
-            pair1 = *reinterpret_cast<const uint32_t*>(pairs + (kRows + pair_pos(t0 + 1)) * T::kPairRowBytes + 4 * g);
+            pair0 = *reinterpret_cast<const uint32_t*>(pairs + T::kKeyPairBytes + pair_pos(t0) * T::kPairRowBytes + 4 * g);
+            pair1 =
+                *reinterpret_cast<const uint32_t*>(pairs + T::kKeyPairBytes + pair_pos(t0 + 1) * T::kPairRowBytes + 4 * g);
           }
           decode_v<T, T::kVChunk / 4>(w0, w1, pair0, pair1, hi ? vhi : vlo);
         }

@@ -43,10 +43,16 @@ struct KVTraits {
   static constexpr int kD = kHeadDim;
   static constexpr bool kNative = kFormat == KVFormat::kNative;
   static constexpr bool kFP8 = kFormat == KVFormat::kFP8;
-  static constexpr bool kInt4 = kFormat == KVFormat::kInt4 || kFormat == KVFormat::kInt4Group32;
-  static constexpr bool kPairs = kFormat == KVFormat::kInt8 || kInt4;  // fp16 (scale, offset) per row or group
+  static constexpr bool kInt4 =
+      kFormat == KVFormat::kInt4 || kFormat == KVFormat::kInt4Group32 || kFormat == KVFormat::kInt4KChannel;
+  // fp16 (scale, offset) per row or group (of the values, and of the keys unless kKChannel)
+  static constexpr bool kPairs = kFormat == KVFormat::kInt8 || kFormat == KVFormat::kInt8KChannel || kInt4;
   static constexpr bool kGrouped = kFormat == KVFormat::kInt4Group32;
   static constexpr bool kFold = kPairs && !kGrouped;  // row-wise scales applied per token, not per element
+  // Per-channel key scales over 32-token blocks: folded into the query per stage (kc_params below); the values
+  // keep row-wise pairs (kFold).
+  static constexpr bool kKChannel = decode_key_channel(kFormat);
+  static constexpr bool kKeyRowFold = kFold && !kKChannel;
   // fp16 value of code 0 as the folded formats feed it (in units of the code; int4 odd D positions carry a unit
   // of 16, see int4_pattern). Keys: 1024 + c. Values go in as 1024 + u c too, but are centred (u (c - 8),
   // c - 128) inside the tensor cores: before each 16-token value mma the kernel issues one with the constant
@@ -89,7 +95,10 @@ struct KVTraits {
   static constexpr int kTileBytes = kRows * kRowBytes;
   static constexpr int kDataBytes = 2 * kTileBytes;
   static constexpr int kPairRowBytes = 4 * kGroups;
-  static constexpr int kPairBytes = kPairs ? 2 * kRows * kPairRowBytes : 0;
+  // The stage's key part of the pair ring: kRows row pairs, or (kKChannel) the block's D scales then D offsets.
+  static constexpr int kKeyPairBytes = !kPairs ? 0 : kKChannel ? 4 * kD : kRows * kPairRowBytes;
+  static constexpr int kPairBytes = kPairs ? kKeyPairBytes + kRows * kPairRowBytes : 0;
+  static_assert(!kKChannel || kRows <= kKeyBlock, "a stage lies inside one key block");
   static constexpr int kStageBytes = kDataBytes + kPairBytes;
   static_assert(kTileBytes % (8 * kSwizzle) == 0, "each block must start on its swizzle pattern's repeat");
 };
@@ -170,6 +179,35 @@ __device__ __forceinline__ uint32_t int4_dequant(uint32_t x, uint32_t x8, __half
   const __half2 magic = __half2half2(__ushort_as_half(0x6400));
   const __half2 uc = __hsub2(as_half2(int4_pattern<p>(x, x8)), magic);  // u_p * code, exact
   return fp16_bits2(__hfma2(uc, (p & 1) ? scale16 : scale, offset));
+}
+
+// Per-channel keys: the block's scales (sx, sy) and offsets (wx, wy) at the D positions of k-step ks of lane column
+// c, as fp16x2 in the order of the B fragment's two registers (x: k_dim(c, 4ks), k_dim(c, 4ks + 1); y: + 2, + 3).
+// `params` is the stage's key part of the pair ring: D fp16 scales in channel order, then D offsets. Lane column c
+// covers the channels [c·D/4, (c+1)·D/4); int8 keys take them in order, int4 keys in the decoder's emit order
+// (0, 4, 1, 5, 2, 6, 3, 7 within each 8 channels).
+template <class T>
+__device__ __forceinline__ void kc_params(const uint8_t* params, int c, int ks, uint32_t& sx, uint32_t& sy,
+                                          uint32_t& wx, uint32_t& wy) {
+  if constexpr (T::kInt4) {
+    const int at = 2 * (c * (T::kD / 4) + 8 * (ks / 2));  // bytes: the 8-channel group of this k-step
+    const uint4 s = *reinterpret_cast<const uint4*>(params + at);
+    const uint4 w = *reinterpret_cast<const uint4*>(params + 2 * T::kD + at);
+    const uint32_t s_lo = (ks & 1) ? s.y : s.x, s_hi = (ks & 1) ? s.w : s.z;  // channels (2, 3 | 0, 1), (6, 7 | 4, 5)
+    const uint32_t w_lo = (ks & 1) ? w.y : w.x, w_hi = (ks & 1) ? w.w : w.z;
+    sx = __byte_perm(s_lo, s_hi, 0x5410);
+    sy = __byte_perm(s_lo, s_hi, 0x7632);
+    wx = __byte_perm(w_lo, w_hi, 0x5410);
+    wy = __byte_perm(w_lo, w_hi, 0x7632);
+  } else {
+    const int at = 2 * (c * (T::kD / 4) + 4 * ks);
+    const uint2 s = *reinterpret_cast<const uint2*>(params + at);
+    const uint2 w = *reinterpret_cast<const uint2*>(params + 2 * T::kD + at);
+    sx = s.x;
+    sy = s.y;
+    wx = w.x;
+    wy = w.y;
+  }
 }
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x16) {

@@ -139,6 +139,8 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
     case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, stream); break;
     case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, stream); break;
     case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
+    case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, stream); break;
+    case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, stream); break;
   }
   if (pb.num_splits > 1) {
     cudaLaunchConfig_t cfg{};
