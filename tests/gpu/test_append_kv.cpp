@@ -1,7 +1,8 @@
 // append_kv on the GPU against the host quantization (src/reference/attention_reference.h): the cache pre-filled
 // with random bytes; after the call every byte of data and scales must equal the host quantization where a row was
 // written and the pre-fill elsewhere. Includes the fixed regression case of issue 14 (a replay that read positions
-// uploaded on another stream).
+// uploaded on another stream). The per-channel key formats (keys re-quantized per 32-token block from k_residual)
+// have their own tests at the end: sequences of calls against a host model of the whole cache.
 #include "gpu/kv_cache_test_util.h"
 
 namespace tessera::attention {
@@ -186,7 +187,8 @@ class AppendKvGpu : public ::testing::Test {
 
 TEST_F(AppendKvGpu, WritesExactlyTheHostQuantization) {
   int idx = 0;
-  for (const Fmt& fmt : kFormats)
+  for (const Fmt& fmt : kFormats) {
+    if (reference::kv_key_per_channel(fmt.format)) continue;  // keys per channel: the tests below
     for (bool paged : {false, true})
       for (int S : {1, 3, 8}) {
         const AppendCase c = append_case(fmt, paged, S, idx++);
@@ -199,6 +201,7 @@ TEST_F(AppendKvGpu, WritesExactlyTheHostQuantization) {
         fx.expect_append(pos);
         fx.compare();
       }
+  }
 }
 
 TEST_F(AppendKvGpu, CudaGraphReplaysWithNewPositions) {
@@ -277,6 +280,567 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
   EXPECT_EQ(k_row, want.data_at(9, 15, 0) / c.g.sh);  // outer 9, slot 15, head 0
   EXPECT_EQ(after_first.k[want.data_at(9, 15, 0)], 147);
   EXPECT_EQ(want.k[want.data_at(9, 15, 0)], 92);
+}
+
+// ---- per-channel key formats (kInt8KChannel, kInt4KChannel) ------------------------------------------------------
+// A sequence of append_kv calls per test (mixed S, rejects of up to 32 tokens, sequences at different lengths, parked
+// ones, positions past the capacity, invalid pages) against a host model of the whole cache: key codes, the key
+// blocks' scales, value rows and pairs, and k_residual, all poisoned (0xA5) at the start and updated call by call by
+// the rule of attention.h. After every call the device must equal the model byte for byte everywhere, so nothing
+// outside the rows, blocks and residual slots a call writes may change. Independently of the model's bookkeeping,
+// every stored block of every sequence must then equal quantize_key_block over the sequence's current keys of that
+// block, every stored value row its quantization, and the residual the keys of its guaranteed slots.
+
+constexpr uint8_t kPoison = 0xA5;
+
+// floor(x / 32) for any sign: the key block of position x.
+int64_t key_block_of(int64_t x) { return x >= 0 ? x / kKeyBlock : -((-x + kKeyBlock - 1) / kKeyBlock); }
+
+struct KcCase {
+  KVFormat format = KVFormat::kInt8KChannel;
+  int D = 128, B = 4, HKV = 2;
+  bool paged = false;
+  int page_size = 0;
+  int64_t capacity = 256;   // paged: a multiple of page_size
+  DType new_dtype = DType::kBF16;
+  bool fused = false;       // k_new / v_new interleaved in one [B, max_new, 2, HKV, D] buffer
+  bool int4x2 = false;      // kInt4KChannel data as kInt4x2 instead of kUInt8
+  int64_t row_pad = 0;      // bytes after each data head row (multiple of 16)
+  int64_t kscale_pad = 0;   // fp16 after each head's 2·D key parameters (multiple of 8)
+  int64_t vscale_pad = 0;   // fp16 after each value pair (multiple of 2)
+  int64_t res_pad = 0;      // elements after each residual head row (multiple of 8)
+  int table_pad = 0;        // paged: block-table entries after each row's max_pages
+  int max_new = 100;        // the largest S of the calls: k_new's batch stride
+  std::string describe() const {
+    std::string s = std::string(kv_format_name(format)) + " D=" + std::to_string(D) + " HKV=" + std::to_string(HKV) +
+                    " B=" + std::to_string(B) + " cap=" + std::to_string(capacity);
+    s += paged ? " paged/" + std::to_string(page_size) : std::string(" contiguous");
+    s += new_dtype == DType::kFP16 ? " new=fp16" : " new=bf16";
+    if (fused) s += " fused-kv";
+    if (int4x2) s += " int4x2";
+    if (row_pad || kscale_pad || vscale_pad || res_pad || table_pad)
+      s += " pads " + std::to_string(row_pad) + "B/" + std::to_string(kscale_pad) + "/" + std::to_string(vscale_pad) +
+           "/" + std::to_string(res_pad) + "/" + std::to_string(table_pad);
+    return s;
+  }
+};
+
+class KcFixture {
+ public:
+  KcFixture(const KcCase& c, uint64_t seed) : c_(c), rng_(seed), filler_(seed ^ 0x5DEECE66Dull) {
+    const int B = c.B, HKV = c.HKV, D = c.D;
+    row_bytes_ = reference::kv_row_bytes(c.format, D);
+    if (c.paged) {
+      max_pages_ = static_cast<int>(c.capacity / c.page_size);
+      table_stride_ = max_pages_ + c.table_pad;
+      num_outer_ = int64_t{B} * max_pages_ + 3;  // 3 pages no sequence uses
+      slots_ = c.page_size;
+    } else {
+      num_outer_ = B;
+      slots_ = c.capacity;
+    }
+    sh_ = row_bytes_ + c.row_pad;
+    st_ = HKV * sh_;
+    so_ = slots_ * st_;
+    vsh_ = 2 + c.vscale_pad;
+    vst_ = HKV * vsh_;
+    vso_ = slots_ * vst_;
+    kch_ = 2 * D + c.kscale_pad;
+    kcb_ = HKV * kch_;
+    kco_ = slots_ / kKeyBlock * kcb_;
+    rh_ = D + c.res_pad;
+    rs_ = HKV * rh_;
+    rb_ = kKeyResidualRows * rs_;
+    k_.assign(num_outer_ * so_, kPoison);
+    v_.assign(num_outer_ * so_, kPoison);
+    ks_.assign(num_outer_ * kco_, kPoison * 0x101);
+    vs_.assign(num_outer_ * vso_, kPoison * 0x101);
+    res_.assign(B * rb_, kPoison * 0x101);
+    if (c.paged) {
+      std::vector<int32_t> perm(num_outer_);
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), rng_);
+      table_.assign(int64_t{B} * table_stride_, perm.back());  // the padding names a page no sequence uses
+      for (int b = 0; b < B; ++b)
+        std::copy(perm.begin() + int64_t{b} * max_pages_, perm.begin() + int64_t{b + 1} * max_pages_,
+                  table_.begin() + int64_t{b} * table_stride_);
+      // Pages appends must skip: sequence 1's second page (first if it has one), the last sequence's last page.
+      if (B > 1) table_[table_stride_ + std::min(1, max_pages_ - 1)] = static_cast<int32_t>(num_outer_);
+      if (B > 2) table_[int64_t{B - 1} * table_stride_ + max_pages_ - 1] = -1;
+    }
+    hist_k_.assign(B, std::vector<float>(c.capacity * HKV * D, 0.0f));
+    hist_v_ = hist_k_;
+    ends_.assign(B, 0);
+    furthest_.assign(B, 0);
+
+    dk_ = std::make_unique<DeviceBuffer<uint8_t>>(k_);
+    dv_ = std::make_unique<DeviceBuffer<uint8_t>>(v_);
+    dks_ = std::make_unique<DeviceBuffer<uint16_t>>(ks_);
+    dvs_ = std::make_unique<DeviceBuffer<uint16_t>>(vs_);
+    dres_ = std::make_unique<DeviceBuffer<uint16_t>>(res_);
+    dtable_ = std::make_unique<DeviceBuffer<int32_t>>(table_);
+    dpos_ = std::make_unique<DeviceBuffer<int32_t>>(static_cast<size_t>(B));
+    in_host_.assign(2 * static_cast<size_t>(B) * c.max_new * HKV * D, 0);
+    din_ = std::make_unique<DeviceBuffer<uint16_t>>(in_host_);
+    TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+
+    const DType data_dtype =
+        c.format == KVFormat::kInt4KChannel && c.int4x2 ? DType::kInt4x2 : DType::kUInt8;  // 1-byte elements
+    cache_.format = c.format;
+    cache_.k = strided(dk_->get(), data_dtype, {num_outer_, slots_, HKV, row_bytes_}, {so_, st_, sh_, 1});
+    cache_.v = cache_.k;
+    cache_.v.data = dv_->get();
+    cache_.k_scale = strided(dks_->get(), DType::kFP16, {num_outer_, slots_ / kKeyBlock, HKV, 2 * D},
+                             {kco_, kcb_, kch_, 1});
+    cache_.v_scale = strided(dvs_->get(), DType::kFP16, {num_outer_, slots_, HKV, 2}, {vso_, vst_, vsh_, 1});
+    cache_.k_residual = strided(dres_->get(), c.new_dtype, {B, kKeyResidualRows, HKV, D}, {rb_, rs_, rh_, 1});
+    if (c.paged)
+      cache_.block_table = strided(dtable_->get(), DType::kInt32, {B, max_pages_}, {table_stride_, 1});
+  }
+  ~KcFixture() { cudaStreamDestroy(stream_); }
+  KcFixture(const KcFixture&) = delete;
+  KcFixture& operator=(const KcFixture&) = delete;
+
+  cudaStream_t stream() const { return stream_; }
+  std::mt19937_64& rng() { return rng_; }
+  const std::vector<int64_t>& ends() const { return ends_; }
+  const std::vector<int64_t>& furthest() const { return furthest_; }
+
+  // Fresh inputs for a call of S rows per sequence, with special key channels of head 0 that every call repeats:
+  // channel 1 constant (a block scale of 0), channel 2 tiny (fp16-subnormal scales, never 0), channel 3 large; and
+  // special value rows: one constant (pair scale 0), one large.
+  void draw(int S) {
+    const int B = c_.B, HKV = c_.HKV, D = c_.D;
+    const DType dt = c_.new_dtype;
+    S_ = S;
+    const size_t n = static_cast<size_t>(B) * S * HKV * D;
+    kin_.resize(n);
+    vin_.resize(n);
+    filler_.normals(kin_.data(), static_cast<int64_t>(n), dt);
+    filler_.normals(vin_.data(), static_cast<int64_t>(n), dt);
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < S; ++i) {
+        float* x = &kin_[in_row(b, i, 0)];
+        x[1] = round_to(dt, 1.5f);
+        x[2] = round_to(dt, std::copysign(std::max(std::fabs(x[2]), 0.25f), x[2]) * 0x1p-14f);
+        x[3] = round_to(dt, x[3] * 300.0f);
+      }
+    std::fill_n(&vin_[in_row(0, 0, HKV - 1)], D, round_to(dt, -0.75f));
+    float* big = &vin_[in_row(B - 1, S - 1, 0)];
+    for (int d = 0; d < D; ++d) big[d] = round_to(dt, big[d] * 300.0f);
+    // Into the device layout (bits of the input dtype).
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < S; ++i)
+        for (int h = 0; h < HKV; ++h)
+          for (int d = 0; d < D; ++d) {
+            in_host_[k_at(b, i, h) + d] = bits_of(dt, kin_[in_row(b, i, h) + d]);
+            in_host_[v_at(b, i, h) + d] = bits_of(dt, vin_[in_row(b, i, h) + d]);
+          }
+  }
+  // The drawn inputs and `positions`, ordered on the fixture's stream before the next launch or replay.
+  void upload(const std::vector<int32_t>& positions) {
+    din_->upload_async(in_host_, stream_);
+    dpos_->upload_async(positions, stream_);
+  }
+  void launch(int S) const {
+    const int B = c_.B, HKV = c_.HKV, D = c_.D;
+    const int64_t row = int64_t{HKV} * D;
+    TensorView kn, vn;
+    if (c_.fused) {
+      kn = strided(din_->get(), c_.new_dtype, {B, S, HKV, D}, {2 * c_.max_new * row, 2 * row, D, 1});
+      vn = kn;
+      vn.data = din_->get() + row;
+    } else {
+      kn = strided(din_->get(), c_.new_dtype, {B, S, HKV, D}, {c_.max_new * row, row, D, 1});
+      vn = kn;
+      vn.data = din_->get() + int64_t{B} * c_.max_new * row;
+    }
+    append_kv(kn, vn, strided(dpos_->get(), DType::kInt32, {B}, {1}), cache_, stream_);
+  }
+
+  // The model after an append of the drawn rows at `positions`.
+  void apply(const std::vector<int32_t>& positions) {
+    const int B = c_.B, HKV = c_.HKV, D = c_.D, S = S_;
+    const int64_t cap = c_.capacity;
+    for (int b = 0; b < B; ++b) {
+      const int64_t p = positions[b], end = p + S;
+      // The sequence's keys and values, and its value rows.
+      for (int i = 0; i < S; ++i) {
+        const int64_t t = p + i;
+        if (t < 0 || t >= cap) continue;
+        const auto [outer, slot] = locate(b, t);
+        for (int h = 0; h < HKV; ++h) {
+          std::copy_n(&kin_[in_row(b, i, h)], D, &hist_k_[b][(t * HKV + h) * D]);
+          std::copy_n(&vin_[in_row(b, i, h)], D, &hist_v_[b][(t * HKV + h) * D]);
+          if (outer >= 0)
+            reference::quantize_kv_row(c_.format, &vin_[in_row(b, i, h)], D, c_.new_dtype, 1.0f,
+                                       &v_[data_at(outer, slot, h)], &vs_[vscale_at(outer, slot, h)]);
+        }
+      }
+      // Every key block the new rows touch, from its rows [32j, min(32j + 32, end, capacity)).
+      const int64_t j0 = key_block_of(p), j1 = key_block_of(end - 1);
+      for (int64_t j = j0; j <= j1; ++j) {
+        const int64_t first = j * kKeyBlock;
+        if (first < 0 || first >= cap) continue;
+        const auto [outer, slot0] = locate(b, first);
+        if (outer < 0) continue;
+        const int n = static_cast<int>(std::min({first + kKeyBlock, end, cap}) - first);
+        for (int h = 0; h < HKV; ++h) quantize_block_into(b, first, n, h, outer, slot0, k_, ks_);
+      }
+      // k_residual: the new rows of the last two blocks written (rows past the capacity are not written).
+      const int64_t stop = std::min(end, cap);
+      for (int64_t t = std::max<int64_t>({p, (key_block_of(stop - 1) - 1) * kKeyBlock, 0}); t < stop; ++t)
+        for (int h = 0; h < HKV; ++h)
+          for (int d = 0; d < D; ++d)
+            res_[res_at(b, t, h) + d] = bits_of(c_.new_dtype, hist_k_[b][(t * HKV + h) * D + d]);
+      if (end > 0 && p < cap) {  // else nothing was written
+        ends_[b] = stop;
+        furthest_[b] = p <= 0 ? stop : std::max(furthest_[b], stop);  // a start at <= 0 starts over
+      }
+    }
+  }
+
+  // The device against the model, everything; then the blocks, value rows and residual slots of each sequence's
+  // current rows against their quantization from the history. False (with failures added) if anything differs.
+  bool check(const std::string& when) const {
+    SCOPED_TRACE(when);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    const std::vector<uint8_t> k = dk_->download(), v = dv_->download();
+    const std::vector<uint16_t> ks = dks_->download(), vs = dvs_->download(), res = dres_->download();
+    const auto data_where = [&](int64_t i) {
+      return where4(i, {slots_, c_.HKV, sh_}, {"outer", "slot", "head", "byte"});
+    };
+    bool ok = same("k", k, k_, data_where);
+    ok = same("v", v, v_, data_where) && ok;
+    ok = same("k_scale", ks, ks_, [&](int64_t i) {
+      return where4(i, {slots_ / kKeyBlock, c_.HKV, kch_}, {"outer", "block", "head", "element"});
+    }) && ok;
+    ok = same("v_scale", vs, vs_, [&](int64_t i) {
+      return where4(i, {slots_, c_.HKV, vsh_}, {"outer", "slot", "head", "element"});
+    }) && ok;
+    ok = same("k_residual", res, res_, [&](int64_t i) {
+      return where4(i, {kKeyResidualRows, c_.HKV, rh_}, {"sequence", "slot", "head", "element"});
+    }) && ok;
+    if (!ok) return false;
+    return check_semantics(k, v, ks, vs, res);
+  }
+
+ private:
+  int64_t in_row(int b, int i, int h) const { return ((int64_t{b} * S_ + i) * c_.HKV + h) * c_.D; }
+  int64_t k_at(int b, int i, int h) const {
+    const int64_t row = int64_t{c_.HKV} * c_.D;
+    return c_.fused ? b * 2 * c_.max_new * row + i * 2 * row + h * c_.D : b * c_.max_new * row + i * row + h * c_.D;
+  }
+  int64_t v_at(int b, int i, int h) const {
+    const int64_t row = int64_t{c_.HKV} * c_.D;
+    return k_at(b, i, h) + (c_.fused ? row : int64_t{c_.B} * c_.max_new * row);
+  }
+  // (outer, slot) of position t of sequence b; outer -1 on an invalid page.
+  std::pair<int64_t, int64_t> locate(int b, int64_t t) const {
+    if (!c_.paged) return {b, t};
+    const int32_t page = table_[int64_t{b} * table_stride_ + t / c_.page_size];
+    if (page < 0 || page >= num_outer_) return {-1, 0};
+    return {page, t % c_.page_size};
+  }
+  int64_t data_at(int64_t outer, int64_t slot, int h) const { return outer * so_ + slot * st_ + h * sh_; }
+  int64_t vscale_at(int64_t outer, int64_t slot, int h) const { return outer * vso_ + slot * vst_ + h * vsh_; }
+  int64_t kscale_at(int64_t outer, int64_t slot, int h) const {
+    return outer * kco_ + slot / kKeyBlock * kcb_ + h * kch_;
+  }
+  int64_t res_at(int b, int64_t t, int h) const { return b * rb_ + (t % kKeyResidualRows) * rs_ + h * rh_; }
+
+  // Block rows [first, first + n) of (b, h) from the history, quantized into images k / ks at (outer, slot0).
+  void quantize_block_into(int b, int64_t first, int n, int h, int64_t outer, int64_t slot0, std::vector<uint8_t>& k,
+                           std::vector<uint16_t>& ks) const {
+    const int D = c_.D;
+    std::vector<float> x(static_cast<size_t>(n) * D);
+    for (int r = 0; r < n; ++r) std::copy_n(&hist_k_[b][((first + r) * c_.HKV + h) * D], D, &x[int64_t{r} * D]);
+    std::vector<uint8_t> codes(static_cast<size_t>(n) * row_bytes_);
+    reference::quantize_key_block(c_.format, x.data(), n, D, codes.data(), &ks[kscale_at(outer, slot0, h)]);
+    for (int r = 0; r < n; ++r)
+      std::copy_n(&codes[int64_t{r} * row_bytes_], row_bytes_, &k[data_at(outer, slot0 + r, h)]);
+  }
+
+  bool check_semantics(const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, const std::vector<uint16_t>& ks,
+                       const std::vector<uint16_t>& vs, const std::vector<uint16_t>& res) const {
+    const int D = c_.D;
+    std::vector<uint8_t> want_k(k.size()), want_v(row_bytes_);
+    std::vector<uint16_t> want_ks(ks.size()), pair(2);
+    for (int b = 0; b < c_.B; ++b) {
+      const int64_t end = ends_[b];
+      for (int h = 0; h < c_.HKV; ++h) {
+        for (int64_t first = 0; first < end; first += kKeyBlock) {
+          const auto [outer, slot0] = locate(b, first);
+          if (outer < 0) continue;
+          const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - first));
+          quantize_block_into(b, first, n, h, outer, slot0, want_k, want_ks);
+          const int64_t ps = kscale_at(outer, slot0, h);
+          if (!std::equal(&ks[ps], &ks[ps] + 2 * D, &want_ks[ps])) {
+            ADD_FAILURE() << "k_scale of sequence " << b << " head " << h << " block " << first / kKeyBlock
+                          << " (rows " << first << ".." << first + n - 1 << " of " << end
+                          << ") differs from quantize_key_block over the sequence's keys";
+            return false;
+          }
+          for (int r = 0; r < n; ++r) {
+            const int64_t at = data_at(outer, slot0 + r, h);
+            if (!std::equal(&k[at], &k[at] + row_bytes_, &want_k[at])) {
+              ADD_FAILURE() << "key codes of sequence " << b << " head " << h << " row " << first + r << " (of "
+                            << end << ") differ from quantize_key_block over the sequence's keys";
+              return false;
+            }
+          }
+        }
+        for (int64_t t = 0; t < end; ++t) {
+          const auto [outer, slot] = locate(b, t);
+          if (outer < 0) continue;
+          reference::quantize_kv_row(c_.format, &hist_v_[b][(t * c_.HKV + h) * D], D, c_.new_dtype, 1.0f,
+                                     want_v.data(), pair.data());
+          const int64_t at = data_at(outer, slot, h), ps = vscale_at(outer, slot, h);
+          if (!std::equal(want_v.begin(), want_v.end(), &v[at]) || vs[ps] != pair[0] || vs[ps + 1] != pair[1]) {
+            ADD_FAILURE() << "value row " << t << " of sequence " << b << " head " << h << " (of " << end
+                          << ") differs from its quantization";
+            return false;
+          }
+        }
+        // The residual holds the keys a later call may need: from the block before the furthest end's block
+        // (a call starts at most 32 before it) up to the end.
+        for (int64_t t = std::max<int64_t>(0, (key_block_of(furthest_[b]) - 1) * kKeyBlock); t < end; ++t)
+          for (int d = 0; d < D; ++d)
+            if (res[res_at(b, t, h) + d] != bits_of(c_.new_dtype, hist_k_[b][(t * c_.HKV + h) * D + d])) {
+              ADD_FAILURE() << "k_residual slot " << t % kKeyResidualRows << " of sequence " << b << " head " << h
+                            << " does not hold the key of position " << t << " (end " << end << "), element " << d;
+              return false;
+            }
+      }
+    }
+    return true;
+  }
+
+  // "(name0 i0, name1 i1, ...)" of flat index i in a 4-D image of inner sizes `inner` (dims 1..3).
+  static std::string where4(int64_t i, std::initializer_list<int64_t> inner, std::initializer_list<const char*> names) {
+    const int64_t* in = inner.begin();
+    int64_t idx[4];
+    idx[3] = i % in[2];
+    i /= in[2];
+    idx[2] = i % in[1];
+    i /= in[1];
+    idx[1] = i % in[0];
+    idx[0] = i / in[0];
+    std::string s = "(";
+    int n = 0;
+    for (const char* name : names) s += std::string(n ? ", " : "") + name + " " + std::to_string(idx[n]), ++n;
+    return s + ")";
+  }
+  template <typename T, typename Where>
+  static bool same(const char* name, const std::vector<T>& got, const std::vector<T>& want, Where where) {
+    EXPECT_EQ(got.size(), want.size()) << name;
+    if (got.size() != want.size()) return false;
+    int64_t bad = 0, first = -1;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want[i] && bad++ == 0) first = static_cast<int64_t>(i);
+    if (bad == 0) return true;
+    ADD_FAILURE() << name << ": " << bad << " of " << got.size() << " elements differ from the model; first at "
+                  << where(first) << ": got " << +got[first] << ", expected " << +want[first]
+                  << (want[first] == static_cast<T>(kPoison * (sizeof(T) == 1 ? 1 : 0x101)) ? " (the poison: nothing "
+                                                                                             "should be written there)"
+                                                                                           : "");
+    return false;
+  }
+
+  KcCase c_;
+  std::mt19937_64 rng_;
+  Filler filler_;
+  int row_bytes_ = 0, max_pages_ = 0, table_stride_ = 0, S_ = 0;
+  int64_t num_outer_ = 0, slots_ = 0;
+  int64_t sh_ = 0, st_ = 0, so_ = 0;     // data, bytes
+  int64_t vsh_ = 0, vst_ = 0, vso_ = 0;  // v_scale, fp16
+  int64_t kch_ = 0, kcb_ = 0, kco_ = 0;  // k_scale, fp16
+  int64_t rh_ = 0, rs_ = 0, rb_ = 0;     // k_residual, elements
+  std::vector<uint8_t> k_, v_;           // the model of the device images
+  std::vector<uint16_t> ks_, vs_, res_;
+  std::vector<int32_t> table_;
+  std::vector<std::vector<float>> hist_k_, hist_v_;  // per sequence: the rows appended, [capacity][HKV][D]
+  std::vector<int64_t> ends_;                        // per sequence: last position written + 1
+  std::vector<int64_t> furthest_;                    // per sequence: the largest end since it started at <= 0
+  std::vector<float> kin_, vin_;                     // the drawn call: [B][S][HKV][D]
+  std::vector<uint16_t> in_host_;                    // its device layout
+  std::unique_ptr<DeviceBuffer<uint8_t>> dk_, dv_;
+  std::unique_ptr<DeviceBuffer<uint16_t>> dks_, dvs_, dres_, din_;
+  std::unique_ptr<DeviceBuffer<int32_t>> dtable_, dpos_;
+  KVCache cache_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Positions for a call of S rows: per sequence, mostly its end; a reject (back by 1..32 from the end, and never
+// more than 32 before the furthest end it reached: the residual's reach); sometimes before 0 (its rows before 0
+// skipped) or a new start at 0; sometimes parked far away (nothing written). A sequence at the capacity that
+// appends at its end writes nothing either.
+std::vector<int32_t> kc_positions(const std::vector<int64_t>& ends, const std::vector<int64_t>& furthest, int S,
+                                  std::mt19937_64& rng) {
+  std::vector<int32_t> pos(ends.size());
+  for (size_t b = 0; b < ends.size(); ++b) {
+    const int64_t e = ends[b], lowest = std::max<int64_t>(0, furthest[b] - kKeyBlock);
+    const int u = static_cast<int>(rng() % 100);
+    int64_t p = e;
+    if (u < 5)
+      p = rng() % 2 ? INT32_MAX - 1 : INT32_MIN;
+    else if (u < 7)
+      p = 0;
+    else if (u < 17 && lowest < e)  // a short reject
+      p = e - 1 - static_cast<int64_t>(rng() % std::min<int64_t>(e - lowest, 4));
+    else if (u < 27 && lowest < e)  // any reject
+      p = lowest + static_cast<int64_t>(rng() % (e - lowest));
+    else if (u < 35 && S >= 2 && furthest[b] < kKeyBlock)
+      p = -1 - static_cast<int64_t>(rng() % std::min<int64_t>(S - 1, kKeyBlock - furthest[b]));
+    pos[b] = static_cast<int32_t>(p);
+  }
+  return pos;
+}
+
+std::string positions_str(const std::vector<int32_t>& p) {
+  std::string s;
+  for (size_t i = 0; i < p.size(); ++i) s += (i ? "," : "") + std::to_string(p[i]);
+  return s;
+}
+
+class AppendKvChannelGpu : public ::testing::Test {
+ protected:
+  void SetUp() override { TESSERA_REQUIRE_GPU(); }
+};
+
+// Runs `schedule` (S per call) with generated positions, or `fixed` positions where given, checking after each call.
+void run_calls(KcFixture& fx, const std::vector<int>& schedule,
+               const std::vector<std::vector<int32_t>>& fixed = {}) {
+  for (size_t call = 0; call < schedule.size(); ++call) {
+    const int S = schedule[call];
+    const std::vector<int32_t> pos =
+        call < fixed.size() ? fixed[call] : kc_positions(fx.ends(), fx.furthest(), S, fx.rng());
+    fx.draw(S);
+    fx.upload(pos);
+    fx.launch(S);
+    fx.apply(pos);
+    if (!fx.check("after call " + std::to_string(call) + ": S=" + std::to_string(S) + " positions " +
+                  positions_str(pos)))
+      return;
+  }
+}
+
+TEST_F(AppendKvChannelGpu, SequencesOfAppendsMatchTheHostModel) {
+  int idx = 0;
+  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int D : {64, 128, 256})
+      for (int page_size : {0, 32, 64, 128})
+        for (DType dt : {DType::kBF16, DType::kFP16}) {
+          KcCase c;
+          c.format = format;
+          c.D = D;
+          c.B = 4;
+          c.HKV = idx % 3 == 0 ? 1 : 2;
+          c.paged = page_size > 0;
+          c.page_size = page_size;
+          c.capacity = 256;
+          c.new_dtype = dt;
+          c.fused = idx % 2 == 1;
+          c.int4x2 = idx % 4 >= 2;
+          c.row_pad = idx % 3 == 1 ? 16 : 0;
+          c.kscale_pad = idx % 3 == 2 ? 8 : 0;
+          c.vscale_pad = idx % 3 == 1 ? 2 : 0;
+          c.res_pad = idx % 3 == 2 ? 8 : 0;
+          c.table_pad = c.paged && idx % 2 == 0 ? 3 : 0;
+          c.max_new = 100;
+          ++idx;
+          const uint64_t seed = test::fresh_seed();
+          SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+          KcFixture fx(c, seed);
+          std::vector<int> schedule = {8, 1, 33, 3, 100, 1, 1, 8, 33, 3, 1, 100, 8, 1, 3, 1};
+          std::shuffle(schedule.begin() + 1, schedule.end(), fx.rng());
+          run_calls(fx, schedule);
+        }
+}
+
+// A 4096-token prompt in one call, after a first block that is not full: the first block's earlier rows come from
+// the residual slots the prompt's last rows overwrite. Then decode steps and a reject.
+TEST_F(AppendKvChannelGpu, LongPromptThenDecode) {
+  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int page_size : {0, 64}) {
+      KcCase c;
+      c.format = format;
+      c.D = 128;
+      c.B = 2;
+      c.HKV = 2;
+      c.paged = page_size > 0;
+      c.page_size = page_size;
+      c.capacity = 4096 + 256;
+      c.new_dtype = format == KVFormat::kInt8KChannel ? DType::kBF16 : DType::kFP16;
+      c.max_new = 4096;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      KcFixture fx(c, seed);
+      // Sequence 0 appends at 40 (its block 1 holds rows 32..39, in residual slots 32..39, which the prompt's rows
+      // 4128..4135 overwrite); sequence 1 first rejects 7 tokens.
+      run_calls(fx, {40, 4096, 1, 1, 8, 1},
+                {{0, 0}, {40, 33}, {4136, 4129}, {4137, 4130}, {4118, 4131}, {4126, 4139}});
+    }
+}
+
+// Calls whose rows run past the capacity, then rejects into the last block: the residual must hold that block's rows
+// up to the capacity (the rows written), though the call's rows reach blocks past it.
+TEST_F(AppendKvChannelGpu, RowsPastTheCapacityThenReject) {
+  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int page_size : {0, 32}) {
+      KcCase c;
+      c.format = format;
+      c.D = 64;
+      c.B = 2;
+      c.HKV = 2;
+      c.paged = page_size > 0;
+      c.page_size = page_size;
+      c.capacity = 256;
+      c.new_dtype = page_size ? DType::kFP16 : DType::kBF16;
+      c.max_new = 100;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      KcFixture fx(c, seed);
+      // Ends after each call: {100, 100}, {200, 190}, {233, 223}, {256, 256} (rows 256.. skipped), {251, 256}
+      // (sequence 1 at the capacity writes nothing), {248, 238}.
+      run_calls(fx, {100, 100, 33, 100, 1, 8}, {{0, 0}, {100, 90}, {200, 190}, {233, 223}, {250, 256}, {240, 230}});
+    }
+}
+
+// One captured append (S = 3), replayed with new positions and inputs written in stream order before each replay.
+TEST_F(AppendKvChannelGpu, CudaGraphReplaysWithNewPositionsAndInputs) {
+  int idx = 0;
+  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int page_size : {0, 64}) {
+      KcCase c;
+      c.format = format;
+      c.D = 64 << (idx % 3);
+      c.B = 3;
+      c.HKV = 2;
+      c.paged = page_size > 0;
+      c.page_size = page_size;
+      c.capacity = 128;
+      c.new_dtype = idx % 2 ? DType::kFP16 : DType::kBF16;
+      c.fused = idx % 2 == 0;
+      c.max_new = 3;
+      ++idx;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      KcFixture fx(c, seed);
+      constexpr int S = 3;
+      fx.draw(S);
+      fx.upload(kc_positions(fx.ends(), fx.furthest(), S, fx.rng()));
+      const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(S); });
+      if (!fx.check("after the capture (nothing ran)")) continue;
+      for (int replay = 0; replay < 48; ++replay) {
+        const std::vector<int32_t> pos = kc_positions(fx.ends(), fx.furthest(), S, fx.rng());
+        fx.draw(S);
+        fx.upload(pos);
+        graph.replay(fx.stream());
+        fx.apply(pos);
+        if (!fx.check("after replay " + std::to_string(replay) + ": positions " + positions_str(pos))) break;
+      }
+    }
 }
 
 }  // namespace

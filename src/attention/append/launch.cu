@@ -1,5 +1,11 @@
 // append_kv: quantizes new K/V rows into the cache format and writes them, with their scales, at the given
-// positions. One warp per (sequence, new token, KV head, K or V) row; each lane owns D/32 consecutive elements.
+// positions. One launch per call:
+//  - row warps: one warp per (sequence, new token, KV head, K or V) row; each lane owns D/32 consecutive elements.
+//    The per-channel key formats (kInt8KChannel, kInt4KChannel) run only their value rows this way.
+//  - key-block CTAs (per-channel key formats only, after the row CTAs in the grid): one CTA per (sequence, KV head,
+//    32-token key block touched by the new rows). It gathers the block's rows (earlier ones from k_residual, new
+//    ones from k_new), quantizes each channel over them, rewrites every row's codes and the block's scales, and the
+//    CTA of the first touched block also refreshes k_residual.
 // The arithmetic follows attention.h's definition step by step (fp32, correctly rounded division) so that the
 // host reference reproduces every code bit for bit.
 #include <cuda_bf16.h>
@@ -16,29 +22,42 @@ namespace tessera::attention::detail {
 namespace {
 
 constexpr int kAppendWarps = 4;
+constexpr int kAppendThreads = 32 * kAppendWarps;
 
 __device__ __forceinline__ float load_elem(const void* p, int64_t at, bool fp16) {
   return fp16 ? __half2float(static_cast<const __half*>(p)[at])
               : __bfloat162float(static_cast<const __nv_bfloat16*>(p)[at]);
 }
 
+__device__ __forceinline__ float bits_to_float(uint32_t bits, bool fp16) {
+  return fp16 ? __half2float(__ushort_as_half(static_cast<unsigned short>(bits))) : __uint_as_float(bits << 16);
+}
+
+__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
 // fp16 round-to-nearest-even, saturated to the largest finite value.
 __device__ __forceinline__ __half fp16_sat(float x) { return __float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f)); }
 
-template <int kHeadDim>
-__global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendProblem p) {
+__host__ __device__ constexpr bool is_key_channel(KVFormat f) {
+  return f == KVFormat::kInt8KChannel || f == KVFormat::kInt4KChannel;
+}
+
+// Key blocks one (sequence, head) may touch with S new rows: at most floor((31 + S - 1) / 32) + 1.
+__host__ __device__ constexpr int64_t key_blocks_per_head(int64_t num_new) { return (num_new + 30) / kKeyBlock + 1; }
+
+// The split of the grid: row CTAs first, then (per-channel key formats) B · HKV · key_blocks_per_head key CTAs.
+struct AppendGrid {
+  int64_t row_ctas = 0;
+  int64_t key_blocks_per_head = 0;
+};
+
+// One row of k or v: quantized by warp-wide reductions and written with its scales. Values of the per-channel key
+// formats take this path too (as kInt8 / kInt4 rows).
+template <int kHeadDim, bool kKeyChannel>
+__device__ __forceinline__ void append_row(const AppendProblem& p, int b, int i, int kvh, bool is_v, int lane) {
   constexpr int kPer = kHeadDim / 32;  // elements per lane
   const CacheDesc& cd = p.cache;
-  const int lane = threadIdx.x % 32;
-  int64_t row = static_cast<int64_t>(blockIdx.x) * kAppendWarps + threadIdx.x / 32;
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_new * cd.num_kv_heads * 2;
-  if (row >= rows) return;
-  const bool is_v = row & 1;
-  row >>= 1;
-  const int kvh = static_cast<int>(row % cd.num_kv_heads);
-  row /= cd.num_kv_heads;
-  const int i = static_cast<int>(row % p.num_new);
-  const int b = static_cast<int>(row / p.num_new);
 
   // Destination: skipped (nothing written) outside the capacity or on an invalid page.
   const int64_t pos = static_cast<int64_t>(p.positions[b]) + i;
@@ -81,7 +100,7 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
 
   // Integer formats: min / max over the group (the whole row, or 32 elements = 32 / kPer lanes).
   const bool grouped = cd.format == KVFormat::kInt4Group32;
-  const bool int4 = cd.format != KVFormat::kInt8;
+  const bool int4 = kKeyChannel ? cd.format == KVFormat::kInt4KChannel : cd.format != KVFormat::kInt8;
   const int group_lanes = grouped ? kInt4GroupSize / kPer : 32;
   float lo = x[0], hi = x[0];
 #pragma unroll
@@ -120,17 +139,182 @@ __global__ void __launch_bounds__(32 * kAppendWarps) append_kernel(const AppendP
   }
 }
 
+template <int kHeadDim>
+struct alignas(16) KeyBlockSmem {
+  uint16_t x[kKeyBlock][kHeadDim];  // the block's rows, 16-bit keys as given (k_residual and k_new share a dtype)
+  float scale[kHeadDim];            // per channel, the floats of the fp16 values written
+  float offset[kHeadDim];
+};
+
+// One key block of one (sequence, KV head) of a per-channel key format; the whole CTA (kAppendThreads threads).
+// Block j = j0 + k of the new rows' blocks j0 = pos / 32 .. j1 = (pos + S - 1) / 32 holds the rows [32j, e),
+// e = min(32j + 32, pos + S, capacity): rows before pos are read from k_residual (slot t % 64), the rest from k_new.
+template <int kHeadDim>
+__device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t key_cta, int64_t blocks_per_head) {
+  constexpr int D = kHeadDim;
+  constexpr int kResidualMask = kKeyResidualRows - 1;
+  static_assert((kKeyResidualRows & kResidualMask) == 0, "the residual slot is t % 64");
+  __shared__ KeyBlockSmem<kHeadDim> sm;
+  const CacheDesc& cd = p.cache;
+  const int tid = threadIdx.x;
+
+  const int64_t k = key_cta % blocks_per_head;
+  key_cta /= blocks_per_head;
+  const int kvh = static_cast<int>(key_cta % cd.num_kv_heads);
+  const int b = static_cast<int>(key_cta / cd.num_kv_heads);
+
+  const int64_t pos = p.positions[b];
+  const int64_t end = pos + p.num_new;  // one past the last new row
+  const int64_t j1 = (end - 1) >> 5;    // floor division (pos may be negative)
+  const int64_t j = (pos >> 5) + k;
+  if (j > j1) return;  // this (sequence, head) touches fewer blocks: the whole CTA leaves
+
+  // The block exists when it starts in [0, capacity) and (paged) its page is valid. A page holds whole blocks
+  // (page_size is a multiple of 32).
+  const int64_t first = j * kKeyBlock;
+  int64_t outer = b, slot0 = first;
+  bool exists = first >= 0 && first < cd.capacity;
+  if (exists && cd.paged) {
+    const int32_t page = cd.block_table[b * cd.block_table_stride + (first >> cd.log2_page_size)];
+    exists = page >= 0 && page < cd.num_pages;
+    outer = page;
+    slot0 = first & (cd.page_size - 1);
+  }
+  const int64_t stop = min64(min64(first + kKeyBlock, end), cd.capacity);
+  const int n = exists ? static_cast<int>(stop - first) : 0;  // 1..32 when it exists
+
+  const uint16_t* k_new = static_cast<const uint16_t*>(p.k_new);
+  uint16_t* residual = static_cast<uint16_t*>(const_cast<void*>(cd.k_residual));
+  const uint16_t* k_new_bh = k_new + b * p.new_stride_b + kvh * p.new_stride_h;
+  uint16_t* residual_bh = residual + b * cd.res_stride_b + kvh * cd.res_stride_head;
+
+  // ---- gather the block's rows. Only the first touched block has rows before pos.
+#pragma unroll 4
+  for (int e = tid; e < n * D; e += kAppendThreads) {
+    const int r = e / D, d = e % D;
+    const int64_t t = first + r;
+    sm.x[r][d] = t < pos ? residual_bh[(t & kResidualMask) * cd.res_stride_slot + d]
+                         : k_new_bh[(t - pos) * p.new_stride_s + d];
+  }
+  // Every residual row this CTA reads has been read before it writes any: a long S rewrites slots the first block
+  // still needs. No other CTA reads the residual of (b, kvh).
+  __syncthreads();
+
+  // ---- k_residual: the new rows in [0, capacity) of the last two blocks written (the capacity ends the rows
+  // written), by the first block's CTA (which may not exist itself).
+  if (k == 0) {
+    const int64_t hi = min64(end, cd.capacity);
+    const int64_t lo = max64(max64(pos, (((hi - 1) >> 5) - 1) * kKeyBlock), 0);
+    const int64_t count = hi > lo ? (hi - lo) * D : 0;  // at most 64 rows
+    for (int64_t e = tid; e < count; e += kAppendThreads) {
+      const int64_t t = lo + e / D;
+      const int d = static_cast<int>(e % D);
+      residual_bh[(t & kResidualMask) * cd.res_stride_slot + d] = k_new_bh[(t - pos) * p.new_stride_s + d];
+    }
+  }
+  if (n == 0) return;
+
+  // ---- per channel: min / max over the rows in order, the fp16 scale and offset (the row rule of append_row).
+  const bool int4 = cd.format == KVFormat::kInt4KChannel;
+  const float levels = int4 ? 15.0f : 255.0f;
+  const bool fp16 = p.fp16;
+  uint16_t* params = const_cast<uint16_t*>(cd.k_scale) + outer * cd.kc_stride_outer +
+                     (slot0 / kKeyBlock) * cd.kc_stride_block + kvh * cd.kc_stride_head;
+  for (int d = tid; d < D; d += kAppendThreads) {
+    float lo = bits_to_float(sm.x[0][d], fp16), hi = lo;
+    for (int r = 1; r < n; ++r) {
+      const float x = bits_to_float(sm.x[r][d], fp16);
+      lo = fminf(lo, x);
+      hi = fmaxf(hi, x);
+    }
+    const __half scale_h = fp16_sat(__fdiv_rn(__fsub_rn(hi, lo), levels));
+    const __half offset_h = fp16_sat(lo);
+    params[d] = __half_as_ushort(scale_h);
+    params[D + d] = __half_as_ushort(offset_h);
+    sm.scale[d] = __half2float(scale_h);
+    sm.offset[d] = __half2float(offset_h);
+  }
+  __syncthreads();
+
+  // ---- codes of every row of the block, one 32-bit word (4 int8 or 8 int4 codes) per thread and step.
+  const int channels_per_word = int4 ? 8 : 4;
+  const int words_per_row = D / channels_per_word;
+  uint8_t* rows = const_cast<uint8_t*>(cd.k) + outer * cd.stride_outer + slot0 * cd.stride_token +
+                  kvh * cd.stride_head;
+  for (int e = tid; e < n * words_per_row; e += kAppendThreads) {
+    const int r = e / words_per_row, c0 = (e % words_per_row) * channels_per_word;
+    uint32_t word = 0;
+    for (int h = 0; h < channels_per_word; h += 4) {  // 4 channels at a time: vector loads from shared memory
+      const uint2 xv = *reinterpret_cast<const uint2*>(&sm.x[r][c0 + h]);
+      const float4 sv = *reinterpret_cast<const float4*>(&sm.scale[c0 + h]);
+      const float4 ov = *reinterpret_cast<const float4*>(&sm.offset[c0 + h]);
+      const float xs[4] = {bits_to_float(xv.x & 0xFFFFu, fp16), bits_to_float(xv.x >> 16, fp16),
+                           bits_to_float(xv.y & 0xFFFFu, fp16), bits_to_float(xv.y >> 16, fp16)};
+      const float ss[4] = {sv.x, sv.y, sv.z, sv.w}, os[4] = {ov.x, ov.y, ov.z, ov.w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float qf = ss[q] == 0.0f ? 0.0f : rintf(__fdiv_rn(__fsub_rn(xs[q], os[q]), ss[q]));
+        const uint32_t code = static_cast<uint32_t>(fminf(fmaxf(qf, 0.0f), levels));
+        word |= code << (int4 ? 4 * (h + q) : 8 * q);
+      }
+    }
+    *reinterpret_cast<uint32_t*>(rows + r * cd.stride_token + (int4 ? c0 / 2 : c0)) = word;
+  }
+}
+
+template <int kHeadDim, bool kKeyChannel>
+__global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendProblem p, const AppendGrid grid) {
+  if constexpr (kKeyChannel) {
+    if (blockIdx.x >= grid.row_ctas) {
+      append_key_block<kHeadDim>(p, blockIdx.x - grid.row_ctas, grid.key_blocks_per_head);
+      return;
+    }
+  }
+  const CacheDesc& cd = p.cache;
+  const int lane = threadIdx.x % 32;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kAppendWarps + threadIdx.x / 32;
+  // Rows (b, i, kvh, K|V), K|V fastest; per-channel key formats: value rows (b, i, kvh) only.
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_new * cd.num_kv_heads * (kKeyChannel ? 1 : 2);
+  if (row >= rows) return;
+  bool is_v = true;
+  if constexpr (!kKeyChannel) {
+    is_v = row & 1;
+    row >>= 1;
+  }
+  const int kvh = static_cast<int>(row % cd.num_kv_heads);
+  row /= cd.num_kv_heads;
+  const int i = static_cast<int>(row % p.num_new);
+  const int b = static_cast<int>(row / p.num_new);
+  append_row<kHeadDim, kKeyChannel>(p, b, i, kvh, is_v, lane);
+}
+
+template <int kHeadDim>
+void launch_for_head_dim(const AppendProblem& p, bool key_channel, int grid_ctas, const AppendGrid& grid,
+                         cudaStream_t stream) {
+  if (key_channel)
+    append_kernel<kHeadDim, true><<<grid_ctas, kAppendThreads, 0, stream>>>(p, grid);
+  else
+    append_kernel<kHeadDim, false><<<grid_ctas, kAppendThreads, 0, stream>>>(p, grid);
+}
+
 }  // namespace
 
 void launch_append(const AppendProblem& p, cudaStream_t stream) {
-  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_new * p.cache.num_kv_heads * 2;
-  const int64_t blocks = (rows + kAppendWarps - 1) / kAppendWarps;
-  if (blocks > INT32_MAX) throw Error("tessera::attention::append_kv: too many rows (" + std::to_string(rows) + ")");
-  const int grid = static_cast<int>(blocks);
+  const bool key_channel = is_key_channel(p.cache.format);
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_new * p.cache.num_kv_heads * (key_channel ? 1 : 2);
+  AppendGrid grid;
+  grid.row_ctas = (rows + kAppendWarps - 1) / kAppendWarps;
+  int64_t ctas = grid.row_ctas;
+  if (key_channel) {
+    grid.key_blocks_per_head = key_blocks_per_head(p.num_new);
+    ctas += static_cast<int64_t>(p.batch) * p.cache.num_kv_heads * grid.key_blocks_per_head;
+  }
+  if (ctas > INT32_MAX) throw Error("tessera::attention::append_kv: too many rows (" + std::to_string(rows) + ")");
+  const int grid_ctas = static_cast<int>(ctas);
   switch (p.cache.head_dim) {
-    case 64: append_kernel<64><<<grid, 32 * kAppendWarps, 0, stream>>>(p); break;
-    case 128: append_kernel<128><<<grid, 32 * kAppendWarps, 0, stream>>>(p); break;
-    case 256: append_kernel<256><<<grid, 32 * kAppendWarps, 0, stream>>>(p); break;
+    case 64: launch_for_head_dim<64>(p, key_channel, grid_ctas, grid, stream); break;
+    case 128: launch_for_head_dim<128>(p, key_channel, grid_ctas, grid, stream); break;
+    case 256: launch_for_head_dim<256>(p, key_channel, grid_ctas, grid, stream); break;
     default: throw Error("tessera::attention::append_kv: no kernel for head_dim " + std::to_string(p.cache.head_dim));
   }
   TESSERA_CHECK_LAUNCH();
