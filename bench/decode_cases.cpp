@@ -17,28 +17,37 @@
 //   S<n>        n new query tokens per sequence, causal (speculative decoding): llama3_8b B 16 / 64 S 4 and
 //               hq8kv1 B 128 S 2 (native, int8, int4); compare.py has no peer row for them
 // Unless named, every sequence holds T tokens. Formats (kv_format_name): native (bf16), fp8 (e4m3, fp32 scale per
-// KV head), int8, int4, int4_group32. bench/compare.py --ops decode runs the same cases (and lengths), S<n> aside, against
-// torch SDPA (cuDNN, flash) on the dense bf16 cache.
+// KV head), int8, int4, int4_group32, int8_kchannel, int4_kchannel (keys with per-channel pairs over 32-token
+// blocks, values as int8 / int4). bench/compare.py --ops decode runs the same cases (and lengths), S<n> aside,
+// against torch SDPA (cuDNN, flash) on the dense bf16 cache.
 //
 // Bytes of a decode call = what it reads and writes: for every attended token, the K and V rows of each KV head
-// (row_bytes each) and their fp16 (scale, offset) pairs (4 bytes per group), plus q, o, the lengths, the
+// (row_bytes each) and their fp16 (scale, offset) pairs (4 bytes per group; the per-channel formats' keys: 4·D
+// bytes per KV head and 32-token block attended, a partial last block whole), plus q, o, the lengths, the
 // block-table entries used and the fp8 scales. append_kv: the new bf16 rows read, the codes and pairs written,
-// the positions (and fp8 scales) read. FLOPs (decode) = 4·HQ·D·ΣL (q·K and p·V), for scale only: decode is bound
+// the positions (and fp8 scales) read; the per-channel formats' keys: the new row into k_residual, the block's
+// earlier rows read from it, its codes and its 4·D bytes of pairs rewritten (the mean over a uniform position in
+// the block: 15.5 earlier rows). FLOPs (decode) = 4·HQ·D·ΣL (q·K and p·V), for scale only: decode is bound
 // by the cache read, and the table's % copy BW is its headline.
 //
 // Inputs, generated on the GPU (device_random.h): bf16 values m·N(0, 1) (Irwin-Hall, bounded by 3.47·m) with
 // m = 2^U(-1, 1) per KV head of K and of V, quantized there by the cache format's rule, written straight into the
 // case's layout (paged: through the block table); fp8 scale per head 3.47·m / 448. q N(0, 1). The lengths, the
 // per-head magnitudes and the block table (a random permutation of the pages) are host data. Sets rotate where one
-// cache is smaller than twice the L2 (llama3_8b B 1 above all).
+// cache is smaller than twice the L2 (llama3_8b B 1 above all). The per-channel formats' keys: every 32-token block
+// quantized whole (device_random.h), as append_kv leaves a full block.
 //
 // --check: decode against the float64 reference (reference/attention_reference.h) per (sequence, KV head) pair,
 // on worker threads, over set 0's cache rows gathered on the GPU and downloaded. Which pairs: when the cache holds
 // at most kCheckRows (token, head) rows per head, every sequence, with as many KV heads per sequence as the budget
 // allows (sequence b takes heads b, b+1, ... mod HKV, so every head is covered across sequences); past that one
 // head per sequence (b mod HKV) on a sample of sequences: the first, the last, the longest, the shortest, then
-// random ones within the budget. The message says which. append_kv: bit-exact against the reference quantizer
-// applied to the downloaded new rows, and the rows either side of each written one must keep their poison.
+// random ones within the budget. The message says which. The per-channel keys dequantize through their block's
+// pairs (reference::dequantize_key_row). append_kv: bit-exact against the reference quantizer applied to the
+// downloaded new rows, and the rows either side of each written one must keep their poison; the per-channel
+// formats' keys: every block the new rows touch equals reference::quantize_key_block over its rows (those before
+// the first new one from the downloaded k_residual), the blocks either side keep their poison, and k_residual
+// holds the new rows in their slots and is unchanged elsewhere.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -60,14 +69,21 @@ namespace {
 
 using attention::KVFormat;
 
-constexpr KVFormat kEveryFormat[] = {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4,
-                                     KVFormat::kInt4Group32};
+constexpr KVFormat kEveryFormat[] = {KVFormat::kNative,      KVFormat::kFP8,          KVFormat::kInt8,
+                                     KVFormat::kInt4,        KVFormat::kInt4Group32,  KVFormat::kInt8KChannel,
+                                     KVFormat::kInt4KChannel};
 constexpr uint64_t kLengthSeed = 0xDEC0DE;  // the skewed lengths; bench/compare.py draws the same ones
 constexpr float kNormalBound = 3.4641017f;  // |Rng::normal()| < 2·sqrt(3)
 constexpr int64_t kCheckRows = int64_t{1} << 18;  // --check: (token, head) rows of K (and V) the reference reads
 
 int row_bytes(KVFormat f, int d) { return reference::kv_row_bytes(f, d); }
-int scale_groups(KVFormat f, int d) { return reference::kv_num_scale_groups(f, d); }  // NG; 0: no pairs
+// NG; 0: no pairs. The per-channel formats: 1, the values' pair (their keys' pairs are per block: key_pairs).
+int scale_groups(KVFormat f, int d) { return reference::kv_num_scale_groups(f, d); }
+bool per_channel(KVFormat f) { return reference::kv_key_per_channel(f); }
+// fp16 elements of the keys' pairs per (token, head) row (2·NG), or per (32-token block, head) for the per-channel
+// formats (2·D).
+int key_pairs(KVFormat f, int d) { return per_channel(f) ? 2 * d : 2 * scale_groups(f, d); }
+constexpr int64_t kBlock = attention::kKeyBlock;
 DType data_dtype(KVFormat f) {
   return f == KVFormat::kNative ? DType::kBF16 : f == KVFormat::kFP8 ? DType::kFP8E4M3 : DType::kUInt8;
 }
@@ -126,13 +142,17 @@ std::vector<int32_t> decode_lengths(const DecodeShape& sh) {
 }
 
 double decode_bytes(const DecodeShape& sh, KVFormat f, const std::vector<int32_t>& lengths) {
-  const double per_token = sh.hkv * 2.0 * (row_bytes(f, sh.d) + 4.0 * scale_groups(f, sh.d));
-  double tokens = 0, pages = 0;
+  // K and V rows with their per-row pairs; the per-channel formats' keys have none (their pairs are per block).
+  const double per_token =
+      sh.hkv * ((per_channel(f) ? 1.0 : 2.0) * 4.0 * scale_groups(f, sh.d) + 2.0 * row_bytes(f, sh.d));
+  double tokens = 0, pages = 0, blocks = 0;
   for (int32_t n : lengths) {
     tokens += n;
     if (sh.paged()) pages += (n + sh.page_size - 1) / sh.page_size;
+    blocks += (n + kBlock - 1) / kBlock;
   }
-  return tokens * per_token + 2.0 * (2.0 * sh.batch * sh.num_new * sh.hq * sh.d) + 4.0 * sh.batch + 4.0 * pages +
+  return tokens * per_token + (per_channel(f) ? blocks * sh.hkv * 4.0 * sh.d : 0.0) +
+         2.0 * (2.0 * sh.batch * sh.num_new * sh.hq * sh.d) + 4.0 * sh.batch + 4.0 * pages +
          (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
 }
 
@@ -194,14 +214,17 @@ class DecodeCase final : public CaseInstance {
     }
     o_.allocate(B * rows * D * 2);
 
-    const int rb = row_bytes(f, sh.d), np = 2 * scale_groups(f, sh.d);
+    const int rb = row_bytes(f, sh.d);
+    // fp16 elements of pairs per tensor: per (token, head) row, or (keys of a per-channel format) per 32-token block.
+    const int64_t k_pair_elems = (per_channel(f) ? sh.rows() / kBlock : sh.rows()) * key_pairs(f, sh.d);
+    const int64_t v_pair_elems = sh.rows() * 2 * scale_groups(f, sh.d);
     for (int s = 0; s < sets_; ++s) {
       Rng rng(case_seed(op, name, s));
       const uint64_t k_seed = rng.next(), v_seed = rng.next(), q_seed = rng.next();
       Set set;
-      for (auto [data, pairs, scale, seed, heads] :
-           {std::tuple{&set.k, &set.k_scale, &set.k_fp8, k_seed, &set.k_heads},
-            std::tuple{&set.v, &set.v_scale, &set.v_fp8, v_seed, &set.v_heads}}) {
+      for (auto [data, pairs, scale, seed, heads, pair_elems, keys] :
+           {std::tuple{&set.k, &set.k_scale, &set.k_fp8, k_seed, &set.k_heads, k_pair_elems, true},
+            std::tuple{&set.v, &set.v_scale, &set.v_fp8, v_seed, &set.v_heads, v_pair_elems, false}}) {
         *heads = head_scales(sh.hkv, seed);
         gen::KVCacheFill fill;
         fill.format = f;
@@ -212,10 +235,12 @@ class DecodeCase final : public CaseInstance {
         fill.page_size = sh.page_size;
         fill.block_table = sh.paged() ? block_table_.as<const int32_t>() : nullptr;
         fill.head_mag = heads->mag;
+        fill.keys = keys;
         if (f == KVFormat::kFP8) fill.fp8_scale = heads->fp8_scale;
         data->allocate(sh.rows() * rb);
-        if (np) pairs->allocate(sh.rows() * np * 2);
-        gen::fill_kv_cache(fill, data->get(), np ? pairs->as<uint16_t>() : nullptr, gen::sub_seed(seed, 1), ctx.stream);
+        if (pair_elems) pairs->allocate(pair_elems * 2);
+        gen::fill_kv_cache(fill, data->get(), pair_elems ? pairs->as<uint16_t>() : nullptr, gen::sub_seed(seed, 1),
+                           ctx.stream);
         if (f == KVFormat::kFP8) *scale = upload_new(heads->fp8_scale);
       }
       set.q.allocate(B * rows * D * 2);
@@ -245,20 +270,26 @@ class DecodeCase final : public CaseInstance {
     const auto o = o_.download<uint16_t>(sh_.batch * S * HQ * D, stream);
     const auto q = set.q.download<uint16_t>(sh_.batch * S * HQ * D, stream);
 
-    // The checked pairs' K and V rows (physical row numbers in the case's layout), gathered on the GPU.
+    // The checked pairs' K and V rows (physical row numbers in the case's layout), gathered on the GPU; the
+    // per-channel formats' key pairs per block (physical block rows), block j of pair i at first_block[i] + j.
     const size_t n = plan_.items.size();
-    std::vector<int64_t> first(n + 1, 0), rows;
+    const bool channel = per_channel(format_);
+    std::vector<int64_t> first(n + 1, 0), rows, first_block(n + 1, 0), blocks;
     for (size_t i = 0; i < n; ++i) {
       const auto [b, h] = plan_.items[i];
       for (int64_t t = 0; t < lengths_[b]; ++t) rows.push_back(physical_row(b, t, h));
       first[i + 1] = static_cast<int64_t>(rows.size());
+      if (channel)  // the block's first token row / 32 = its block row (pages hold whole blocks)
+        for (int64_t t = 0; t < lengths_[b]; t += kBlock)
+          blocks.push_back(physical_row(b, t, h) / sh_.hkv / kBlock * sh_.hkv + h);
+      first_block[i + 1] = static_cast<int64_t>(blocks.size());
     }
-    const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
+    const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d), kp = key_pairs(format_, sh_.d);
     const auto k_data = download_rows<uint8_t>(set.k, rb, rows, stream);
     const auto v_data = download_rows<uint8_t>(set.v, rb, rows, stream);
     std::vector<uint16_t> k_pairs, v_pairs;
     if (np) {
-      k_pairs = download_rows<uint16_t>(set.k_scale, np, rows, stream);
+      k_pairs = download_rows<uint16_t>(set.k_scale, kp, channel ? blocks : rows, stream);
       v_pairs = download_rows<uint16_t>(set.v_scale, np, rows, stream);
     }
 
@@ -271,8 +302,12 @@ class DecodeCase final : public CaseInstance {
       std::vector<double> k(len * D), v(len * D), qd(S * G * D);
       for (int64_t t = 0; t < len; ++t) {
         const int64_t r = r0 + t;
-        reference::dequantize_kv_row(format_, k_data.data() + r * rb, np ? k_pairs.data() + r * np : nullptr, sh_.d,
-                                     DType::kBF16, set.k_heads.fp8_scale[h], k.data() + t * D);
+        if (channel)
+          reference::dequantize_key_row(format_, k_data.data() + r * rb,
+                                        k_pairs.data() + (first_block[i] + t / kBlock) * kp, sh_.d, k.data() + t * D);
+        else
+          reference::dequantize_kv_row(format_, k_data.data() + r * rb, np ? k_pairs.data() + r * np : nullptr,
+                                       sh_.d, DType::kBF16, set.k_heads.fp8_scale[h], k.data() + t * D);
         reference::dequantize_kv_row(format_, v_data.data() + r * rb, np ? v_pairs.data() + r * np : nullptr, sh_.d,
                                      DType::kBF16, set.v_heads.fp8_scale[h], v.data() + t * D);
       }
@@ -330,7 +365,13 @@ class DecodeCase final : public CaseInstance {
     const int64_t last = data_last_dim(format_, sh_.d);
     c.k = cache_view(s.k, data_dtype(format_), last);
     c.v = cache_view(s.v, data_dtype(format_), last);
-    if (const int ng = scale_groups(format_, sh_.d)) {
+    if (per_channel(format_)) {  // key pairs per 32-token block: [B, T / 32, HKV, 2·D] or [pages, P / 32, HKV, 2·D]
+      const int64_t outer = sh_.paged() ? sh_.batch * sh_.pages_per_seq() : sh_.batch;
+      const int64_t slots = sh_.paged() ? sh_.page_size : sh_.capacity;
+      c.k_scale = TensorView::contiguous(s.k_scale.get(), DType::kFP16,
+                                         {outer, slots / kBlock, sh_.hkv, key_pairs(format_, sh_.d)}, device_);
+      c.v_scale = cache_view(s.v_scale, DType::kFP16, 2);
+    } else if (const int ng = scale_groups(format_, sh_.d)) {
       c.k_scale = cache_view(s.k_scale, DType::kFP16, 2 * ng);
       c.v_scale = cache_view(s.v_scale, DType::kFP16, 2 * ng);
     } else if (format_ == KVFormat::kFP8) {
@@ -365,7 +406,8 @@ class DecodeCase final : public CaseInstance {
 };
 
 // Headline decode rows (docs/perf/decode.md): the seed grid B 128 in every format, its largest batch, Llama-3-8B
-// at B 1 and 64, long context, paged, skewed lengths and speculative decoding.
+// at B 1 and 64, long context, paged, skewed lengths and speculative decoding; the per-channel key formats beside
+// int4 at B 128 / 512 and Llama-3-8B B 64.
 bool decode_headline(const std::string& name) {
   static const char* const kRows[] = {
       "hq8kv1/B128/T8192/native",       "hq8kv1/B128/T8192/fp8",         "hq8kv1/B128/T8192/int8",
@@ -373,6 +415,8 @@ bool decode_headline(const std::string& name) {
       "hq8kv1/B512/T8192/int4",         "llama3_8b/B1/T4096/native",      "llama3_8b/B64/T4096/native",
       "llama3_8b/B64/T4096/int8",       "llama3_8b/B64/T4096/int4",       "llama3_8b/B1/T131072/int4",
       "hq8kv1/B128/T8192/paged16/int4", "hq8kv1/B64/T8192/zipf/int4",     "llama3_8b/B16/T4096/S4/int4",
+      "hq8kv1/B128/T8192/int8_kchannel", "hq8kv1/B128/T8192/int4_kchannel", "hq8kv1/B512/T8192/int4_kchannel",
+      "llama3_8b/B64/T4096/int4_kchannel",
   };
   return std::find(std::begin(kRows), std::end(kRows), name) != std::end(kRows);
 }
@@ -432,9 +476,15 @@ struct AppendShape {
   int64_t new_rows() const { return static_cast<int64_t>(batch) * num_new * hkv; }
 };
 
+// Per new (row, head): the bf16 row read, its codes and pairs written. The per-channel formats' keys instead: the
+// row read and written into k_residual, the block's earlier rows read from it and their codes rewritten with the
+// new row's, and the block's 2·D pairs; earlier rows: 15.5, the mean over a uniform position in the block (S = 1).
 double append_bytes(const AppendShape& sh, KVFormat f) {
-  return sh.new_rows() * 2.0 * (2.0 * sh.d + row_bytes(f, sh.d) + 4.0 * scale_groups(f, sh.d)) + 4.0 * sh.batch +
-         (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
+  const double rb = row_bytes(f, sh.d), row16 = 2.0 * sh.d;
+  const double v_row = row16 + rb + 4.0 * scale_groups(f, sh.d);
+  const double earlier = (kBlock - 1) / 2.0;
+  const double k_row = per_channel(f) ? 2.0 * row16 + earlier * row16 + (earlier + 1.0) * rb + 4.0 * sh.d : v_row;
+  return sh.new_rows() * (k_row + v_row) + 4.0 * sh.batch + (f == KVFormat::kFP8 ? 2.0 * 4.0 * sh.hkv : 0.0);
 }
 
 class AppendCase final : public CaseInstance {
@@ -470,12 +520,21 @@ class AppendCase final : public CaseInstance {
       sets_data_.push_back(std::move(set));
       if (s == 0) positions_ = std::move(positions);
     }
-    // The cache is output only (its previous contents do not matter to append_kv).
+    // The cache is output only (its previous contents do not matter to append_kv), but for the per-channel
+    // formats' k_residual: the keys of the positions before the new ones in their block, read back. It holds bf16
+    // m_h·N(0, 1) rows (fill_residual); the timed calls overwrite slots with their new rows, which keeps it valid.
     k_.allocate(B * T * HKV * rb);
     v_.allocate(B * T * HKV * rb);
     if (np) {
-      k_pairs_.allocate(B * T * HKV * np * 2);
+      k_pairs_.allocate((per_channel(f) ? B * T / kBlock * HKV : B * T * HKV) * key_pairs(f, sh.d) * 2);
       v_pairs_.allocate(B * T * HKV * np * 2);
+    }
+    if (per_channel(f)) {
+      if (T % kBlock != 0) throw Error("tessera-bench: append_kv: per-channel keys need a capacity multiple of 32");
+      residual_heads_ = head_scales(sh.hkv, case_seed(op, name + "/k_residual", 0));
+      residual_seed_ = gen::sub_seed(case_seed(op, name + "/k_residual", 1), 1);
+      residual_.allocate(B * attention::kKeyResidualRows * HKV * sh.d * 2);
+      fill_residual(ctx.stream);
     }
   }
 
@@ -489,7 +548,13 @@ class AppendCase final : public CaseInstance {
     const int64_t last = data_last_dim(format_, sh_.d);
     c.k = TensorView::contiguous(k_.get(), data_dtype(format_), {B, T, HKV, last}, device_);
     c.v = TensorView::contiguous(v_.get(), data_dtype(format_), {B, T, HKV, last}, device_);
-    if (const int ng = scale_groups(format_, sh_.d)) {
+    if (per_channel(format_)) {
+      c.k_scale = TensorView::contiguous(k_pairs_.get(), DType::kFP16, {B, T / kBlock, HKV, key_pairs(format_, sh_.d)},
+                                         device_);
+      c.v_scale = TensorView::contiguous(v_pairs_.get(), DType::kFP16, {B, T, HKV, 2}, device_);
+      c.k_residual = TensorView::contiguous(residual_.get(), DType::kBF16,
+                                            {B, attention::kKeyResidualRows, HKV, sh_.d}, device_);
+    } else if (const int ng = scale_groups(format_, sh_.d)) {
       c.k_scale = TensorView::contiguous(k_pairs_.get(), DType::kFP16, {B, T, HKV, 2 * ng}, device_);
       c.v_scale = TensorView::contiguous(v_pairs_.get(), DType::kFP16, {B, T, HKV, 2 * ng}, device_);
     } else if (format_ == KVFormat::kFP8) {
@@ -503,17 +568,25 @@ class AppendCase final : public CaseInstance {
   }
 
   // Set 0's rows must equal the reference quantizer's bytes exactly; the token rows either side of them (inside
-  // the capacity) must keep the 0xFF poison.
+  // the capacity) must keep the 0xFF poison. The per-channel formats' keys: check_key_blocks.
   CheckResult check(cudaStream_t stream) override {
     const int64_t T = sh_.capacity, HKV = sh_.hkv, S = sh_.num_new;
     const int rb = row_bytes(format_, sh_.d), np = 2 * scale_groups(format_, sh_.d);
+    const bool channel = per_channel(format_);
     for (const DeviceBuffer* b : {&k_, &v_, &k_pairs_, &v_pairs_}) b->fill_async(0xFF, stream);
+    std::vector<uint16_t> residual_before;
+    if (channel) {  // the residual the timed calls left behind, replaced by its initial rows
+      fill_residual(stream);
+      residual_before = residual_.download<uint16_t>(residual_elems(), stream);
+    }
     run(stream, 0);
     // What the cache must hold: the reference quantizer over set 0's new rows (downloaded).
     const Set& set = sets_data_[0];
-    Expected expect_k = expected(set.k_new, set.k_heads, stream), expect_v = expected(set.v_new, set.v_heads, stream);
+    Expected expect_k = channel ? Expected{} : expected(set.k_new, set.k_heads, stream);
+    Expected expect_v = expected(set.v_new, set.v_heads, stream);
     int64_t bad_rows = 0, bad_guard = 0, compared = 0;
     std::string first;
+    if (channel) check_key_blocks(residual_before, stream, bad_rows, bad_guard, compared, first);
     const struct {
       const char* name;
       const DeviceBuffer& data;
@@ -521,6 +594,7 @@ class AppendCase final : public CaseInstance {
       const Expected& expect;
     } tensors[] = {{"k", k_, k_pairs_, expect_k}, {"v", v_, v_pairs_, expect_v}};
     for (const auto& t : tensors) {
+      if (channel && &t.data == &k_) continue;  // the per-channel keys: checked above
       for (int64_t b = 0; b < sh_.batch; ++b) {
         // Tokens [pos - 1, pos + S] of sequence b, clipped to the capacity: one contiguous range of rows.
         const int64_t pos = positions_[b], lo = std::max<int64_t>(pos - 1, 0), hi = std::min<int64_t>(pos + S + 1, T);
@@ -594,13 +668,113 @@ class AppendCase final : public CaseInstance {
     return e;
   }
 
+  int64_t residual_elems() const {
+    return static_cast<int64_t>(sh_.batch) * attention::kKeyResidualRows * sh_.hkv * sh_.d;
+  }
+
+  // k_residual [B, 64, HKV, D]: bf16 m_h·N(0, 1) rows (a native "cache" of 64 tokens), the same every time.
+  void fill_residual(cudaStream_t stream) {
+    gen::KVCacheFill fill;
+    fill.format = KVFormat::kNative;
+    fill.batch = sh_.batch;
+    fill.capacity = attention::kKeyResidualRows;
+    fill.hkv = sh_.hkv;
+    fill.head_dim = sh_.d;
+    fill.head_mag = residual_heads_.mag;
+    gen::fill_kv_cache(fill, residual_.get(), nullptr, residual_seed_, stream);
+  }
+
+  // The per-channel formats' keys after set 0's call: every block j the new rows [pos, pos + S) touch holds
+  // reference::quantize_key_block over its rows [32j, min(32j + 32, pos + S)), those before pos taken from
+  // k_residual as it was (`before`), bit for bit (codes and 2·D pairs per head); the token rows just outside them
+  // and the pairs of the blocks either side keep the poison; k_residual holds the new rows in slots (pos + i) % 64
+  // and is unchanged elsewhere.
+  void check_key_blocks(const std::vector<uint16_t>& before, cudaStream_t stream, int64_t& bad_rows,
+                        int64_t& bad_guard, int64_t& compared, std::string& first) const {
+    const int64_t T = sh_.capacity, HKV = sh_.hkv, S = sh_.num_new, D = sh_.d, R = attention::kKeyResidualRows;
+    const int rb = row_bytes(format_, sh_.d), kp = key_pairs(format_, sh_.d);
+    const int64_t blocks_per_seq = T / kBlock;
+    const auto k_new = sets_data_[0].k_new.download<uint16_t>(sh_.new_rows() * D, stream);
+    const auto after = residual_.download<uint16_t>(residual_elems(), stream);
+    const auto poison = [](uint8_t x) { return x == 0xFF; };
+    const auto note = [&](const std::string& what) {
+      if (first.empty()) first = what;
+    };
+    std::vector<float> x(kBlock * D);
+    std::vector<uint8_t> codes(kBlock * rb);
+    std::vector<uint16_t> params(kp);
+    for (int64_t b = 0; b < sh_.batch; ++b) {
+      const int64_t pos = positions_[b], end = std::min(pos + S, T);
+      const int64_t j0 = pos / kBlock, j1 = (end - 1) / kBlock;
+      // Token rows [lo, hi): the written blocks' rows up to `end`, and the row either side.
+      const int64_t lo = std::max<int64_t>(j0 * kBlock - 1, 0), hi = std::min(end + 1, T);
+      const auto data = download_range<uint8_t>(k_, (b * T + lo) * HKV * rb, (hi - lo) * HKV * rb, stream);
+      const int64_t p_lo = std::max<int64_t>(j0 - 1, 0), p_hi = std::min(j1 + 2, blocks_per_seq);
+      const auto pairs =
+          download_range<uint16_t>(k_pairs_, (b * blocks_per_seq + p_lo) * HKV * kp, (p_hi - p_lo) * HKV * kp, stream);
+      const auto key_bits = [&](int64_t t, int64_t h) {  // the 16-bit key of position t, head h, before the call
+        return t < pos ? &before[((b * R + t % R) * HKV + h) * D] : &k_new[((b * S + (t - pos)) * HKV + h) * D];
+      };
+      for (int64_t j = p_lo; j < p_hi; ++j) {
+        for (int64_t h = 0; h < HKV; ++h) {
+          const uint16_t* got = pairs.data() + ((j - p_lo) * HKV + h) * kp;
+          const std::string where = "k b " + std::to_string(b) + " block " + std::to_string(j) + " head " +
+                                    std::to_string(h);
+          if (j < j0 || j > j1) {  // a neighbour block: its pairs untouched
+            if (!std::all_of(got, got + kp, [](uint16_t v) { return v == 0xFFFF; })) {
+              note(where + " pairs written, but only blocks " + std::to_string(j0) + ".." + std::to_string(j1) +
+                   " should be");
+              ++bad_guard;
+            }
+            continue;
+          }
+          const int64_t r0 = j * kBlock, n = std::min(r0 + kBlock, end) - r0;
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t i = 0; i < D; ++i) x[r * D + i] = host::bf16_to_f32(key_bits(r0 + r, h)[i]);
+          reference::quantize_key_block(format_, x.data(), static_cast<int>(n), sh_.d, codes.data(), params.data());
+          bool same = std::memcmp(got, params.data(), kp * 2) == 0;
+          for (int64_t r = 0; r < n; ++r)
+            same = same && std::memcmp(data.data() + ((r0 + r - lo) * HKV + h) * rb, codes.data() + r * rb, rb) == 0;
+          compared += n;
+          if (!same) {
+            note(where + " differs from reference::quantize_key_block over its " + std::to_string(n) + " rows");
+            ++bad_rows;
+          }
+        }
+      }
+      for (int64_t t : {j0 * kBlock - 1, end}) {  // the token rows either side: still poison
+        if (t < lo || t >= hi) continue;
+        const uint8_t* row = data.data() + (t - lo) * HKV * rb;
+        if (!std::all_of(row, row + HKV * rb, poison)) {
+          note("k b " + std::to_string(b) + " token " + std::to_string(t) + " written, outside blocks " +
+               std::to_string(j0) + ".." + std::to_string(j1) + " up to token " + std::to_string(end - 1));
+          ++bad_guard;
+        }
+      }
+      for (int64_t slot = 0; slot < R; ++slot) {
+        const int64_t i = ((slot - pos) % R + R) % R;  // the new row of this slot, if i < S
+        const bool fresh = i < S && pos + i < T;
+        for (int64_t h = 0; h < HKV; ++h) {
+          const uint16_t* want = fresh ? &k_new[((b * S + i) * HKV + h) * D] : &before[((b * R + slot) * HKV + h) * D];
+          if (std::memcmp(&after[((b * R + slot) * HKV + h) * D], want, D * 2) != 0) {
+            note("k_residual b " + std::to_string(b) + " slot " + std::to_string(slot) + " head " +
+                 std::to_string(h) + (fresh ? " does not hold the new row" : " changed, but no new row goes there"));
+            ++bad_rows;
+          }
+        }
+      }
+    }
+  }
+
   AppendShape sh_;
   KVFormat format_;
   int device_;
   int sets_ = 1;
   std::vector<Set> sets_data_;
-  DeviceBuffer k_, v_, k_pairs_, v_pairs_;
+  DeviceBuffer k_, v_, k_pairs_, v_pairs_, residual_;
   std::vector<int32_t> positions_;
+  HeadScales residual_heads_;   // per-channel formats: k_residual's magnitudes per KV head
+  uint64_t residual_seed_ = 0;  // and its seed
 };
 
 void add_append_cases(std::vector<CaseSpec>& cases) {

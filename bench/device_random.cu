@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) fill_topk_kernel(int32_t* ids, int64
 struct KVParams {
   attention::KVFormat format;
   int64_t batch, capacity;
-  int hkv, d, page_size, chunk, row_bytes, num_pairs;  // num_pairs: 2·NG fp16 per row
+  int hkv, d, page_size, chunk, row_bytes, num_pairs;  // num_pairs: 2·NG fp16 per row (2·D per key block)
   const int32_t* table;
   uint64_t seed;
   float mag[kMaxHeads];
@@ -124,6 +124,78 @@ __device__ inline uint16_t fp16_sat_bits(float x) {
   return h;
 }
 
+// Element i of logical row `row` ((b·T + t)·HKV + h) of a cache fill: bf16 m_h·N(0, 1), as a float.
+__device__ inline float kv_value(const KVParams& p, int64_t row, int i, float mag) {
+  return __bfloat162float(__float2bfloat16_rn(mag * normal(hash(p.seed, static_cast<uint64_t>(row * p.d + i)))));
+}
+
+// Physical row of token t of sequence b in the contiguous or paged layout (times HKV: add the head).
+__device__ inline int64_t kv_token_row(const KVParams& p, int64_t b, int64_t t) {
+  if (p.page_size <= 0) return b * p.capacity + t;
+  const int64_t page = p.table[b * (p.capacity / p.page_size) + t / p.page_size];
+  return page * p.page_size + t % p.page_size;
+}
+
+// The (scale, offset) bits of the range [lo, hi] and the code of x under them (attention.h's integer rule).
+struct IntRange {
+  uint16_t scale_bits, offset_bits;
+  float scale, offset, levels;
+  __device__ IntRange(float lo, float hi, float lv) : levels(lv) {
+    scale_bits = fp16_sat_bits((hi - lo) / levels);
+    offset_bits = fp16_sat_bits(lo);
+    scale = __half2float(__ushort_as_half(scale_bits));
+    offset = __half2float(__ushort_as_half(offset_bits));
+  }
+  __device__ uint32_t code(float x) const {
+    float q = 0.0f;
+    if (scale != 0.0f) {
+      q = rintf((x - offset) / scale);
+      if (!(q >= 0.0f)) q = 0.0f;
+      q = fminf(q, levels);
+    }
+    return static_cast<uint32_t>(q);
+  }
+};
+
+// Keys of a per-channel format: one thread per (sequence, 32-token block, head, channel pair 2c, 2c + 1), two passes
+// over the block's 32 rows (lo / hi per channel, then the codes; the values regenerated in each).
+__global__ void __launch_bounds__(kThreads) fill_key_blocks_kernel(const KVParams p, uint8_t* data, uint16_t* pairs) {
+  const int64_t pairs_per_row = p.d / 2, blocks = p.capacity / attention::kKeyBlock;
+  const int64_t idx = int64_t{blockIdx.x} * kThreads + threadIdx.x;
+  if (idx >= p.batch * blocks * p.hkv * pairs_per_row) return;
+  const int c = static_cast<int>(idx % pairs_per_row);
+  const int h = static_cast<int>(idx / pairs_per_row % p.hkv);
+  const int64_t j = idx / (pairs_per_row * p.hkv) % blocks, b = idx / (pairs_per_row * p.hkv * blocks);
+  const float mag = p.mag[h];
+  const int d0 = 2 * c, d1 = 2 * c + 1;
+  const int64_t t0 = j * attention::kKeyBlock;
+  float lo0 = INFINITY, hi0 = -INFINITY, lo1 = INFINITY, hi1 = -INFINITY;
+  for (int r = 0; r < attention::kKeyBlock; ++r) {
+    const int64_t row = ((b * p.capacity + t0 + r) * p.hkv + h);
+    const float x0 = kv_value(p, row, d0, mag), x1 = kv_value(p, row, d1, mag);
+    lo0 = fminf(lo0, x0), hi0 = fmaxf(hi0, x0), lo1 = fminf(lo1, x1), hi1 = fmaxf(hi1, x1);
+  }
+  const float levels = p.format == attention::KVFormat::kInt8KChannel ? 255.0f : 15.0f;
+  const IntRange r0(lo0, hi0, levels), r1(lo1, hi1, levels);
+  // The block's pairs: [outer, slots / 32, HKV, 2·D]; a block never straddles a page (page_size % 32 == 0).
+  const int64_t first = kv_token_row(p, b, t0);  // the block's first token row: outer · slots + 32·(block in outer)
+  uint16_t* pr = pairs + (first / attention::kKeyBlock * p.hkv + h) * p.num_pairs;
+  pr[d0] = r0.scale_bits, pr[d1] = r1.scale_bits;
+  pr[p.d + d0] = r0.offset_bits, pr[p.d + d1] = r1.offset_bits;
+  const bool int8 = p.format == attention::KVFormat::kInt8KChannel;
+  for (int r = 0; r < attention::kKeyBlock; ++r) {
+    const int64_t row = ((b * p.capacity + t0 + r) * p.hkv + h);
+    uint8_t* out = data + ((first + r) * p.hkv + h) * p.row_bytes;
+    const uint32_t q0 = r0.code(kv_value(p, row, d0, mag)), q1 = r1.code(kv_value(p, row, d1, mag));
+    if (int8) {
+      out[d0] = static_cast<uint8_t>(q0);
+      out[d1] = static_cast<uint8_t>(q1);
+    } else {
+      out[c] = static_cast<uint8_t>(q0 | (q1 << 4));
+    }
+  }
+}
+
 // One thread per (row, chunk): a chunk is a scale group of the integer formats, 32 elements otherwise. The values
 // are regenerated in each pass (min/max, then codes) rather than held in registers.
 __global__ void __launch_bounds__(kThreads) fill_kv_kernel(const KVParams p, uint8_t* data, uint16_t* pairs) {
@@ -133,16 +205,10 @@ __global__ void __launch_bounds__(kThreads) fill_kv_kernel(const KVParams p, uin
   const int64_t row = idx / chunks;  // logical (b·T + t)·HKV + h
   const int c = static_cast<int>(idx % chunks), h = static_cast<int>(row % p.hkv);
   const int64_t tok = row / p.hkv, t = tok % p.capacity, b = tok / p.capacity;
-  int64_t phys = row;
-  if (p.page_size > 0) {
-    const int64_t page = p.table[b * (p.capacity / p.page_size) + t / p.page_size];
-    phys = (page * p.page_size + t % p.page_size) * p.hkv + h;
-  }
+  const int64_t phys = kv_token_row(p, b, t) * p.hkv + h;
   const float mag = p.mag[h];
   const int i0 = c * p.chunk;
-  const auto value = [&](int i) {
-    return __bfloat162float(__float2bfloat16_rn(mag * normal(hash(p.seed, static_cast<uint64_t>(row * p.d + i)))));
-  };
+  const auto value = [&](int i) { return kv_value(p, row, i, mag); };
   uint8_t* out = data + phys * p.row_bytes;
   switch (p.format) {
     case attention::KVFormat::kNative: {
@@ -156,7 +222,8 @@ __global__ void __launch_bounds__(kThreads) fill_kv_kernel(const KVParams p, uin
       return;
     default: break;
   }
-  const bool int4 = p.format != attention::KVFormat::kInt8;
+  // kInt8 and the values of kInt8KChannel: 255 levels; the int4 formats: 15.
+  const bool int4 = p.format != attention::KVFormat::kInt8 && p.format != attention::KVFormat::kInt8KChannel;
   const float levels = int4 ? 15.0f : 255.0f;
   float lo = value(i0), hi = lo;
   for (int i = i0 + 1; i < i0 + p.chunk; ++i) {
@@ -164,20 +231,11 @@ __global__ void __launch_bounds__(kThreads) fill_kv_kernel(const KVParams p, uin
     lo = fminf(lo, x);
     hi = fmaxf(hi, x);
   }
-  const uint16_t scale_bits = fp16_sat_bits((hi - lo) / levels), offset_bits = fp16_sat_bits(lo);
+  const IntRange range(lo, hi, levels);
   uint16_t* pr = pairs + phys * p.num_pairs + 2 * c;
-  pr[0] = scale_bits;
-  pr[1] = offset_bits;
-  const float scale = __half2float(__ushort_as_half(scale_bits)), offset = __half2float(__ushort_as_half(offset_bits));
-  const auto code = [&](int i) {
-    float q = 0.0f;
-    if (scale != 0.0f) {
-      q = rintf((value(i) - offset) / scale);
-      if (!(q >= 0.0f)) q = 0.0f;
-      q = fminf(q, levels);
-    }
-    return static_cast<uint32_t>(q);
-  };
+  pr[0] = range.scale_bits;
+  pr[1] = range.offset_bits;
+  const auto code = [&](int i) { return range.code(value(i)); };
   if (!int4) {
     for (int i = i0; i < i0 + p.chunk; ++i) out[i] = static_cast<uint8_t>(code(i));
   } else {
@@ -279,20 +337,34 @@ void fill_kv_cache(const KVCacheFill& f, void* data, uint16_t* pairs, uint64_t s
   p.page_size = f.page_size;
   p.table = f.block_table;
   p.seed = seed;
+  const bool channel = f.format == KVFormat::kInt8KChannel || f.format == KVFormat::kInt4KChannel;
   const bool grouped = f.format == KVFormat::kInt4Group32;
-  const bool whole_row = f.format == KVFormat::kInt8 || f.format == KVFormat::kInt4;
+  const bool whole_row = f.format == KVFormat::kInt8 || f.format == KVFormat::kInt4 || channel;
   p.chunk = grouped ? attention::kInt4GroupSize : whole_row ? f.head_dim : (f.head_dim % 32 == 0 ? 32 : f.head_dim);
-  if (f.head_dim % p.chunk != 0 || (f.format != KVFormat::kInt8 && f.format != KVFormat::kNative &&
-                                    f.format != KVFormat::kFP8 && p.chunk % 2 != 0))
+  const bool byte_codes = f.format == KVFormat::kInt8 || f.format == KVFormat::kInt8KChannel ||
+                          f.format == KVFormat::kNative || f.format == KVFormat::kFP8;
+  if (f.head_dim % p.chunk != 0 || (!byte_codes && p.chunk % 2 != 0) || (channel && f.head_dim % 2 != 0))
     throw Error("tessera-bench: fill_kv_cache: head_dim " + std::to_string(f.head_dim) + " does not fit the format");
+  if (channel && f.keys &&
+      (f.capacity % attention::kKeyBlock != 0 || (f.page_size > 0 && f.page_size % attention::kKeyBlock != 0)))
+    throw Error("tessera-bench: fill_kv_cache: per-channel keys need capacity and page_size multiples of 32");
   const int ng = grouped ? f.head_dim / attention::kInt4GroupSize : whole_row ? 1 : 0;
-  p.num_pairs = 2 * ng;
+  p.num_pairs = channel && f.keys ? 2 * f.head_dim : 2 * ng;
   p.row_bytes = f.format == KVFormat::kNative ? 2 * f.head_dim
-                : (f.format == KVFormat::kFP8 || f.format == KVFormat::kInt8) ? f.head_dim
-                                                                               : f.head_dim / 2;
+                : (f.format == KVFormat::kFP8 || f.format == KVFormat::kInt8 || f.format == KVFormat::kInt8KChannel)
+                    ? f.head_dim
+                    : f.head_dim / 2;
   for (int h = 0; h < f.hkv; ++h) {
     p.mag[h] = f.head_mag[h];
     p.fp8_scale[h] = f.format == KVFormat::kFP8 ? f.fp8_scale[h] : 1.0f;
+  }
+  if (channel && f.keys) {
+    const int64_t threads = f.batch * (f.capacity / attention::kKeyBlock) * f.hkv * (f.head_dim / 2);
+    if (threads <= 0) return;
+    fill_key_blocks_kernel<<<static_cast<int>((threads + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        p, static_cast<uint8_t*>(data), pairs);
+    check_launch();
+    return;
   }
   const int64_t threads = f.batch * f.capacity * f.hkv * (f.head_dim / p.chunk);
   if (threads <= 0) return;

@@ -52,6 +52,12 @@ void fill_topk_ids(int32_t* ids, int64_t tokens, int topk, int num_experts, uint
 // data: [rows][row_bytes], pairs: [rows][2·NG] fp16 (nullptr for kNative / kFP8). Rows are laid out contiguous
 // ([B, T, HKV, ...]) when page_size == 0, else paged ([num_pages, page_size, HKV, ...]) with logical page
 // (b, p) at physical page block_table[b · capacity / page_size + p] (block_table: a device pointer).
+// Per-channel key formats (kInt8KChannel / kInt4KChannel): with keys = false the tensor is the values, quantized
+// per row as kInt8 / kInt4; with keys = true the keys, quantized per channel over each block of kKeyBlock = 32
+// tokens (every block full: lo / hi over its 32 rows, the same fp16 scale / offset and code rule), the codes in
+// the data rows and the blocks' pairs in `pairs` laid out [B, capacity / 32, HKV, 2·D] (paged: [num_pages,
+// page_size / 32, HKV, 2·D]), the scale of channel d at d and its offset at D + d. capacity (and page_size) must
+// then be multiples of 32.
 struct KVCacheFill {
   attention::KVFormat format = attention::KVFormat::kNative;
   int64_t batch = 0, capacity = 0;
@@ -60,6 +66,7 @@ struct KVCacheFill {
   const int32_t* block_table = nullptr;
   std::vector<float> head_mag;   // [HKV]
   std::vector<float> fp8_scale;  // [HKV], kFP8 only
+  bool keys = false;             // per-channel key formats: the keys (block pairs), else the values (row pairs)
 };
 void fill_kv_cache(const KVCacheFill& fill, void* data, uint16_t* pairs, uint64_t seed, cudaStream_t stream);
 

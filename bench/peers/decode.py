@@ -3,7 +3,8 @@
 
 Cases: tessera-bench's (bench/decode_cases.cpp) '<model>/B<batch>/T<capacity>[/paged<P> | /zipf | /uniform][/S<n>]/
 <format>', D = 128, q/o bf16: hq8kv1 (HQ 8, HKV 1), llama3_8b (HQ 32, HKV 8); the same lengths (skewed ones from
-the same seed and generator). Values N(0, 1) bf16, quantized in torch by attention.h's rule; rotating input sets
+the same seed and generator). Values N(0, 1) bf16, quantized in torch by attention.h's rule (the per-channel key
+formats 'int8_kchannel' / 'int4_kchannel': keys per channel over 32-token blocks, values per row); rotating input sets
 where a cache is under twice the L2. S<n> cases (several new tokens per sequence) have no Python peer here.
 
 Peers (labels in the table)
@@ -11,7 +12,7 @@ Peers (labels in the table)
              tessera's own cache in the row's format where FlashInfer has it: bf16 for 'native', e4m3 for 'fp8' (one
              per-tensor k_scale / v_scale, FlashInfer's contract: the cache is re-quantized with the largest per-head
              scale, which is tessera's own cache where HKV = 1); the integer formats run FlashInfer on the bf16 cache
-             (it has no integer KV). Paged cases pass tessera's block table as FlashInfer's page list; contiguous ones
+             (it has no integer KV; the per-channel key formats alike). Paged cases pass tessera's block table as FlashInfer's page list; contiguous ones
              view the [B, T, HKV, D] cache as 16-token pages with an identity page list. plan() runs once per case
              outside the timed region (its JIT modules are built before, in parallel: fi_jit.py).
   FI cudnn   (--decode-peers ...,flashinfer_cudnn) the same wrapper with backend='cudnn' (cuDNN's paged SDPA decode
@@ -35,7 +36,9 @@ from . import common as C
 from .common import Case, Row
 
 OP = "decode"
-FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
+FORMATS = ("native", "fp8", "int8", "int4", "int4_group32", "int8_kchannel", "int4_kchannel")
+CHANNEL = ("int8_kchannel", "int4_kchannel")  # keys: fp16 (scale, offset) per channel over blocks of KEY_BLOCK tokens
+KEY_BLOCK = 32
 MODELS = {"hq8kv1": (8, 1), "llama3_8b": (32, 8)}
 LENGTH_SEED = 0xDEC0DE  # skewed lengths: the same seed and generator as bench/decode_cases.cpp
 PEERS = ("flashinfer", "flashinfer_tc", "cudnn", "flash", "fa_kvcache", "flashinfer_cudnn")
@@ -43,7 +46,7 @@ DEFAULT_PEERS = PEERS[:5]  # flashinfer_cudnn (its cuDNN paged decode graph, bf1
 FI_LABELS = {"flashinfer": "FI", "flashinfer_tc": "FI tc", "flashinfer_cudnn": "FI cudnn"}
 FI_PAGE = 16  # FlashInfer's page size over a contiguous cache
 _NAME = re.compile(r"^(hq8kv1|llama3_8b)/B(\d+)/T(\d+)(?:/paged(\d+))?(?:/(zipf|uniform))?(?:/S(\d+))?/"
-                   r"(native|fp8|int8|int4|int4_group32)$")
+                   r"(native|fp8|int8|int4|int4_group32|int8_kchannel|int4_kchannel)$")
 
 
 def registry():
@@ -100,20 +103,25 @@ def decode_lengths(kind, batch, capacity, seed=LENGTH_SEED):
 
 
 def kv_row_bytes(fmt, d):
-    return {"native": 2 * d, "fp8": d, "int8": d}.get(fmt, d // 2)
+    return {"native": 2 * d, "fp8": d, "int8": d, "int8_kchannel": d}.get(fmt, d // 2)
 
 
 def kv_scale_groups(fmt, d):
-    """NG: (scale, offset) pairs per (token, head) row; 0 for native and fp8."""
-    return {"int8": 1, "int4": 1, "int4_group32": d // 32}.get(fmt, 0)
+    """NG: (scale, offset) pairs per (token, head) row; 0 for native and fp8; the per-channel formats: 1, the
+    values' pair (their keys' pairs are per 32-token block)."""
+    return {"int8": 1, "int4": 1, "int4_group32": d // 32, "int8_kchannel": 1, "int4_kchannel": 1}.get(fmt, 0)
 
 
 def decode_bytes(s, fmt, lengths):
     """Bytes one call moves, as tessera-bench counts them: the K and V rows (and fp16 scale pairs) of every attended
-    token and KV head, q, o, the lengths, the block-table entries used and the fp8 scales."""
+    token and KV head (the per-channel formats' keys: 4·D bytes per 32-token block attended instead of a pair per
+    row), q, o, the lengths, the block-table entries used and the fp8 scales."""
     B, HQ, HKV, D, ps = (s[n] for n in ("B", "HQ", "HKV", "D", "page_size"))
-    per_token = HKV * 2 * (kv_row_bytes(fmt, D) + 4 * kv_scale_groups(fmt, D))
+    pairs_per_token = (1 if fmt in CHANNEL else 2) * 4 * kv_scale_groups(fmt, D)
+    per_token = HKV * (2 * kv_row_bytes(fmt, D) + pairs_per_token)
     nbytes = sum(lengths) * per_token + 2 * (B * s["S"] * HQ * D * 2) + 4 * B
+    if fmt in CHANNEL:
+        nbytes += HKV * 4 * D * sum(-(-n // KEY_BLOCK) for n in lengths)
     if ps:
         nbytes += 4 * sum(-(-n // ps) for n in lengths)
     if fmt == "fp8":
@@ -128,15 +136,47 @@ def _chunks(n, per_item, limit=1 << 26):
     return [(b, min(n, b + step)) for b in range(0, n, step)]
 
 
-def quantize_kv(x, fmt, fp8_scale=None):
+def _codes_of(torch, xf, lo, hi, levels):
+    """attention.h's integer rule over a range: (codes uint8 (int4 not packed), scale fp16, offset fp16); xf float32
+    broadcast against lo / hi."""
+    scale = ((hi - lo) / levels).clamp_(max=65504.0).half()
+    offset = lo.clamp(-65504.0, 65504.0).half()
+    s, o = scale.float(), offset.float()
+    c = torch.where(s > 0, ((xf - o) / s).round_().clamp_(0, levels), 0.0).to(torch.uint8)
+    return c, scale, offset
+
+
+def _quantize_keys_per_channel(x, fmt):
+    """The per-channel formats' keys, every 32-token block full: codes [B, T, HKV, row], scales fp16
+    [B, T / 32, HKV, 2 D] (the scale of channel d at d, its offset at D + d)."""
+    torch = C.torch
+    B, T, HKV, D = x.shape
+    levels = 255 if fmt == "int8_kchannel" else 15
+    codes = torch.empty((B, T, HKV, kv_row_bytes(fmt, D)), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((B, T // KEY_BLOCK, HKV, 2 * D), dtype=torch.float16, device=x.device)
+    for b0, b1 in _chunks(B, x[0].numel()):
+        xf = x[b0:b1].float().unflatten(1, (T // KEY_BLOCK, KEY_BLOCK))  # [b, blocks, 32, HKV, D]
+        c, scale, offset = _codes_of(torch, xf, xf.amin(2, keepdim=True), xf.amax(2, keepdim=True), levels)
+        c = c.flatten(1, 2)
+        if levels == 15:
+            c = c[..., 0::2] | (c[..., 1::2] << 4)
+        codes[b0:b1] = c
+        scales[b0:b1] = torch.cat((scale, offset), -1).squeeze(2)
+    return codes, scales
+
+
+def quantize_kv(x, fmt, fp8_scale=None, keys=False):
     """bf16 values [B, T, HKV, D] -> (codes, scales) in tessera's cache layout (include/tessera/attention.h).
     native: x itself. fp8: e4m3(x / scale[h]) (saturated), scales = fp8_scale fp32 [HKV]. int8, int4,
     int4_group32: per group lo = min, hi = max, scale = fp16((hi - lo) / levels), offset = fp16(lo),
     code = clamp(rint((x - offset) / scale), 0, levels) or 0 where scale == 0; int4 packs element 2j in the low
-    nibble; scales are fp16 (scale, offset) pairs [B, T, HKV, 2 NG]."""
+    nibble; scales are fp16 (scale, offset) pairs [B, T, HKV, 2 NG]. int8_kchannel, int4_kchannel: the values
+    as int8 / int4; with keys=True the same rule per channel over each 32-token block, scales [B, T / 32, HKV, 2 D]."""
     torch = C.torch
     if fmt == "native":
         return x, None
+    if fmt in CHANNEL and keys:
+        return _quantize_keys_per_channel(x, fmt)
     B, D = x.shape[0], x.shape[-1]
     ranges = _chunks(B, x[0].numel())
     if fmt == "fp8":
@@ -144,32 +184,34 @@ def quantize_kv(x, fmt, fp8_scale=None):
         for b0, b1 in ranges:
             codes[b0:b1] = (x[b0:b1].float() / fp8_scale[:, None]).clamp_(-448.0, 448.0).to(C.fp8_dtype())
         return codes, fp8_scale
-    levels = 255 if fmt == "int8" else 15
+    levels = 255 if fmt in ("int8", "int8_kchannel") else 15
     ng = kv_scale_groups(fmt, D)
     codes = torch.empty((*x.shape[:-1], kv_row_bytes(fmt, D)), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*x.shape[:-1], 2 * ng), dtype=torch.float16, device=x.device)
     for b0, b1 in ranges:
         xf = x[b0:b1].float().unflatten(-1, (ng, D // ng))
-        lo, hi = xf.amin(-1), xf.amax(-1)
-        scale = ((hi - lo) / levels).clamp_(max=65504.0).half()
-        offset = lo.clamp(-65504.0, 65504.0).half()
-        s, o = scale.float().unsqueeze(-1), offset.float().unsqueeze(-1)
-        c = torch.where(s > 0, ((xf - o) / s).round_().clamp_(0, levels), 0.0).to(torch.uint8).flatten(-2)
+        c, scale, offset = _codes_of(torch, xf, xf.amin(-1, keepdim=True), xf.amax(-1, keepdim=True), levels)
+        c = c.flatten(-2)
         if levels == 15:
             c = c[..., 0::2] | (c[..., 1::2] << 4)
         codes[b0:b1] = c
-        scales[b0:b1] = torch.stack((scale, offset), -1).flatten(-2)
+        scales[b0:b1] = torch.cat((scale, offset), -1).flatten(-2)
     return codes, scales
 
 
-def dequantize_kv(codes, scales, fmt):
-    """float32 values of a logical cache [b, T, HKV, D]: e4m3 * scale[h], or code * scale + offset per group."""
+def dequantize_kv(codes, scales, fmt, keys=False):
+    """float32 values of a logical cache [b, T, HKV, D]: e4m3 * scale[h], or code * scale + offset per group; the
+    per-channel formats' keys (keys=True): code * scale[d] + offset[d] of the token's 32-token block."""
     torch = C.torch
     if fmt == "native":
         return codes.float()
     if fmt == "fp8":
         return codes.float() * scales[:, None]
-    c = codes if fmt == "int8" else torch.stack((codes & 15, codes >> 4), -1).flatten(-2)
+    c = codes if fmt in ("int8", "int8_kchannel") else torch.stack((codes & 15, codes >> 4), -1).flatten(-2)
+    if fmt in CHANNEL and keys:
+        D = c.shape[-1]
+        blocks = scales.float().repeat_interleave(KEY_BLOCK, dim=1)  # [b, T, HKV, 2 D]
+        return c.float() * blocks[..., :D] + blocks[..., D:]
     pairs = scales.float().unflatten(-1, (-1, 2))  # [..., NG, 2]
     return (c.float().unflatten(-1, (pairs.shape[-2], -1)) * pairs[..., 0:1] + pairs[..., 1:2]).flatten(-2)
 
@@ -214,11 +256,12 @@ class DecodeInputs:
             perm = torch.randperm(B * pages, generator=g, device=C.DEVICE)
             self.block_table = perm.view(B, pages).to(torch.int32)
 
-    def paged(self, x):
-        """A logical [B, T, HKV, ...] tensor in the paged layout [num_pages, page_size, HKV, ...]."""
+    def paged(self, x, per_page=None):
+        """A logical [B, T, HKV, ...] tensor in the paged layout [num_pages, page_size, HKV, ...] (per_page rows a
+        page instead of page_size: the per-channel key blocks, page_size / 32)."""
         if self.block_table is None:
             return x
-        ps = self.s["page_size"]
+        ps = per_page or self.s["page_size"]
         raw = x.view(C.torch.uint8) if x.element_size() == 1 else x  # index_put has no fp8 kernels
         out = C.torch.empty((self.block_table.numel(), ps, *x.shape[2:]), dtype=raw.dtype, device=x.device)
         out[self.block_table.flatten().long()] = raw.reshape(-1, ps, *x.shape[2:])
@@ -228,20 +271,22 @@ class DecodeInputs:
         """Set st in format fmt: dict(k, v, k_scale, v_scale) in tessera's layout (paged where the case is) and
         logical = ((k codes, k scales), (v codes, v scales)) in the contiguous layout, for the reference."""
         scales = fp8_scales or self.fp8_scales[st]
-        logical = tuple(quantize_kv(x, fmt, sc) for x, sc in zip(self.kv[st], scales))
+        logical = tuple(quantize_kv(x, fmt, sc, keys=i == 0) for i, (x, sc) in enumerate(zip(self.kv[st], scales)))
         (kq, ks), (vq, vs) = logical
         if fmt != "fp8" and ks is not None:
-            ks, vs = self.paged(ks), self.paged(vs)
+            per_page = self.s["page_size"] // KEY_BLOCK if fmt in CHANNEL else None
+            ks, vs = self.paged(ks, per_page), self.paged(vs)
         return dict(k=self.paged(kq), v=self.paged(vq), k_scale=ks, v_scale=vs, logical=logical)
 
     def reference(self, logical, fmt):
         """The float32 reference output of set 0 for a logical cache in format fmt."""
         (kq, ks), (vq, vs) = logical
 
-        def deq(codes, scales):
+        def deq(codes, scales, keys):
             return lambda b0, b1: dequantize_kv(codes[b0:b1], scales if fmt == "fp8" or scales is None
-                                                else scales[b0:b1], fmt)
-        return decode_reference(self.q[0], self.lengths, self.s["T"], self.s["HKV"], deq(kq, ks), deq(vq, vs))
+                                                else scales[b0:b1], fmt, keys)
+        return decode_reference(self.q[0], self.lengths, self.s["T"], self.s["HKV"], deq(kq, ks, True),
+                                deq(vq, vs, False))
 
 
 # ---- peers ------------------------------------------------------------------------------------------------------

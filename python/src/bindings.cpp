@@ -285,13 +285,16 @@ void grouped_gemm_bf16_masked(const py::object& x, const py::object& w, const py
 }
 
 // ---- attention decode -----------------------------------------------------------------------------------------
-// The cache travels as its parts (k, v, k_scale, v_scale, block_table: capsules or None) plus the format name.
+// The cache travels as its parts (k, v, k_scale, v_scale, block_table: capsules or None) plus the format name, and
+// k_residual (the per-channel key formats' 16-bit key residual, capsule or None) last, a keyword defaulting to None so
+// that calls written before it existed keep their meaning.
 
 namespace ta = tessera::attention;
 
 // The callers parse the format first, so a bad name is reported before any tensor is looked at.
 ta::KVCache kv_cache_of(const char* op, ta::KVFormat format, const py::object& k, const py::object& v,
-                        const py::object& k_scale, const py::object& v_scale, const py::object& block_table) {
+                        const py::object& k_scale, const py::object& v_scale, const py::object& block_table,
+                        const py::object& k_residual) {
   ta::KVCache cache;
   cache.format = format;
   if (cache.format == ta::KVFormat::kFP8) {
@@ -305,6 +308,7 @@ ta::KVCache kv_cache_of(const char* op, ta::KVFormat format, const py::object& k
   cache.k_scale = optional_view_of(k_scale, op, "k_scale");
   cache.v_scale = optional_view_of(v_scale, op, "v_scale");
   cache.block_table = optional_view_of(block_table, op, "block_table");
+  cache.k_residual = optional_view_of(k_residual, op, "k_residual");
   return cache;
 }
 
@@ -321,12 +325,12 @@ void attention_decode(const py::object& q, const py::object& k, const py::object
                       const py::object& v_scale, const py::object& block_table, const py::object& cache_seqlens,
                       const py::object& out, const py::object& lse, const py::object& workspace,
                       const std::string& format, float softmax_scale, float softcap, int window, int num_splits,
-                      std::uintptr_t stream) {
+                      std::uintptr_t stream, const py::object& k_residual) {
   constexpr const char* op = "tessera.attention_decode";
   const ta::KVFormat kv_format = parse_kv_format(format, op);
   const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
   const TensorView q_v = view_of(q, op, "q");
-  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
   const TensorView seqlens_v = view_of(cache_seqlens, op, "cache_seqlens");
   const TensorView out_v = view_of(out, op, "out");
   const std::optional<TensorView> lse_v = optional_view_of(lse, op, "lse");
@@ -339,24 +343,25 @@ void attention_decode(const py::object& q, const py::object& k, const py::object
 std::size_t decode_workspace_bytes(const py::object& q, const py::object& k, const py::object& v,
                                    const py::object& k_scale, const py::object& v_scale,
                                    const py::object& block_table, const std::string& format, float softmax_scale,
-                                   float softcap, int window, int num_splits) {
+                                   float softcap, int window, int num_splits, const py::object& k_residual) {
   constexpr const char* op = "tessera.decode_workspace_size";
   const ta::KVFormat kv_format = parse_kv_format(format, op);
   const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
   const TensorView q_v = view_of(q, op, "q");
-  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
   return ta::decode_workspace_bytes(q_v, cache, params);
 }
 
 void append_kv(const py::object& k_new, const py::object& v_new, const py::object& positions, const py::object& k,
                const py::object& v, const py::object& k_scale, const py::object& v_scale,
-               const py::object& block_table, const std::string& format, std::uintptr_t stream) {
+               const py::object& block_table, const std::string& format, std::uintptr_t stream,
+               const py::object& k_residual) {
   constexpr const char* op = "tessera.append_kv";
   const ta::KVFormat kv_format = parse_kv_format(format, op);
   const TensorView k_new_v = view_of(k_new, op, "k_new");
   const TensorView v_new_v = view_of(v_new, op, "v_new");
   const TensorView positions_v = view_of(positions, op, "positions");
-  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table);
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
 
   py::gil_scoped_release no_gil;
   ta::append_kv(k_new_v, v_new_v, positions_v, cache, as_stream(stream));
@@ -439,22 +444,28 @@ PYBIND11_MODULE(_C, m) {
 
   m.attr("decode_max_splits") = ta::kDecodeMaxSplits;
   m.attr("int4_group_size") = ta::kInt4GroupSize;
+  m.attr("key_block") = ta::kKeyBlock;
+  m.attr("key_residual_rows") = ta::kKeyResidualRows;
 
   m.def("attention_decode", &attention_decode, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("cache_seqlens"), py::arg("out"),
         py::arg("lse"), py::arg("workspace"), py::arg("format"), py::arg("softmax_scale"), py::arg("softcap"),
-        py::arg("window"), py::arg("num_splits"), py::arg("stream"),
+        py::arg("window"), py::arg("num_splits"), py::arg("stream"), py::arg("k_residual") = py::none(),
         "One-token attention decode over a KV cache into preallocated out (and lse, or None). format: 'native' | "
-        "'fp8' | 'int8' | 'int4' | 'int4_group32'; with 'fp8' the cache may be uint8 views (read as e4m3). "
-        "softmax_scale 0 = 1/sqrt(D); workspace may be None when decode_workspace_bytes is 0.");
+        "'fp8' | 'int8' | 'int4' | 'int4_group32' | 'int8_kchannel' | 'int4_kchannel'; with 'fp8' the cache may "
+        "be uint8 views (read as e4m3). softmax_scale 0 = 1/sqrt(D); workspace may be None when "
+        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read.");
 
   m.def("decode_workspace_bytes", &decode_workspace_bytes, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
         py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("num_splits"),
+        py::arg("k_residual") = py::none(),
         "Bytes of device workspace attention_decode needs for these shapes and params (on the current device).");
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("positions"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
-        py::arg("stream"),
-        "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots).");
+        py::arg("stream"), py::arg("k_residual") = py::none(),
+        "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots). "
+        "k_residual: [B, 64, HKV, D] in k_new's dtype, required for 'int8_kchannel' / 'int4_kchannel' (read and "
+        "written: the last 64 keys of each sequence), None otherwise.");
 }

@@ -70,7 +70,9 @@ inline attention::KVFormat parse_kv_format(std::string_view s, const char* op) {
   static constexpr Choice<attention::KVFormat> kChoices[] = {
       {"native", attention::KVFormat::kNative}, {"fp8", attention::KVFormat::kFP8},
       {"int8", attention::KVFormat::kInt8},     {"int4", attention::KVFormat::kInt4},
-      {"int4_group32", attention::KVFormat::kInt4Group32}};
+      {"int4_group32", attention::KVFormat::kInt4Group32},
+      {"int8_kchannel", attention::KVFormat::kInt8KChannel},
+      {"int4_kchannel", attention::KVFormat::kInt4KChannel}};
   return parse_choice(s, op, "format", kChoices);
 }
 

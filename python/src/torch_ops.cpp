@@ -310,9 +310,11 @@ void grouped_gemm_bf16_masked(const at::Tensor& x, const at::Tensor& w, const at
 // ---- attention decode --------------------------------------------------------------------------------------------
 
 
+// The cache of both ops. k_residual (the per-channel key formats' 16-bit keys) is passed on as given: whether it is
+// required, read or refused is the C++ validation's rule (append_kv needs it for those formats, decode ignores it).
 ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tensor& k, const at::Tensor& v,
                         const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
-                        const std::optional<at::Tensor>& block_table) {
+                        const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& k_residual) {
   ta::KVCache cache;
   cache.format = parse_kv_format(format, op);
   const bool fp8 = cache.format == ta::KVFormat::kFP8;
@@ -333,6 +335,7 @@ ta::KVCache kv_cache_of(const char* op, std::string_view format, const at::Tenso
   cache.k_scale = optional_view_of(k_scale, op, "k_scale");
   cache.v_scale = optional_view_of(v_scale, op, "v_scale");
   cache.block_table = optional_view_of(block_table, op, "block_table");
+  cache.k_residual = optional_view_of(k_residual, op, "k_residual");
   return cache;
 }
 
@@ -341,7 +344,8 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
                       const at::Tensor& out, const std::optional<at::Tensor>& lse,
                       const std::optional<at::Tensor>& workspace, std::string_view format, double softmax_scale,
-                      double softcap, int64_t window, int64_t num_splits) {
+                      double softcap, int64_t window, int64_t num_splits,
+                      const std::optional<at::Tensor>& k_residual) {
   constexpr const char* op = "tessera.attention_decode";
   {
     ta::DecodeParams params;
@@ -350,7 +354,7 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
     params.window = narrow(window, op, "window");
     params.num_splits = narrow(num_splits, op, "num_splits");
     const c10::Device device = device_of(q, op, "q");
-    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
+    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
     const TensorView qv = view_of(q, op, "q");
     const TensorView sv = view_of(cache_seqlens, op, "cache_seqlens");
     const TensorView ov = view_of(out, op, "out");
@@ -367,11 +371,11 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
 void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tensor& positions,
                const at::Tensor& k_cache, const at::Tensor& v_cache, const std::optional<at::Tensor>& k_scale,
                const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& block_table,
-               std::string_view format) {
+               std::string_view format, const std::optional<at::Tensor>& k_residual) {
   constexpr const char* op = "tessera.append_kv";
   {
     const c10::Device device = device_of(k_new, op, "k_new");
-    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table);
+    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
     const TensorView kv = view_of(k_new, op, "k_new");
     const TensorView vv = view_of(v_new, op, "v_new");
     const TensorView pv = view_of(positions, op, "positions");
@@ -575,7 +579,8 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
                                const at::Tensor& out, const std::optional<at::Tensor>& lse,
                                const std::optional<at::Tensor>& workspace, std::string_view format,
-                               double softmax_scale, double softcap, int64_t window, int64_t num_splits);
+                               double softmax_scale, double softcap, int64_t window, int64_t num_splits,
+                               const std::optional<at::Tensor>& k_residual);
 
 std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
@@ -583,7 +588,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
     const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& out,
     const std::optional<at::Tensor>& lse, bool return_lse, const std::optional<at::Tensor>& workspace,
     std::string_view format, std::optional<double> softmax_scale, double softcap, int64_t window,
-    int64_t num_splits) {
+    int64_t num_splits, const std::optional<at::Tensor>& k_residual) {
   constexpr const char* op = "tessera.attention_decode";
   at::Tensor o;
   std::optional<at::Tensor> m = lse;
@@ -606,7 +611,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
     m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
   }
   attention_decode_dispatch(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, o, m, workspace,
-                            format, softmax_scale.value_or(0.0), softcap, window, num_splits);
+                            format, softmax_scale.value_or(0.0), softcap, window, num_splits, k_residual);
   return {o, m};
 }
 
@@ -649,9 +654,12 @@ struct Entry<Fn> {
   }
 };
 
-#define TESSERA_TORCH_OPS(X)                                                                                     \
+// The ops whose direct entries take every argument positionally; attention_decode and append_kv are bound with
+// their argument names (k_residual, added last, defaults to None there as in their schemas).
+#define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
-  X(grouped_gemm_bf16_masked) X(attention_decode) X(append_kv)
+  X(grouped_gemm_bf16_masked)
+#define TESSERA_TORCH_OPS(X) TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv)
 
 #define TESSERA_OP_NAME(name)                       \
   template <>                                       \
@@ -702,9 +710,10 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
                                const at::Tensor& out, const std::optional<at::Tensor>& lse,
                                const std::optional<at::Tensor>& workspace, std::string_view format,
-                               double softmax_scale, double softcap, int64_t window, int64_t num_splits) {
+                               double softmax_scale, double softcap, int64_t window, int64_t num_splits,
+                               const std::optional<at::Tensor>& k_residual) {
   Entry<&attention_decode>::python(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, out, lse,
-                                   workspace, format, softmax_scale, softcap, window, num_splits);
+                                   workspace, format, softmax_scale, softcap, window, num_splits, k_residual);
 }
 
 }  // namespace
@@ -723,8 +732,16 @@ PYBIND11_MODULE(_torch_C, m) {
   m.doc() = "tessera's PyTorch operators (registration) and their direct eager entry points; use tessera.*";
   pybind11::register_local_exception_translator(&tessera::python::translate_errors);
 #define TESSERA_DEF(name) m.def(#name, &Entry<&name>::python, pybind11::call_guard<pybind11::gil_scoped_release>());
-  TESSERA_TORCH_OPS(TESSERA_DEF)
+  TESSERA_TORCH_OPS_POSITIONAL(TESSERA_DEF)
 #undef TESSERA_DEF
+  using pybind11::arg;
+  m.def("attention_decode", &Entry<&attention_decode>::python, arg("q"), arg("k_cache"), arg("v_cache"), arg("k_scale"),
+        arg("v_scale"), arg("block_table"), arg("cache_seqlens"), arg("out"), arg("lse"), arg("workspace"),
+        arg("format"), arg("softmax_scale"), arg("softcap"), arg("window"), arg("num_splits"),
+        arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("append_kv", &Entry<&append_kv>::python, arg("k_new"), arg("v_new"), arg("positions"), arg("k_cache"),
+        arg("v_cache"), arg("k_scale"), arg("v_scale"), arg("block_table"), arg("format"),
+        arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());

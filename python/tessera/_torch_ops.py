@@ -10,7 +10,9 @@ Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op
 tessera._torch_C.<op>, the same C++ function bound directly, because the dispatcher's boxed call from Python costs
 several microseconds of host time per call for ops with a dozen arguments (docs/python.md has the measurements).
 
-A family added later adds its schemas here and its kernels to torch_ops.cpp; nothing else registers ops.
+A family added later adds its schemas here and its kernels to torch_ops.cpp; nothing else registers ops. An argument
+added to an existing op goes last, with a default (k_residual of the decode ops), so that callers of
+torch.ops.tessera.<op> written before it keep working.
 
 This module imports torch; tessera imports it only when torch is installed.
 """
@@ -48,10 +50,12 @@ OPS = {
     "attention_decode": (
         "attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, Tensor? v_scale, "
         "Tensor? block_table, Tensor cache_seqlens, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, "
-        "str format, float softmax_scale, float softcap, int window, int num_splits) -> ()"),
+        "str format, float softmax_scale, float softcap, int window, int num_splits, "
+        "Tensor? k_residual=None) -> ()"),
     "append_kv": (
         "append_kv(Tensor k_new, Tensor v_new, Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
-        "Tensor(c!)? k_scale, Tensor(d!)? v_scale, Tensor? block_table, str format) -> ()"),
+        "Tensor(c!)? k_scale, Tensor(d!)? v_scale, Tensor? block_table, str format, "
+        "Tensor(e!)? k_residual=None) -> ()"),
 }
 
 

@@ -6,7 +6,10 @@ include/tessera/attention.h; user doc docs/ops/attention_decode.md).
 * ``attention_decode``: one new query token per sequence (or up to 8, causal) attends to its cached keys and values
   (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
   'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
-  (scale, offset) per token and head) and 'int4_group32' (fp16 (scale, offset) per 32 elements).
+  (scale, offset) per token and head), 'int4_group32' (fp16 (scale, offset) per 32 elements), and the per-channel
+  key formats 'int8_kchannel' / 'int4_kchannel' (keys with fp16 (scale, offset) per channel over blocks of 32
+  tokens, KIVI-style; values as 'int8' / 'int4'; append_kv keeps the last 64 keys per sequence in 16 bits in
+  ``k_residual``).
 * ``append_kv``: quantizes new K/V rows into the cache at given positions (the only producer tessera ships).
 * ``decode_workspace_size``: bytes of workspace attention_decode needs (depends on shapes, device and params only).
 * ``dequantize_kv``: the cache format's decoding rule in pure torch, for tests and debugging.
@@ -17,6 +20,11 @@ and raise ValueError naming the op and the argument for invalid arguments (messa
 the names of the C++ API: the KVCache fields, ``o`` for out), and RuntimeError for CUDA or device errors. fp8
 caches may be torch.float8_e4m3fn or torch.uint8 (the e4m3 bytes). Integer-format caches are torch.uint8 (int4: two
 codes per byte, last dim D/2).
+
+append_kv, attention_decode and decode_workspace_size take ``k_residual=`` (None by default): the per-channel key
+formats' 16-bit key residual, which append_kv requires for them (and updates), attention_decode and
+decode_workspace_size accept and do not read, and the other formats refuse. The rules are the C++ validation's
+(messages name 'cache.k_residual'); this layer only passes the tensor on.
 
 attention_decode allocates out and lse with torch when they are not given, and the operator allocates the
 workspace (through torch's caching allocator, on the stream it runs on) when none is given and the split needs one.
@@ -38,9 +46,14 @@ __all__ = [
     "dequantize_kv",
 ]
 
-FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
+FORMATS = ("native", "fp8", "int8", "int4", "int4_group32", "int8_kchannel", "int4_kchannel")
+CHANNEL_FORMATS = ("int8_kchannel", "int4_kchannel")  # per-channel key scales over blocks of KEY_BLOCK tokens
 MAX_SPLITS = _C.decode_max_splits  # 128
 GROUP_SIZE = _C.int4_group_size  # 32: elements per (scale, offset) pair of 'int4_group32'
+KEY_BLOCK = _C.key_block  # 32: tokens per key-scale block of the per-channel key formats
+KEY_RESIDUAL_ROWS = _C.key_residual_rows  # 64: rows of their k_residual [B, 64, HKV, D]
+
+_INT4 = ("int4", "int4_group32", "int4_kchannel")
 
 
 # ---- argument handling ---------------------------------------------------------------------------------------
@@ -94,7 +107,7 @@ def _on_device(torch, device, fn):
 class _Cache:
     """The KV cache arguments as torch tensors, checked for what only Python can see."""
 
-    def __init__(self, torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table):
+    def __init__(self, torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual):
         self.format = format
         self.k = as_tensor(k_cache, op, "k_cache")
         self.v = as_tensor(v_cache, op, "v_cache")
@@ -103,15 +116,17 @@ class _Cache:
         self.k_scale = as_optional_tensor(k_scale, op, "k_scale")
         self.v_scale = as_optional_tensor(v_scale, op, "v_scale")
         self.block_table = as_optional_tensor(block_table, op, "block_table")
+        self.k_residual = as_optional_tensor(k_residual, op, "k_residual")
 
     def capsules(self):
+        """The capsules of the binding's positional cache arguments (k_residual is its keyword)."""
         return (to_capsule(self.k), to_capsule(self.v), to_capsule(self.k_scale), to_capsule(self.v_scale),
                 to_capsule(self.block_table))
 
 
 def _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table):
     """The cache arguments as torch tensors, in the operators' order (the eager path; dtype rules are the
-    operator's)."""
+    operator's). k_residual travels apart: it is the operators' last argument."""
     return (as_tensor(k_cache, op, "k_cache"), as_tensor(v_cache, op, "v_cache"),
             as_optional_tensor(k_scale, op, "k_scale"), as_optional_tensor(v_scale, op, "v_scale"),
             as_optional_tensor(block_table, op, "block_table"))
@@ -128,15 +143,16 @@ def _decode_query(op, format, q, softmax_scale, softcap, window, num_splits):
 
 
 def _workspace_bytes(cache, q, params):
-    return _C.decode_workspace_bytes(to_capsule(q), *cache.capsules(), cache.format, *params)
+    return _C.decode_workspace_bytes(to_capsule(q), *cache.capsules(), cache.format, *params,
+                                     k_residual=to_capsule(cache.k_residual))
 
 
 # ---- ops -------------------------------------------------------------------------------------------------------
 
 
 def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None, v_scale=None, block_table=None,
-                          softmax_scale=None, softcap=0.0, window=0, num_splits=0, out=None, lse=None,
-                          return_lse=False, workspace=None, stream=None):
+                          k_residual=None, softmax_scale=None, softcap=0.0, window=0, num_splits=0, out=None,
+                          lse=None, return_lse=False, workspace=None, stream=None):
     """Bytes of device workspace attention_decode needs for these arguments (0 when one split suffices).
 
     Depends only on the shapes, the device (its SM count) and the params (num_splits above all), never on the
@@ -146,13 +162,13 @@ def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None,
     """
     op = "tessera.decode_workspace_size"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
-    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table)
+    cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual)
     return int(_on_device(torch, device, lambda: _workspace_bytes(cache, q, params)))
 
 
 def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_scale=None, v_scale=None,
-                     block_table=None, softmax_scale=None, softcap=0.0, window=0, num_splits=0, out=None, lse=None,
-                     return_lse=False, workspace=None, stream=None):
+                     block_table=None, k_residual=None, softmax_scale=None, softcap=0.0, window=0, num_splits=0,
+                     out=None, lse=None, return_lse=False, workspace=None, stream=None):
     """Decode attention: o[b, h] = softmax_t(softmax_scale * q[b, h] . K[b, t, h // G]) @ V[b, t, h // G].
 
     Over the keys t in [max(0, L - window), L) with L = min(cache_seqlens[b], capacity) (window 0: all keys);
@@ -165,12 +181,17 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     q              [B, HQ, D] or [B, S, HQ, D] bf16 | fp16, unit stride along D, 16-byte aligned rows;
                    D in {64, 128, 256}; HQ a multiple of HKV.
     k_cache, v_cache  contiguous [B, T_max, HKV, row] or paged [num_pages, page_size, HKV, row]:
-                   'native': q's dtype, row = D; 'fp8': float8_e4m3fn or uint8, row = D; 'int8': uint8, row = D;
-                   'int4', 'int4_group32': uint8, row = D/2 (byte j: element 2j in bits 0..3, 2j+1 in 4..7).
+                   'native': q's dtype, row = D; 'fp8': float8_e4m3fn or uint8, row = D; 'int8', 'int8_kchannel':
+                   uint8, row = D; 'int4', 'int4_group32', 'int4_kchannel': uint8, row = D/2 (byte j: element 2j
+                   in bits 0..3, 2j+1 in 4..7). Channel formats: T_max and page_size multiples of 32.
     cache_seqlens  int32 [B] on the device (read on the device only; lengths beyond the capacity are clamped).
-    format         'native' | 'fp8' | 'int8' | 'int4' | 'int4_group32'.
+    format         'native' | 'fp8' | 'int8' | 'int4' | 'int4_group32' | 'int8_kchannel' | 'int4_kchannel'.
     k_scale, v_scale  integer formats: fp16 [..., HKV, 2*NG] shaped like the data, (scale, offset) pairs,
                    NG = 1 ('int8', 'int4') or D/32 ('int4_group32'). 'fp8': fp32 [1] or [HKV]. 'native': None.
+                   'int8_kchannel', 'int4_kchannel': k_scale fp16 [B, T_max / 32, HKV, 2*D] (or [num_pages,
+                   page_size / 32, HKV, 2*D]): scale of channel d over the 32 tokens of a block at d, its offset
+                   at D + d; v_scale as for 'int8' / 'int4' (one pair per token and head).
+    k_residual     the channel formats' 16-bit key residual (see append_kv); accepted and not read here.
     block_table    int32 [B, max_pages] for the paged layout (page ids outside [0, num_pages): tokens skipped),
                    None for the contiguous one.
     softmax_scale  None (or 0): 1/sqrt(D).   softcap  0: off.   window  0: all keys.
@@ -185,7 +206,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     """
     # The eager fast path (_dlpack.eager); the checked path below converts DLPack producers or names the argument.
     res = eager(stream, "attention_decode_eager", q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
-                out, lse, return_lse, workspace, format, softmax_scale, softcap, window, num_splits)
+                out, lse, return_lse, workspace, format, softmax_scale, softcap, window, num_splits, k_residual)
     if res is not SKIPPED:
         return res if return_lse else res[0]
     op = "tessera.attention_decode"
@@ -195,6 +216,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
                          f"got shape {list(q.shape)}")
     # The cache's dtype rules are checked by the operator (python/src/torch_ops.cpp), with these messages.
     cache = _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table)
+    k_residual = as_optional_tensor(k_residual, op, "k_residual")
     cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
     if out is not None:
         out = as_tensor(out, op, "out")
@@ -210,7 +232,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
         if m is None and return_lse:
             m = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
         # A workspace not given is allocated by the operator, on the stream it runs on, when the split needs one.
-        ops.attention_decode(q, *cache, cache_seqlens, o, m, workspace, format, *params)
+        ops.attention_decode(q, *cache, cache_seqlens, o, m, workspace, format, *params, k_residual)
         return (o, m) if return_lse else o
 
     return run() if stream is None else launch(stream_arg(op, stream, device), run)
@@ -218,7 +240,7 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
 
 
 def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_scale=None, v_scale=None,
-              block_table=None, stream=None):
+              block_table=None, k_residual=None, stream=None):
     """Writes k_new[b, i] and v_new[b, i] into the cache at token positions[b] + i, quantized to its format.
 
     k_new, v_new   [B, S, HKV, D] bf16 | fp16, unit stride along D ('native': the cache's dtype).
@@ -228,12 +250,22 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     k_scale, v_scale  integer formats: outputs, the (scale, offset) pairs of the written rows
                    (scale = fp16((max - min) / levels), offset = fp16(min) per group; levels 255 or 15).
                    'fp8': inputs, fp32 [1] or [HKV]; codes = e4m3(x / scale), saturated to +-448.
+                   'int8_kchannel', 'int4_kchannel': k_scale [.., slots / 32, HKV, 2*D] holds per-channel pairs
+                   over each 32-token block (scale = fp16((max - min) / levels), offset = fp16(min) over the
+                   block's rows appended so far); v_scale per-row pairs as for 'int8' / 'int4'.
+    k_residual     'int8_kchannel', 'int4_kchannel' only, and required there: [B, 64, HKV, D] in k_new's dtype,
+                   unit stride along D, read and written: slot t % 64 holds the 16-bit key of position t of
+                   sequence b for the last 64 positions appended. A block that is not full yet is re-quantized
+                   from its exact keys at every append into it. Contract (not validated): each sequence's rows
+                   are appended in order, never skipping ahead of its end; positions[b] may go back (rejected
+                   speculative tokens) by at most 32 from the furthest end the sequence has reached.
+                   docs/ops/attention_decode.md has the details.
     cache_seqlens are not updated (the caller advances them).
     stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
     Returns None.
     """
     if eager(stream, "append_kv", k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table,
-             format) is not SKIPPED:
+             format, k_residual) is not SKIPPED:
         return None
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
@@ -247,13 +279,14 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
         cuda_device_of(k_new, op, "k_new")
     positions = as_tensor(positions, op, "positions")
     cache = _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table)
+    k_residual = as_optional_tensor(k_residual, op, "k_residual")
 
     ops = torch_ops()
     if stream is None:
-        ops.append_kv(k_new, v_new, positions, *cache, format)
+        ops.append_kv(k_new, v_new, positions, *cache, format, k_residual)
     else:
         launch(stream_arg(op, stream, k_new.device),
-               lambda: ops.append_kv(k_new, v_new, positions, *cache, format))
+               lambda: ops.append_kv(k_new, v_new, positions, *cache, format, k_residual))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------
@@ -270,10 +303,16 @@ def dequantize_kv(codes, scales, format, head_dim, *, dtype=None):
     """The values a cache holds, per include/tessera/attention.h; a torch function for tests and debugging.
 
     codes     cache data [..., HKV, row] (contiguous or paged layout, or any slice that keeps the last two dims):
-              'native' bf16/fp16 (row = D); 'fp8' float8_e4m3fn or uint8 e4m3 bytes (row = D); 'int8' uint8
-              (row = D); 'int4', 'int4_group32' uint8 (row = D/2, low nibble = even element).
+              'native' bf16/fp16 (row = D); 'fp8' float8_e4m3fn or uint8 e4m3 bytes (row = D); 'int8',
+              'int8_kchannel' uint8 (row = D); 'int4', 'int4_group32', 'int4_kchannel' uint8 (row = D/2, low
+              nibble = even element).
     scales    integer formats: fp16 [..., HKV, 2*NG] matching codes' leading dims, pairs (scale, offset);
               NG = 1, or D/32 for 'int4_group32' (elements [32g, 32g+32) use pair g).
+              'int8_kchannel', 'int4_kchannel': the shape says which tensor codes are. Values: [..., HKV, 2]
+              as for 'int8' / 'int4'. Keys: codes [..., T, HKV, row] with T a multiple of 32 counted from a
+              block boundary (a whole contiguous cache or pages) and scales the k_scale blocks
+              [..., T / 32, HKV, 2*D]: channel d of token t uses scale [.., t // 32, h, d] and offset
+              [.., t // 32, h, D + d].
               'fp8': fp32 [1] (per tensor) or [HKV] (per KV head), or a Python number. 'native': ignored.
     head_dim  D.
     dtype     result dtype (default torch.float32); the arithmetic runs in it.
@@ -289,7 +328,7 @@ def dequantize_kv(codes, scales, format, head_dim, *, dtype=None):
     codes = as_tensor(codes, op, "codes")
     if codes.dim() < 2:
         raise ValueError(f"{op}: 'codes' must be [..., HKV, row], got shape {list(codes.shape)}")
-    int4 = format in ("int4", "int4_group32")
+    int4 = format in _INT4
     row = head_dim // 2 if int4 else head_dim
     if (int4 and head_dim % 2) or codes.shape[-1] != row:
         raise ValueError(f"{op}: 'codes' must have last dim {row} for format={format!r} and head_dim {head_dim}, "
@@ -328,6 +367,8 @@ def dequantize_kv(codes, scales, format, head_dim, *, dtype=None):
         groups = 1
     scales = as_tensor(scales, op, "scales")
     expected = tuple(codes.shape[:-1]) + (2 * groups,)
+    if format in CHANNEL_FORMATS and tuple(scales.shape) != expected:
+        return _dequantize_keys(torch, op, codes, scales, format, head_dim, dtype, expected)
     if tuple(scales.shape) != expected:
         raise ValueError(f"{op}: 'scales' must have shape {list(expected)} for format={format!r}, got "
                          f"{list(scales.shape)}")
@@ -337,3 +378,21 @@ def dequantize_kv(codes, scales, format, head_dim, *, dtype=None):
     out = values * pairs[..., 0:1] + pairs[..., 1:2]
     return out.reshape(*codes.shape[:-1], head_dim)
 
+
+def _dequantize_keys(torch, op, codes, scales, format, head_dim, dtype, row_shape):
+    """Keys of a per-channel format: codes [..., T, HKV, row], scales [..., T / 32, HKV, 2*D] (see dequantize_kv)."""
+    lead = tuple(codes.shape[:-3])
+    tokens = codes.shape[-3] if codes.dim() >= 3 else 0
+    heads = codes.shape[-2]
+    blocks = tuple(lead) + (tokens // KEY_BLOCK, heads, 2 * head_dim)
+    if codes.dim() < 3 or tokens % KEY_BLOCK or tuple(scales.shape) != blocks:
+        key_shape = (f"{list(blocks)} (keys: codes [..., T, HKV, row] with T a multiple of {KEY_BLOCK})"
+                     if codes.dim() >= 3 and tokens % KEY_BLOCK == 0 else
+                     f"[..., T / {KEY_BLOCK}, HKV, {2 * head_dim}] for keys with T a multiple of {KEY_BLOCK}")
+        raise ValueError(f"{op}: 'scales' must have shape {list(row_shape)} (values) or {key_shape} for "
+                         f"format={format!r}, got {list(scales.shape)} with codes {list(codes.shape)}")
+    values = _unpack_int4(torch, codes) if format in _INT4 else codes
+    values = values.to(dtype).reshape(*lead, tokens // KEY_BLOCK, KEY_BLOCK, heads, head_dim)
+    pairs = scales.to(device=codes.device, dtype=dtype).unsqueeze(-3)  # [..., T / 32, 1, HKV, 2*D]
+    out = values * pairs[..., :head_dim] + pairs[..., head_dim:]
+    return out.reshape(*lead, tokens, heads, head_dim)

@@ -8,6 +8,12 @@ fp32 accumulation and softmax, and the bf16/fp16 output rounding. Every cache sl
 filled with values 30x larger than the real ones (and spare pages with NaN), so that reading past a length, or
 through a wrong page, is an O(1) error. Outputs are poisoned (NaN) first, so an unwritten row fails.
 
+The per-channel key formats ('int8_kchannel', 'int4_kchannel') must be appended in order (rollback by at most 32
+positions): their caches are filled by fill_in_order (the slots a sequence does not own keep their poison, random
+codes under NaN scales, and the rows appended past a length before the final rollback are 30x), and their
+keys are checked bit for bit against the block rule of attention.h computed here in torch (key_block_rule), their
+k_residual against the keys it must hold.
+
 Tolerance: relative Frobenius error per sequence <= 5e-3. The bf16 output rounding alone costs about 1e-3
 (2^-9 relative per element, uniformly distributed); fp16 operands and probabilities add a few 1e-4. A wrong key,
 scale, head or split merge is an O(1) error. lse: |error| <= 1e-3 (1 + |lse|).
@@ -34,8 +40,12 @@ needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 TOL = 5e-3
 GARBAGE = 30.0  # magnitude of the rows a sequence does not own
-FORMATS = ("native", "fp8", "int8", "int4", "int4_group32")
-LEVELS = {"int8": 255, "int4": 15, "int4_group32": 15}
+FORMATS = ("native", "fp8", "int8", "int4", "int4_group32", "int8_kchannel", "int4_kchannel")
+CHANNEL = ("int8_kchannel", "int4_kchannel")  # per-channel key formats
+LEVELS = {"int8": 255, "int4": 15, "int4_group32": 15, "int8_kchannel": 255, "int4_kchannel": 15}
+INT4 = ("int4", "int4_group32", "int4_kchannel")
+KEY_BLOCK = 32  # tokens per key-scale block of the channel formats
+RESIDUAL_ROWS = 64  # rows of their k_residual
 
 # name: (format, dtype of q / new rows / native cache, fp8 scale shape 'head' | 'tensor', fp8 cache storage)
 FORMAT_CASES = {
@@ -46,7 +56,10 @@ FORMAT_CASES = {
     "int8": ("int8", "bfloat16", None, None),
     "int4": ("int4", "float16", None, None),
     "int4_group32": ("int4_group32", "bfloat16", None, None),
+    "int8_kchannel": ("int8_kchannel", "bfloat16", None, None),
+    "int4_kchannel": ("int4_kchannel", "float16", None, None),
 }
+CHANNEL_CASES = tuple(c for c, spec in FORMAT_CASES.items() if spec[0] in CHANNEL)
 
 # ================================================================================================================
 # Tests without a GPU
@@ -59,6 +72,9 @@ def test_top_level_reexports():
     assert tessera.attention.FORMATS == FORMATS
     assert tessera.attention.MAX_SPLITS == 128
     assert tessera.attention.GROUP_SIZE == 32
+    assert tessera.attention.CHANNEL_FORMATS == CHANNEL
+    assert tessera.attention.KEY_BLOCK == KEY_BLOCK and tessera._C.key_block == KEY_BLOCK
+    assert tessera.attention.KEY_RESIDUAL_ROWS == RESIDUAL_ROWS
 
 
 @pytest.mark.parametrize("fmt", ["int3", "", None, "FP8", "int4_group64"])
@@ -151,7 +167,67 @@ def test_binding_cache_dtypes_per_format():
         fn(bad_q.capsule, k8.capsule, v8.capsule, fp8_scale.capsule, fp8_scale.capsule, None, "fp8", 0.0, 0.0, 0, 1)
 
 
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_binding_channel_format_scales(fmt):
+    # Per-channel keys: k_scale [B, T / 32, HKV, 2 D] (block pairs), v_scale [B, T, HKV, 2] (row pairs). The
+    # residual is append_kv's; decode accepts it (and does not read it).
+    B, HQ, HKV, D, T = 2, 8, 2, 128, 64
+    row = D // 2 if fmt == "int4_kchannel" else D
+    q = HostCapsule((B, HQ, D), DL_BFLOAT, 16)
+    k, v = HostCapsule((B, T, HKV, row), DL_UINT, 8), HostCapsule((B, T, HKV, row), DL_UINT, 8)
+    blocks = HostCapsule((B, T // KEY_BLOCK, HKV, 2 * D), DL_FLOAT, 16)
+    pairs = [HostCapsule((B, T, HKV, 2), DL_FLOAT, 16) for _ in range(2)]
+    residual = HostCapsule((B, RESIDUAL_ROWS, HKV, D), DL_BFLOAT, 16)
+    fn = tessera._C.decode_workspace_bytes
+    assert fn(q.capsule, k.capsule, v.capsule, blocks.capsule, pairs[1].capsule, None, fmt, 0.0, 0.0, 0, 1) == 0
+    assert fn(q.capsule, k.capsule, v.capsule, blocks.capsule, pairs[1].capsule, None, fmt, 0.0, 0.0, 0, 1,
+              k_residual=residual.capsule) == 0
+    with pytest.raises(ValueError, match="'cache.k_scale'"):  # row pairs are not the key blocks
+        fn(q.capsule, k.capsule, v.capsule, pairs[0].capsule, pairs[1].capsule, None, fmt, 0.0, 0.0, 0, 1)
+    with pytest.raises(ValueError, match="'cache.v_scale'"):  # nor are blocks the value pairs
+        fn(q.capsule, k.capsule, v.capsule, blocks.capsule, blocks.capsule, None, fmt, 0.0, 0.0, 0, 1)
+    # decode ignores the residual of a channel format (it is append_kv's), whatever it is.
+    assert fn(q.capsule, k.capsule, v.capsule, blocks.capsule, pairs[1].capsule, None, fmt, 0.0, 0.0, 0, 1,
+              k_residual=HostCapsule((B, 3, HKV, D), DL_FLOAT, 32).capsule) == 0
+    short = [HostCapsule((B, 48, HKV, row), DL_UINT, 8) for _ in range(2)]  # T_max not a multiple of 32
+    short_pairs = HostCapsule((B, 48, HKV, 2), DL_FLOAT, 16)
+    short_blocks = HostCapsule((B, 1, HKV, 2 * D), DL_FLOAT, 16)
+    with pytest.raises(ValueError, match="32"):
+        fn(q.capsule, short[0].capsule, short[1].capsule, short_blocks.capsule, short_pairs.capsule, None, fmt, 0.0,
+           0.0, 0, 1)
+
+
 # ---- dequantize_kv (torch on the CPU) ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_binding_append_kv_k_residual_rules(fmt):
+    # The C++ validation runs before any device check, so host capsules show its k_residual rules: required by
+    # append_kv for a channel format, [B, 64, HKV, D] in k_new's dtype; refused with any other format.
+    B, HKV, D, T = 2, 2, 128, 64
+    row = D // 2 if fmt == "int4_kchannel" else D
+    new, positions = HostCapsule((B, 1, HKV, D), DL_BFLOAT, 16), HostCapsule((B,), DL_INT, 32)
+    k, v = HostCapsule((B, T, HKV, row), DL_UINT, 8), HostCapsule((B, T, HKV, row), DL_UINT, 8)
+    blocks = HostCapsule((B, T // KEY_BLOCK, HKV, 2 * D), DL_FLOAT, 16)
+    pairs = HostCapsule((B, T, HKV, 2), DL_FLOAT, 16)
+    fn = tessera._C.append_kv
+
+    def call(residual, fmt=fmt, k=k, v=v, ks=blocks, vs=pairs):
+        fn(new.capsule, new.capsule, positions.capsule, k.capsule, v.capsule, ks.capsule, vs.capsule, None, fmt, 0,
+           k_residual=residual.capsule if residual is not None else None)
+
+    with pytest.raises(ValueError, match="'cache.k_residual' is required"):
+        call(None)
+    with pytest.raises(ValueError, match="'cache.k_residual' must have the dtype of 'k_new'"):
+        call(HostCapsule((B, RESIDUAL_ROWS, HKV, D), DL_FLOAT, 16))
+    with pytest.raises(ValueError, match="'cache.k_residual' must have shape"):
+        call(HostCapsule((B, KEY_BLOCK, HKV, D), DL_BFLOAT, 16))
+    with pytest.raises(ValueError, match="'k_new' must be in device memory"):  # every rule above passed
+        call(HostCapsule((B, RESIDUAL_ROWS, HKV, D), DL_BFLOAT, 16))
+    k8, v8 = HostCapsule((B, T, HKV, D), DL_UINT, 8), HostCapsule((B, T, HKV, D), DL_UINT, 8)
+    row_pairs = HostCapsule((B, T, HKV, 2), DL_FLOAT, 16)
+    with pytest.raises(ValueError, match="'cache.k_residual' must be absent"):
+        call(HostCapsule((B, RESIDUAL_ROWS, HKV, D), DL_BFLOAT, 16), fmt="int8", k=k8, v=v8, ks=row_pairs, vs=pairs)
 
 
 @needs_torch
@@ -212,6 +288,32 @@ def test_dequantize_fp8_scales():
         tessera.dequantize_kv(codes, torch.ones(2), "fp8", D)
 
 
+@needs_torch
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_dequantize_channel_keys_and_values(fmt, seed):
+    # Keys: channel d of token t uses scale [.., t // 32, h, d] and offset [.., t // 32, h, D + d]. Values: one pair
+    # per (token, head), as 'int8' / 'int4'. Checked element by element against float64 arithmetic on the CPU.
+    g = torch.Generator().manual_seed(seed)
+    D, T, HKV, outer = 64, 96, 2, 3
+    levels = LEVELS[fmt]
+    full = torch.randint(0, levels + 1, (outer, T, HKV, D), generator=g, dtype=torch.uint8)
+    codes = full[..., 0::2] | (full[..., 1::2] << 4) if fmt == "int4_kchannel" else full
+    blocks = (torch.randn((outer, T // KEY_BLOCK, HKV, 2 * D), generator=g) * 0.1).half()
+    x = tessera.dequantize_kv(codes, blocks, fmt, D, dtype=torch.float64)
+    assert x.shape == (outer, T, HKV, D) and x.dtype == torch.float64
+    b = torch.arange(T) // KEY_BLOCK
+    want = full.double() * blocks[:, b, :, :D].double() + blocks[:, b, :, D:].double()
+    assert torch.equal(x, want)
+    assert x[1, 33, 1, 5].item() == full[1, 33, 1, 5].item() * blocks[1, 1, 1, 5].item() + blocks[1, 1, 1, D + 5].item()
+    pairs = (torch.randn((outer, T, HKV, 2), generator=g) * 0.1).half()
+    y = tessera.dequantize_kv(codes, pairs, fmt, D, dtype=torch.float64)
+    assert torch.equal(y, full.double() * pairs[..., :1].double() + pairs[..., 1:].double())
+    with pytest.raises(ValueError, match="'scales'"):  # 40 tokens are not whole blocks
+        tessera.dequantize_kv(codes[:, :40], blocks[:, :2], fmt, D)
+    with pytest.raises(ValueError, match="'scales'"):
+        tessera.dequantize_kv(codes, blocks[..., :D], fmt, D)
+
+
 # ================================================================================================================
 # GPU: caches, their producer and the reference
 # ================================================================================================================
@@ -232,6 +334,8 @@ class Cache:
 
     page_size 0: contiguous [B, capacity, HKV, row]; else paged [num_pages, page_size, HKV, row] with a random
     block table over B * max_pages of the pages and `spare_pages` pages no sequence owns (left untouched).
+    Channel formats: k_scale [B | num_pages, slots / 32, HKV, 2 D] (key blocks), v_scale per row, and k_residual
+    [B, 64, HKV, D] in the rows' dtype (NaN: append_kv must only read what it wrote).
     """
 
     def __init__(self, case, B, HKV, D, capacity, *, page_size=0, spare_pages=3, seed=0):
@@ -255,7 +359,8 @@ class Cache:
             lead = (B, capacity)
 
         fmt = self.format
-        row = D // 2 if fmt in ("int4", "int4_group32") else D
+        self.channel = fmt in CHANNEL
+        row = D // 2 if fmt in INT4 else D
         shape = lead + (HKV, row)
         if fmt == "native":
             self.k = torch.full(shape, math.nan, dtype=self.dtype, device="cuda")
@@ -267,8 +372,14 @@ class Cache:
             self.k = torch.randint(0, 256, shape, dtype=torch.uint8, device="cuda", generator=self.gen)
         self.v = self.k.clone()
 
-        self.k_scale = self.v_scale = None
-        if fmt in LEVELS:
+        self.k_scale = self.v_scale = self.k_residual = None
+        if self.channel:
+            assert lead[1] % KEY_BLOCK == 0, "channel formats need capacity / page size multiples of 32"
+            nan = dict(dtype=torch.float16, device="cuda")
+            self.k_scale = torch.full((lead[0], lead[1] // KEY_BLOCK, HKV, 2 * D), math.nan, **nan)
+            self.v_scale = torch.full(lead + (HKV, 2), math.nan, **nan)
+            self.k_residual = torch.full((B, RESIDUAL_ROWS, HKV, D), math.nan, dtype=self.dtype, device="cuda")
+        elif fmt in LEVELS:
             groups = D // 32 if fmt == "int4_group32" else 1
             self.k_scale = torch.full(lead + (HKV, 2 * groups), math.nan, dtype=torch.float16, device="cuda")
             self.v_scale = self.k_scale.clone()
@@ -280,7 +391,8 @@ class Cache:
         self.initial = [_bits(t).clone() for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
 
     def kwargs(self):
-        return dict(format=self.format, k_scale=self.k_scale, v_scale=self.v_scale, block_table=self.block_table)
+        return dict(format=self.format, k_scale=self.k_scale, v_scale=self.v_scale, block_table=self.block_table,
+                    k_residual=self.k_residual)
 
     def rows(self, S, scale=1.0):
         """Fresh random new rows [B, S, HKV, D] in the cache's input dtype."""
@@ -296,13 +408,14 @@ class Cache:
         return pages, (pages >= 0) & (pages < self.num_pages)
 
     def gather(self, t):
-        """t (data or scales, cache layout) as [B, capacity, HKV, X] in token order (paged: via the block table)."""
+        """t (data or scales, cache layout) as [B, capacity, HKV, X] in token order (paged: via the block table);
+        the channel formats' k_scale as [B, capacity / 32, HKV, 2 D]."""
         t = _bytes(t)
         if not self.paged:
             return t
         pages, _ = self._pages()
-        g = t[pages.clamp(0, self.num_pages - 1)]  # [B, max_pages, page_size, HKV, X]
-        return g.reshape(self.B, self.capacity, *t.shape[2:])
+        g = t[pages.clamp(0, self.num_pages - 1)]  # [B, max_pages, page_size (or page_size / 32), HKV, X]
+        return g.reshape(self.B, -1, *t.shape[2:])
 
     def valid(self):
         """bool [B, capacity]: tokens whose page id is in range (all of them for the contiguous layout)."""
@@ -337,7 +450,11 @@ def fill(cache, lengths):
     1. 30x rows into every slot (positions 0, S = capacity);
     2. real rows into slots [0, max(lengths) - 1), except 30x rows from each sequence's last token on;
     3. one real row per sequence at positions[b] = lengths[b] - 1 (-1 for an empty sequence: skipped).
+
+    The channel formats take their rows in order instead (fill_in_order).
     """
+    if cache.channel:
+        return fill_in_order(cache, lengths)
     B, cap = cache.B, cache.capacity
     junk_k, junk_v = cache.rows(cap, GARBAGE), cache.rows(cap, GARBAGE)
     cache.append(junk_k, junk_v, [0] * B)
@@ -358,12 +475,89 @@ def fill(cache, lengths):
     return src_k, src_v
 
 
+def fill_in_order(cache, lengths):
+    """The channel formats' fill, within their contract (each sequence's rows in order, rollback by at most 32):
+    returns (src_k, src_v) like fill.
+
+    Calls of S = 1..32 rows (random) append at each unfinished sequence's end (the others get position = capacity:
+    skipped) until every sequence has rows up to lengths[b] - 1 at least; the rows from position lengths[b] - 1 on
+    are 30x. Then one real row per sequence at lengths[b] - 1, a rollback of up to 31 positions over those 30x rows:
+    its block must be re-quantized from rows [32 j, lengths[b]) only, the earlier ones taken from k_residual.
+    """
+    B, cap = cache.B, cache.capacity
+    src_k = torch.zeros((B, cap, cache.HKV, cache.D), dtype=cache.dtype, device="cuda")
+    src_v = torch.zeros_like(src_k)
+    target = [max(length - 1, 0) for length in lengths]
+    end = [0] * B
+    while any(e < t for e, t in zip(end, target)):
+        S = int(torch.randint(1, KEY_BLOCK + 1, (1,), device="cuda", generator=cache.gen))
+        rk, rv = cache.rows(S), cache.rows(S)
+        positions = []
+        for b in range(B):
+            if end[b] >= target[b]:
+                positions.append(cap)  # at the capacity: skipped, the sequence is unchanged
+                continue
+            first_junk = target[b] - end[b]
+            if first_junk < S:
+                rk[b, first_junk:] *= GARBAGE
+                rv[b, first_junk:] *= GARBAGE
+            n = min(S, cap - end[b])
+            src_k[b, end[b]:end[b] + n], src_v[b, end[b]:end[b] + n] = rk[b, :n], rv[b, :n]
+            positions.append(end[b])
+            end[b] += S
+        cache.append(rk, rv, positions)
+    nk, nv = cache.rows(1), cache.rows(1)
+    cache.append(nk, nv, [length - 1 for length in lengths])
+    for b, length in enumerate(lengths):
+        if length > 0:
+            src_k[b, length - 1], src_v[b, length - 1] = nk[b, 0], nv[b, 0]
+    return src_k, src_v
+
+
+def key_block_rule(x, levels):
+    """attention.h's per-channel rule for one key block: x [n, HKV, D] (the rows that exist) -> (codes uint8
+    [n, HKV, D], scale fp16 [HKV, D], offset fp16 [HKV, D]). fp32 on the CPU: IEEE subtraction and division are
+    correctly rounded, and half() rounds to nearest even (saturated by the clamp first)."""
+    x = x.float().cpu()
+    lo, hi = x.amin(0), x.amax(0)
+    scale = ((hi - lo) / levels).clamp(-65504.0, 65504.0).half()
+    offset = lo.clamp(-65504.0, 65504.0).half()
+    s, o = scale.float(), offset.float()
+    codes = torch.where(s != 0, ((x - o) / s).round().clamp(0, levels), torch.zeros_like(x))
+    return codes.to(torch.uint8), scale, offset
+
+
+def check_key_blocks(cache, src_k, b, t0, t1):
+    """The channel formats' keys of sequence b after rows [.., t1) were appended (t1: the sequence's end): every
+    block meeting [t0, t1) holds key_block_rule of its rows [32 j, min(32 j + 32, t1)) of src_k bit for bit (codes
+    and pairs), and k_residual the 16-bit keys of the last 32 positions (slot t % 64)."""
+    fmt, D = cache.format, cache.D
+    codes = cache.gather(cache.k)[b]
+    if fmt in INT4:
+        codes = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)
+    params = cache.gather(cache.k_scale)[b]
+    for j in range(t0 // KEY_BLOCK, (t1 - 1) // KEY_BLOCK + 1):
+        r0, r1 = j * KEY_BLOCK, min(j * KEY_BLOCK + KEY_BLOCK, t1)
+        want, scale, offset = key_block_rule(src_k[b, r0:r1], LEVELS[fmt])
+        got = params[j].cpu()
+        where = f"k of sequence {b}, block {j} (tokens [{r0}, {r1}))"
+        assert torch.equal(_bits(got[..., :D]), _bits(scale)), f"{where}: scales differ from fp16((max - min) / levels)"
+        assert torch.equal(_bits(got[..., D:]), _bits(offset)), f"{where}: offsets differ from fp16(min)"
+        bad = codes[r0:r1].cpu() != want
+        assert not bool(bad.any()), f"{where}: {int(bad.sum())} codes differ from the rule, first at " \
+                                    f"{[int(i) for i in bad.nonzero()[0]]}"
+    for t in range(max(0, t1 - KEY_BLOCK), t1):
+        assert torch.equal(_bits(cache.k_residual[b, t % RESIDUAL_ROWS]), _bits(src_k[b, t])), \
+            f"k_residual of sequence {b}: slot {t % RESIDUAL_ROWS} does not hold the key of position {t}"
+
+
 def check_stored(cache, src_k, src_v, spans):
     """The cache rows [t0, t1) of sequence b hold src[b, t0:t1], per the quantization rule of attention.h.
 
     native: exact. fp8: e4m3(x / scale) * scale, within half an e4m3 step (2^-4 relative, 2^-10 * scale for
     subnormals). Integer formats: per group, offset = fp16(min) and scale = fp16((max - min) / levels) to one
-    fp16 ulp, and |value - x| <= scale / 2 (+ the fp16 rounding of scale and offset).
+    fp16 ulp, and |value - x| <= scale / 2 (+ the fp16 rounding of scale and offset). The channel formats' keys:
+    check_key_blocks (bit-exact; t1 must be the sequence's end, src_k valid from t0's block on).
     """
     torch.cuda.synchronize()
     fmt = cache.format
@@ -371,6 +565,9 @@ def check_stored(cache, src_k, src_v, spans):
     for which, (src, vals) in enumerate(((src_k, values[0]), (src_v, values[1]))):
         for b, t0, t1 in spans:
             if t1 <= t0:
+                continue
+            if which == 0 and fmt in CHANNEL:
+                check_key_blocks(cache, src, b, t0, t1)
                 continue
             x = src[b, t0:t1].double()
             got = vals[b, t0:t1]
@@ -487,10 +684,19 @@ SHAPES = {
 }
 
 
+def _decode_grid():
+    """(case, shape, layout) for test_decode: every combination the format takes (the channel formats need pages of
+    at least 32 tokens)."""
+    for layout in ("contiguous", "paged"):
+        for shape, (_, _, _, page_size) in SHAPES.items():
+            for case in FORMAT_CASES:
+                if layout == "paged" and case in CHANNEL_CASES and page_size % KEY_BLOCK:
+                    continue
+                yield case, shape, layout
+
+
 @gpu
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("case", list(FORMAT_CASES))
+@pytest.mark.parametrize("case,shape,layout", list(_decode_grid()))
 def test_decode(case, shape, layout):
     HQ, HKV, D, page_size = SHAPES[shape]
     seed = 100 * list(FORMAT_CASES).index(case) + 10 * list(SHAPES).index(shape) + (layout == "paged")
@@ -513,7 +719,7 @@ def test_decode(case, shape, layout):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["native_bf16", "int8", "int4_group32", "fp8_head"])
+@pytest.mark.parametrize("case", ["native_bf16", "int8", "int4_group32", "fp8_head", "int4_kchannel"])
 @pytest.mark.parametrize("HQ,HKV", [(4, 4), (20, 1), (32, 2), (64, 1)])
 def test_decode_group_sizes(case, HQ, HKV):
     # GQA 1 (MHA), and groups over 16 query heads (processed in tiles of 16, with a ragged last tile for 20).
@@ -544,7 +750,7 @@ def test_num_splits(case):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["native_bf16", "int8", "int4", "fp8_head"])
+@pytest.mark.parametrize("case", ["native_bf16", "int8", "int4", "fp8_head", "int8_kchannel"])
 @pytest.mark.parametrize("S,HQ,HKV,params", [
     (4, 8, 2, {}),
     (2, 16, 1, dict(num_splits=3)),
@@ -555,7 +761,8 @@ def test_speculative_tokens(case, S, HQ, HKV, params):
     # q [B, S, HQ, D]: token i of a sequence of length L (its S new tokens included) is a single-token decode over
     # the first L - S + 1 + i keys (the same window): checked token by token against the reference.
     lengths = [0, 1, S - 1, S, 37, 300]
-    cache = Cache(case, len(lengths), HKV, 128, 304, page_size=16, seed=31 + S)
+    page_size = KEY_BLOCK if case in CHANNEL_CASES else 16  # the channel formats' pages hold whole key blocks
+    cache = Cache(case, len(lengths), HKV, 128, 304, page_size=page_size, seed=31 + S)
     fill(cache, lengths)
     g = torch.Generator(device="cuda").manual_seed(32 + S)
     q = torch.randn((cache.B, S, HQ, cache.D), device="cuda", generator=g).to(cache.dtype)
@@ -576,7 +783,7 @@ def test_speculative_tokens(case, S, HQ, HKV, params):
 
 
 @gpu
-@pytest.mark.parametrize("case", ["int4_group32", "fp8_tensor_u8", "native_fp16"])
+@pytest.mark.parametrize("case", ["int4_group32", "fp8_tensor_u8", "native_fp16", "int4_kchannel"])
 @pytest.mark.parametrize("params", [
     dict(softmax_scale=0.3),
     dict(softmax_scale=0.3, softcap=5.0),
@@ -789,4 +996,234 @@ def test_cuda_graph_decode_step(case):
                      [(b, p, p + 1) for b, p in enumerate(pos) if p < cache.capacity])
         K, V = cache.values()
         check_decode(out, lse, *reference(q, K, V, lengths, cache.valid()))
+    cache.check_spare_pages_untouched()
+
+
+# ================================================================================================================
+# Per-channel key formats: append order, rollback, k_residual, torch.compile, CUDA graphs
+# ================================================================================================================
+
+
+def _channel_case(fmt):
+    return next(c for c in CHANNEL_CASES if FORMAT_CASES[c][0] == fmt)
+
+
+@needs_torch
+def test_channel_ops_pass_k_residual_to_the_operators():
+    # Meta tensors (no GPU): the eager entries hand the calls to torch.ops.tessera.*, whose schemas carry k_residual
+    # last (append_kv writes it: (e!)), so a dispatch mode sees it in both calls. Calls without it keep working.
+    from tessera import _torch_ops
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not _torch_ops.available():
+        pytest.skip(_torch_ops.load_error)
+    for name, writes in (("append_kv", True), ("attention_decode", False)):
+        arg = getattr(torch.ops.tessera, name).default._schema.arguments[-1]
+        assert arg.name == "k_residual" and arg.default_value is None, name
+        assert (arg.alias_info is not None and arg.alias_info.is_write) == writes, name
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls[str(func)] = list(args) + list((kwargs or {}).values())
+            return func(*args, **(kwargs or {}))
+
+    B, HQ, HKV, D, pages, page = 3, 8, 2, 128, 10, 32
+    meta = dict(device="meta")
+    q = torch.empty((B, HQ, D), dtype=torch.bfloat16, **meta)
+    kc = torch.empty((pages, page, HKV, D // 2), dtype=torch.uint8, **meta)
+    kw = dict(format="int4_kchannel", block_table=torch.empty((B, 3), dtype=torch.int32, **meta),
+              k_scale=torch.empty((pages, page // KEY_BLOCK, HKV, 2 * D), dtype=torch.float16, **meta),
+              v_scale=torch.empty((pages, page, HKV, 2), dtype=torch.float16, **meta))
+    residual = torch.empty((B, RESIDUAL_ROWS, HKV, D), dtype=torch.bfloat16, **meta)
+    lengths = torch.empty((B,), dtype=torch.int32, **meta)
+    k_new = torch.empty((B, 1, HKV, D), dtype=torch.bfloat16, **meta)
+    with Recorder() as mode:
+        tessera.append_kv(k_new, k_new, lengths, kc, kc, k_residual=residual, **kw)
+        out, lse = tessera.attention_decode(q, kc, kc, lengths, k_residual=residual, return_lse=True, **kw)
+    assert out.shape == q.shape and lse.shape == (B, HQ)
+    for op in ("tessera.append_kv.default", "tessera.attention_decode.default"):
+        assert op in mode.calls, list(mode.calls)
+        assert any(isinstance(a, torch.Tensor) and a.shape == residual.shape and a.dtype == residual.dtype
+                   for a in mode.calls[op]), f"{op} did not receive k_residual"
+    # The previous arity (no k_residual) still calls the operators, and their direct entries (tessera._torch_C).
+    old = (k_new, k_new, lengths, kc, kc, kw["k_scale"], kw["v_scale"], kw["block_table"], "int4_kchannel")
+    torch.ops.tessera.append_kv(*old)
+    tessera._torch_C.append_kv(*old)
+    tessera._torch_C.attention_decode(q, kc, kc, kw["k_scale"], kw["v_scale"], kw["block_table"], lengths, out, lse,
+                                      None, "int4_kchannel", 0.0, 0.0, 0, 0)
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_channel_append_decode_round_trip(fmt, layout, seed):
+    # Speculative rounds (S = 4 drafts, a random number accepted: the next append rolls back over the rejected
+    # ones), a rollback by the full 32 positions, and one append of 45 rows over three blocks. After every append the
+    # keys must be attention.h's block rule bit for bit (key_block_rule, computed here from the appended rows), the
+    # values the row rule, k_residual the last keys; decode (without k_residual: it does not read it) is compared
+    # with the float64 reference on the dequantized cache.
+    B, HQ, HKV, D = 3, 8, 2, 128
+    cache = Cache(_channel_case(fmt), B, HKV, D, 256, page_size=KEY_BLOCK if layout == "paged" else 0, seed=seed)
+    src_k, src_v = fill_in_order(cache, [40, 0, 95])
+    end = [40, 0, 95]
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    kw = dict(cache.kwargs(), k_residual=None)
+
+    def append(S, positions):
+        rk, rv = cache.rows(S), cache.rows(S)
+        cache.append(rk, rv, positions)
+        for b, p in enumerate(positions):
+            src_k[b, p:p + S], src_v[b, p:p + S] = rk[b], rv[b]
+            end[b] = p + S
+        check_stored(cache, src_k, src_v, [(b, 0, e) for b, e in enumerate(end)])
+
+    def decode(S):
+        q = torch.randn((B, S, HQ, D), device="cuda", generator=g).to(cache.dtype)
+        seqlens = torch.tensor(end, dtype=torch.int32, device="cuda")
+        out = poisoned(q.shape, q.dtype)
+        lse = poisoned(q.shape[:-1], torch.float32)
+        tessera.attention_decode(q, cache.k, cache.v, seqlens, out=out, lse=lse, **kw)
+        K, V = cache.values()
+        for i in range(S):
+            ref, ref_lse = reference(q[:, i], K, V, [e - S + 1 + i for e in end], cache.valid())
+            check_decode(out[:, i], lse[:, i], ref, ref_lse)
+
+    for _ in range(3):
+        start = list(end)
+        append(4, start)
+        decode(4)
+        accepted = torch.randint(0, 5, (B,), device="cuda", generator=g).tolist()
+        end = [p + a for p, a in zip(start, accepted)]  # rejected drafts: the next append overwrites them
+    start = list(end)
+    append(KEY_BLOCK, start)
+    append(1, start)  # back by 32
+    decode(1)
+    append(45, list(end))
+    decode(1)
+
+
+@gpu
+def test_channel_compile_fullgraph_matches_eager(seed):
+    # append_kv -> attention_decode under torch.compile(fullgraph=True): the same bytes in every cache tensor
+    # (k_residual included: the schema marks it written) and the same output as eager, which is checked too.
+    fmt = "int4_kchannel"
+    lengths = [33, 0, 64]
+    cache = Cache(_channel_case(fmt), len(lengths), 2, 128, 128, page_size=KEY_BLOCK, seed=seed)
+    src_k, src_v = fill_in_order(cache, lengths)
+    q = random_q(cache, 8, seed + 1)
+    k_new, v_new = cache.rows(1), cache.rows(1)
+    positions = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+
+    def chain(q, k_new, v_new, positions, k, v, k_scale, v_scale, k_residual, block_table):
+        kw = dict(format=fmt, k_scale=k_scale, v_scale=v_scale, block_table=block_table, k_residual=k_residual)
+        tessera.append_kv(k_new, v_new, positions, k, v, **kw)
+        return tessera.attention_decode(q, k, v, positions + 1, num_splits=3, return_lse=True, **kw)
+
+    names = ("k", "v", "k_scale", "v_scale", "k_residual")
+    state = [getattr(cache, n) for n in names]
+    eager_state, compiled_state = [t.clone() for t in state], [t.clone() for t in state]
+    out, lse = chain(q, k_new, v_new, positions, *eager_state, cache.block_table)
+    got, got_lse = torch.compile(chain, fullgraph=True)(q, k_new, v_new, positions, *compiled_state,
+                                                        cache.block_table)
+    torch.cuda.synchronize()
+    for name, a, b in zip(names, eager_state, compiled_state):
+        assert torch.equal(_bits(a), _bits(b)), f"compiled append_kv wrote a different {name}"
+    assert not torch.equal(_bits(eager_state[4]), _bits(cache.k_residual)), "append_kv wrote no k_residual"
+    assert torch.equal(_bits(got), _bits(out)) and torch.equal(got_lse, lse), "compiled decode differs from eager"
+    for t, a in zip(state, eager_state):
+        t.copy_(a)
+    new_lengths = [n + 1 for n in lengths]
+    for b, p in enumerate(lengths):
+        src_k[b, p], src_v[b, p] = k_new[b, 0], v_new[b, 0]
+    check_stored(cache, src_k, src_v, [(b, 0, n) for b, n in enumerate(new_lengths)])
+    K, V = cache.values()
+    check_decode(out, lse, *reference(q, K, V, new_lengths, cache.valid()))
+
+
+@gpu
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_channel_append_needs_k_residual(fmt, seed):
+    # append_kv with a channel format and no k_residual (or one of another dtype than k_new) is refused, naming it,
+    # before anything is written; decode does not need it; other formats refuse one.
+    cache = Cache(_channel_case(fmt), 2, 2, 128, 64, seed=seed)
+    before = [_bits(t).clone() for t in (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.k_residual)]
+    k_new, v_new = cache.rows(1), cache.rows(1)
+    positions = torch.zeros(2, dtype=torch.int32, device="cuda")
+    kw = dict(cache.kwargs(), k_residual=None)
+    with pytest.raises(ValueError, match="k_residual"):
+        tessera.append_kv(k_new, v_new, positions, cache.k, cache.v, **kw)
+    with pytest.raises(ValueError, match="k_residual"):  # the checked path (stream=) and the operator
+        tessera.append_kv(k_new, v_new, positions, cache.k, cache.v, stream=torch.cuda.current_stream(), **kw)
+    other = torch.float16 if cache.dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(ValueError, match="k_residual"):
+        tessera.append_kv(k_new, v_new, positions, cache.k, cache.v,
+                          **dict(kw, k_residual=cache.k_residual.to(other)))
+    torch.cuda.synchronize()
+    after = [_bits(t) for t in (cache.k, cache.v, cache.k_scale, cache.v_scale, cache.k_residual)]
+    assert all(torch.equal(a, b) for a, b in zip(after, before)), "a refused append_kv wrote the cache"
+    q = random_q(cache, 4, seed + 1)
+    out = tessera.attention_decode(q, cache.k, cache.v, positions, **kw)  # no keys: o = 0
+    torch.cuda.synchronize()
+    assert bool((out == 0).all())
+
+    plain = Cache("int8", 2, 2, 128, 64, seed=seed + 2)
+    with pytest.raises(ValueError, match="k_residual"):
+        tessera.append_kv(k_new, v_new, positions, plain.k, plain.v,
+                          **dict(plain.kwargs(), k_residual=cache.k_residual))
+
+
+@gpu
+@pytest.mark.parametrize("fmt", CHANNEL)
+def test_cuda_graph_channel_decode_step(fmt, seed):
+    # test_cuda_graph_decode_step for the channel formats, whose positions must move in order: each replay appends
+    # at the sequences' ends, or rolls back a few positions (rejected tokens), never skips ahead.
+    B, HQ, HKV, D = 4, 16, 2, 128
+    lengths = [5, 0, 100, 299]
+    cache = Cache(_channel_case(fmt), B, HKV, D, 320, page_size=KEY_BLOCK, seed=seed)
+    src_k, src_v = fill_in_order(cache, lengths)
+    positions = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    seqlens = torch.empty_like(positions)
+    k_new, v_new = cache.rows(1), cache.rows(1)
+    q = random_q(cache, HQ, seed + 1)
+    out = poisoned(q.shape, q.dtype)
+    lse = torch.empty((B, HQ), dtype=torch.float32, device="cuda")
+    kw = cache.kwargs()
+    nbytes = tessera.decode_workspace_size(q, cache.k, cache.v, **kw)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
+
+    def step():
+        tessera.append_kv(k_new, v_new, positions, cache.k, cache.v, **kw)
+        torch.add(positions, 1, out=seqlens)
+        tessera.attention_decode(q, cache.k, cache.v, seqlens, out=out, lse=lse, workspace=workspace, **kw)
+
+    # Warm-up outside the capture, then the capture: both append at `lengths` (the same rows, the same state).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for i, pos in enumerate(([5, 0, 100, 299], [6, 1, 101, 300], [3, 0, 98, 301], [4, 1, 99, 302])):
+        positions.copy_(torch.tensor(pos, dtype=torch.int32, device="cuda"))
+        k_new.copy_(cache.rows(1))
+        v_new.copy_(cache.rows(1))
+        q.copy_(random_q(cache, HQ, seed + 2 + i))
+        out.fill_(math.nan)
+        lse.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        for b, p in enumerate(pos):
+            src_k[b, p], src_v[b, p] = k_new[b, 0], v_new[b, 0]
+        new_lengths = [p + 1 for p in pos]
+        check_stored(cache, src_k, src_v, [(b, 0, n) for b, n in enumerate(new_lengths)])
+        K, V = cache.values()
+        check_decode(out, lse, *reference(q, K, V, new_lengths, cache.valid()))
     cache.check_spare_pages_untouched()
