@@ -40,7 +40,6 @@ struct DecodeConfig {
   int q_bytes;       // query fragments (a multiple of kDecodeSmemAlign)
   int bar_off;       // mbarriers (one per warp and stage), after the staging or the merge area
   int const_off;     // kDecodeConstBytes of constants after the barriers (the value-centring mma operand)
-  int qp_off;        // per-channel keys: each warp's scaled query fragments (q_bytes each), after the constants
   int stages;        // tiles in flight per warp (ring depth)
   int ctas_per_sm;   // the occupancy the stages are sized for (and the split heuristic counts)
   int smem_bytes;    // dynamic shared memory per CTA
@@ -60,13 +59,18 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   c.q_bytes = n_tiles * (head_dim / 16) * 32 * 8;
   const int merge_bytes = kDecodeWarps * 8 * n_tiles * (head_dim + 2) * 4;
   // Besides the ring: the alignment slack of the dynamic base, the mbarriers (8 stages at most), the constants.
-  const int qp_bytes = key_channel ? kDecodeWarps * c.q_bytes : 0;
-  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + kDecodeConstBytes + qp_bytes;
+  const int fixed = c.q_bytes + kDecodeSmemAlign + kDecodeWarps * 8 * 8 + kDecodeConstBytes;
   // Narrower rows leave room for more CTAs: 2 (16-bit), 3 (8-bit), 4 (4-bit) per SM, as far as the registers
   // allow (the O accumulators take n_tiles * head_dim / 4 of them, about 80 more for the rest).
   // (16-bit rows at 3 per SM with 2 stages measured 7-10 % slower at B >= 64 than 2 per SM with 3 stages.)
   int ctas = bits == 16 ? 2 : (bits == 8 ? 3 : 4);
-  const int regs = 80 + n_tiles * head_dim / 4;
+  // Per-channel keys hold the stage's scaled query fragments in registers too (n_tiles * head_dim / 8). Their
+  // stages carry 4·D bytes of block scales: at 4 CTAs per SM the 4-bit rows get two stages per warp, the 8-bit rows
+  // at 3 CTAs two as well. Measured (H200, same-run A/B): 8-bit rows run 4-6 % faster at B >= 256 with three stages
+  // at 2 CTAs per SM; 4-bit rows 4-17 % slower with three stages at 3 CTAs than with two at 4 (docs/perf/decode.md,
+  // v11).
+  const int regs = 80 + n_tiles * head_dim / 4 + (key_channel ? n_tiles * head_dim / 8 : 0);
+  const int min_stages = key_channel && bits == 8 ? 3 : 2;
   const int by_regs = 65536 / (kDecodeThreads * regs);
   if (ctas > by_regs) ctas = by_regs < 1 ? 1 : by_regs;
   constexpr int kSmemPerSm = 228 * 1024, kReservedPerCta = 1024, kMaxPerCta = 227 * 1024;
@@ -75,7 +79,7 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
     if (budget > kMaxPerCta) budget = kMaxPerCta;
     int stages = (budget - fixed) / (kDecodeWarps * c.stage_bytes);
     if (stages > 8) stages = 8;
-    if (stages >= 2 || ctas == 1) {
+    if (stages >= min_stages || ctas == 1) {
       c.stages = stages < 2 ? 2 : stages;
       c.ctas_per_sm = ctas;
       break;
@@ -84,8 +88,7 @@ constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles)
   const int staging = kDecodeWarps * c.stages * c.stage_bytes;
   c.bar_off = c.q_bytes + (staging > merge_bytes ? staging : merge_bytes);
   c.const_off = c.bar_off + kDecodeWarps * c.stages * 8;
-  c.qp_off = c.const_off + kDecodeConstBytes;
-  c.smem_bytes = kDecodeSmemAlign + c.qp_off + qp_bytes;
+  c.smem_bytes = kDecodeSmemAlign + c.const_off + kDecodeConstBytes;
   return c;
 }
 

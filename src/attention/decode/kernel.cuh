@@ -72,7 +72,6 @@ struct DecodeLayout {
   static constexpr int kPairRingOff = kQBytes + kDecodeWarps * kStages * T::kDataBytes;
   static constexpr int kBarOff = kCfg.bar_off;
   static constexpr int kConstOff = kCfg.const_off;
-  static constexpr int kQpOff = kCfg.qp_off;  // per-channel keys: [warp][n-tile][k-step][lane] uint2
   static constexpr int kBytes = kCfg.smem_bytes;  // with kDecodeSmemAlign of slack for aligning the base
 };
 
@@ -399,8 +398,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     // operand; the second term starts the S^T accumulators (an mma of q' with the constant A = -bias), the third
     // (kap) is added per head: an mma of the unscaled fragments with A rows 0..7 = the offsets at even positions
     // and rows 8..15 = those at odd positions, so that int4's odd sum can be multiplied back by 16 exactly.
-    // q' goes to this warp's own fragment block in shared memory (registers cannot hold it beside the stage's keys).
-    uint2* qp = reinterpret_cast<uint2*>(smem + L::kQpOff) + warp * (kNT * kKSteps * 32);
+    uint2 qp[kNT][T::kKChannel ? kKSteps : 1];
     float bias0[kNT][2] = {}, kap[kNT][2] = {};
     if constexpr (T::kKChannel) {
       const uint8_t* kparams = my_pairs + stage * T::kPairBytes;
@@ -408,18 +406,21 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       const uint32_t minus_bias[4] = {kMinusBias, kMinusBias, kMinusBias, kMinusBias};
       float bacc[kNT][4] = {}, wacc[kNT][4] = {};
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t sx, sy, wx, wy;
-        kc_params<T>(kparams, c, ks, sx, sy, wx, wy);
-        const uint32_t wa[4] = {wx, T::kOddUnit ? 0u : wx, T::kOddUnit ? 0u : wy, wy};
+      for (int kp = 0; kp < kKSteps; kp += KcParams<T>::kSteps) {
+        const KcParams<T> prm(kparams, c, kp);  // the block's scales and offsets of k-steps kp.. (one load each)
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const uint2 qf = q_frag[(nt * kKSteps + ks) * 32 + lane];
-          const uint2 qs = make_uint2(fp16_bits2(__hmul2(as_half2(qf.x), as_half2(sx))),
-                                      fp16_bits2(__hmul2(as_half2(qf.y), as_half2(sy))));
-          qp[(nt * kKSteps + ks) * 32 + lane] = qs;
-          ptx::mma_m16n8k16<true>(bacc[nt], minus_bias, qs.x, qs.y);
-          ptx::mma_m16n8k16<true>(wacc[nt], wa, qf.x, qf.y);
+        for (int ks = kp; ks < kp + KcParams<T>::kSteps; ++ks) {
+          uint32_t sx, sy, wx, wy;
+          prm.get(ks - kp, sx, sy, wx, wy);
+          const uint32_t wa[4] = {wx, T::kOddUnit ? 0u : wx, T::kOddUnit ? 0u : wy, wy};
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            const uint2 qf = q_frag[(nt * kKSteps + ks) * 32 + lane];
+            qp[nt][ks] = make_uint2(fp16_bits2(__hmul2(as_half2(qf.x), as_half2(sx))),
+                                    fp16_bits2(__hmul2(as_half2(qf.y), as_half2(sy))));
+            ptx::mma_m16n8k16<true>(bacc[nt], minus_bias, qp[nt][ks].x, qp[nt][ks].y);
+            ptx::mma_m16n8k16<true>(wacc[nt], wa, qf.x, qf.y);
+          }
         }
       }
 #pragma unroll
@@ -469,7 +470,11 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
           const uint32_t ka[4] = {kf[0][2 * sub], kf[1][2 * sub], kf[0][2 * sub + 1], kf[1][2 * sub + 1]};
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt) {
-            const uint2 qb = (T::kKChannel ? qp : q_frag)[(nt * kKSteps + ks) * 32 + lane];
+            uint2 qb;
+            if constexpr (T::kKChannel)
+              qb = qp[nt][ks];
+            else
+              qb = q_frag[(nt * kKSteps + ks) * 32 + lane];
             ptx::mma_m16n8k16<kF16>(sacc[nt][m * kSplitK + (ks & (kSplitK - 1))], ka, qb.x, qb.y);
           }
         }

@@ -181,34 +181,43 @@ __device__ __forceinline__ uint32_t int4_dequant(uint32_t x, uint32_t x8, __half
   return fp16_bits2(__hfma2(uc, (p & 1) ? scale16 : scale, offset));
 }
 
-// Per-channel keys: the block's scales (sx, sy) and offsets (wx, wy) at the D positions of k-step ks of lane column
-// c, as fp16x2 in the order of the B fragment's two registers (x: k_dim(c, 4ks), k_dim(c, 4ks + 1); y: + 2, + 3).
-// `params` is the stage's key part of the pair ring: D fp16 scales in channel order, then D offsets. Lane column c
-// covers the channels [c·D/4, (c+1)·D/4); int8 keys take them in order, int4 keys in the decoder's emit order
-// (0, 4, 1, 5, 2, 6, 3, 7 within each 8 channels).
+// Per-channel keys: the block's scales (sx, sy) and offsets (wx, wy) at the D positions of a k-step ks of lane
+// column c, as fp16x2 in the order of the B fragment's two registers (x: k_dim(c, 4ks), k_dim(c, 4ks + 1); y: + 2,
+// + 3). `params` is the stage's key part of the pair ring: D fp16 scales in channel order, then D offsets. Lane
+// column c covers the channels [c·D/4, (c+1)·D/4); int8 keys take them in order (one 8-byte load per k-step), int4
+// keys in the decoder's emit order (0, 4, 1, 5, 2, 6, 3, 7 within each 8 channels: one 16-byte load per two
+// k-steps, then byte permutes).
 template <class T>
-__device__ __forceinline__ void kc_params(const uint8_t* params, int c, int ks, uint32_t& sx, uint32_t& sy,
-                                          uint32_t& wx, uint32_t& wy) {
-  if constexpr (T::kInt4) {
-    const int at = 2 * (c * (T::kD / 4) + 8 * (ks / 2));  // bytes: the 8-channel group of this k-step
-    const uint4 s = *reinterpret_cast<const uint4*>(params + at);
-    const uint4 w = *reinterpret_cast<const uint4*>(params + 2 * T::kD + at);
-    const uint32_t s_lo = (ks & 1) ? s.y : s.x, s_hi = (ks & 1) ? s.w : s.z;  // channels (2, 3 | 0, 1), (6, 7 | 4, 5)
-    const uint32_t w_lo = (ks & 1) ? w.y : w.x, w_hi = (ks & 1) ? w.w : w.z;
-    sx = __byte_perm(s_lo, s_hi, 0x5410);
-    sy = __byte_perm(s_lo, s_hi, 0x7632);
-    wx = __byte_perm(w_lo, w_hi, 0x5410);
-    wy = __byte_perm(w_lo, w_hi, 0x7632);
-  } else {
-    const int at = 2 * (c * (T::kD / 4) + 4 * ks);
-    const uint2 s = *reinterpret_cast<const uint2*>(params + at);
-    const uint2 w = *reinterpret_cast<const uint2*>(params + 2 * T::kD + at);
-    sx = s.x;
-    sy = s.y;
-    wx = w.x;
-    wy = w.y;
+struct KcParams {
+  static constexpr int kSteps = T::kInt4 ? 2 : 1;  // k-steps served by one load
+  uint32_t s[2 * kSteps], w[2 * kSteps];
+  __device__ __forceinline__ KcParams(const uint8_t* params, int c, int ks0) {
+    const int at = 2 * (c * (T::kD / 4) + 4 * ks0);  // bytes
+    if constexpr (T::kInt4) {
+      const uint4 a = *reinterpret_cast<const uint4*>(params + at);
+      const uint4 b = *reinterpret_cast<const uint4*>(params + 2 * T::kD + at);
+      s[0] = a.x; s[1] = a.y; s[2] = a.z; s[3] = a.w;
+      w[0] = b.x; w[1] = b.y; w[2] = b.z; w[3] = b.w;
+    } else {
+      const uint2 a = *reinterpret_cast<const uint2*>(params + at);
+      const uint2 b = *reinterpret_cast<const uint2*>(params + 2 * T::kD + at);
+      s[0] = a.x; s[1] = a.y;
+      w[0] = b.x; w[1] = b.y;
+    }
   }
-}
+  // k-step ks0 + i.
+  __device__ __forceinline__ void get(int i, uint32_t& sx, uint32_t& sy, uint32_t& wx, uint32_t& wy) const {
+    if constexpr (T::kInt4) {  // words: channels (0, 1), (2, 3), (4, 5), (6, 7) of the group; i = 1: (2, 6), (3, 7)
+      sx = __byte_perm(s[i], s[i + 2], 0x5410);
+      sy = __byte_perm(s[i], s[i + 2], 0x7632);
+      wx = __byte_perm(w[i], w[i + 2], 0x5410);
+      wy = __byte_perm(w[i], w[i + 2], 0x7632);
+    } else {
+      sx = s[0]; sy = s[1];
+      wx = w[0]; wy = w[1];
+    }
+  }
+};
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x16) {
   uint32_t out;
