@@ -287,9 +287,19 @@ TEST_F(AppendKvGpu, Issue14ReplayReadsPositionsUploadedOnItsStream) {
 // ones, positions past the capacity, invalid pages) against a host model of the whole cache: key codes, the key
 // blocks' scales, value rows and pairs, and k_residual, all poisoned (0xA5) at the start and updated call by call by
 // the rule of attention.h. After every call the device must equal the model byte for byte everywhere, so nothing
-// outside the rows, blocks and residual slots a call writes may change. Independently of the model's bookkeeping,
-// every stored block of every sequence must then equal quantize_key_block over the sequence's current keys of that
-// block, every stored value row its quantization, and the residual the keys of its guaranteed slots.
+// outside the rows, blocks and residual slots a call writes may change. Independently of the model's bookkeeping
+// (which blocks a call re-quantizes, from which rows), the stored blocks must then equal quantize_key_block over the
+// sequence's current keys of each block, the stored value rows their quantization, and the residual the keys of its
+// guaranteed slots: after every call, every block and value row holding a row written since the previous check
+// (found from the history, not from the model's bookkeeping), one more block of each sequence in rotation, and the
+// whole residual; after a test's last call, every block and value row of every sequence. A block none of whose rows
+// changed keeps its bytes (the byte-for-byte comparison) and its expected contents (its rows and the sequence's end
+// within it are unchanged), so the per-call check loses nothing against checking everything every time; the
+// rotation and the last full pass guard the argument itself. Cost: the host's quantizations, not the GPU.
+//
+// Stress: the tests without the AllConfigs suffix are the ones tools/stress.sh reruns over many seeds: a few
+// configurations drawn from the seed (printed as "[   CASE   ] ..." lines), a fraction of a second per seed. The
+// AllConfigs tests run every configuration of their grid once per ctest run.
 
 constexpr uint8_t kPoison = 0xA5;
 
@@ -370,8 +380,11 @@ class KcFixture {
     }
     hist_k_.assign(B, std::vector<float>(c.capacity * HKV * D, 0.0f));
     hist_v_ = hist_k_;
+    hist_kbits_.assign(B, std::vector<uint16_t>(c.capacity * HKV * D, 0));
     ends_.assign(B, 0);
     furthest_.assign(B, 0);
+    dirty_lo_.assign(B, INT64_MAX);
+    dirty_hi_.assign(B, 0);
 
     dk_ = std::make_unique<DeviceBuffer<uint8_t>>(k_);
     dv_ = std::make_unique<DeviceBuffer<uint8_t>>(v_);
@@ -462,15 +475,19 @@ class KcFixture {
   void apply(const std::vector<int32_t>& positions) {
     const int B = c_.B, HKV = c_.HKV, D = c_.D, S = S_;
     const int64_t cap = c_.capacity;
+    std::vector<uint8_t> codes(static_cast<size_t>(kKeyBlock) * row_bytes_);
     for (int b = 0; b < B; ++b) {
       const int64_t p = positions[b], end = p + S;
-      // The sequence's keys and values, and its value rows.
+      // The sequence's keys (values and 16-bit bits) and values, and its value rows.
       for (int i = 0; i < S; ++i) {
         const int64_t t = p + i;
         if (t < 0 || t >= cap) continue;
+        dirty_lo_[b] = std::min(dirty_lo_[b], t);
+        dirty_hi_[b] = std::max(dirty_hi_[b], t + 1);
         const auto [outer, slot] = locate(b, t);
         for (int h = 0; h < HKV; ++h) {
           std::copy_n(&kin_[in_row(b, i, h)], D, &hist_k_[b][(t * HKV + h) * D]);
+          std::copy_n(&in_host_[k_at(b, i, h)], D, &hist_kbits_[b][(t * HKV + h) * D]);
           std::copy_n(&vin_[in_row(b, i, h)], D, &hist_v_[b][(t * HKV + h) * D]);
           if (outer >= 0)
             reference::quantize_kv_row(c_.format, &vin_[in_row(b, i, h)], D, c_.new_dtype, 1.0f,
@@ -485,14 +502,17 @@ class KcFixture {
         const auto [outer, slot0] = locate(b, first);
         if (outer < 0) continue;
         const int n = static_cast<int>(std::min({first + kKeyBlock, end, cap}) - first);
-        for (int h = 0; h < HKV; ++h) quantize_block_into(b, first, n, h, outer, slot0, k_, ks_);
+        for (int h = 0; h < HKV; ++h) {
+          quantize_block(b, first, n, h, codes.data(), &ks_[kscale_at(outer, slot0, h)]);
+          for (int r = 0; r < n; ++r)
+            std::copy_n(&codes[int64_t{r} * row_bytes_], row_bytes_, &k_[data_at(outer, slot0 + r, h)]);
+        }
       }
       // k_residual: the new rows of the last two blocks written (rows past the capacity are not written).
       const int64_t stop = std::min(end, cap);
       for (int64_t t = std::max<int64_t>({p, (key_block_of(stop - 1) - 1) * kKeyBlock, 0}); t < stop; ++t)
         for (int h = 0; h < HKV; ++h)
-          for (int d = 0; d < D; ++d)
-            res_[res_at(b, t, h) + d] = bits_of(c_.new_dtype, hist_k_[b][(t * HKV + h) * D + d]);
+          std::copy_n(&hist_kbits_[b][(t * HKV + h) * D], D, &res_[res_at(b, t, h)]);
       if (end > 0 && p < cap) {  // else nothing was written
         ends_[b] = stop;
         furthest_[b] = p <= 0 ? stop : std::max(furthest_[b], stop);  // a start at <= 0 starts over
@@ -500,9 +520,11 @@ class KcFixture {
     }
   }
 
-  // The device against the model, everything; then the blocks, value rows and residual slots of each sequence's
-  // current rows against their quantization from the history. False (with failures added) if anything differs.
-  bool check(const std::string& when) const {
+  // The device against the model, everything; then, against their quantization from the history, the blocks and
+  // value rows that hold rows written since the previous check, one more block of each sequence in rotation (with
+  // its value rows), and the residual's guaranteed slots; `full`: every block and value row of each sequence's
+  // current rows (see the comment above KcCase). False (with failures added) if anything differs.
+  bool check(const std::string& when, bool full = false) {
     SCOPED_TRACE(when);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
     const std::vector<uint8_t> k = dk_->download(), v = dv_->download();
@@ -521,8 +543,12 @@ class KcFixture {
     ok = same("k_residual", res, res_, [&](int64_t i) {
       return where4(i, {kKeyResidualRows, c_.HKV, rh_}, {"sequence", "slot", "head", "element"});
     }) && ok;
-    if (!ok) return false;
-    return check_semantics(k, v, ks, vs, res);
+    if (ok) ok = check_semantics(k, v, ks, vs, res, full);
+    // The next check looks at the rows written after this one, and at the next block of the rotation.
+    std::fill(dirty_lo_.begin(), dirty_lo_.end(), INT64_MAX);
+    std::fill(dirty_hi_.begin(), dirty_hi_.end(), 0);
+    ++checks_;
+    return ok;
   }
 
  private:
@@ -549,41 +575,44 @@ class KcFixture {
   }
   int64_t res_at(int b, int64_t t, int h) const { return b * rb_ + (t % kKeyResidualRows) * rs_ + h * rh_; }
 
-  // Block rows [first, first + n) of (b, h) from the history, quantized into images k / ks at (outer, slot0).
-  void quantize_block_into(int b, int64_t first, int n, int h, int64_t outer, int64_t slot0, std::vector<uint8_t>& k,
-                           std::vector<uint16_t>& ks) const {
+  // Block rows [first, first + n) of (b, h) from the history, quantized by quantize_key_block: codes [n][row bytes]
+  // and params [2·D].
+  void quantize_block(int b, int64_t first, int n, int h, uint8_t* codes, uint16_t* params) const {
     const int D = c_.D;
     std::vector<float> x(static_cast<size_t>(n) * D);
     for (int r = 0; r < n; ++r) std::copy_n(&hist_k_[b][((first + r) * c_.HKV + h) * D], D, &x[int64_t{r} * D]);
-    std::vector<uint8_t> codes(static_cast<size_t>(n) * row_bytes_);
-    reference::quantize_key_block(c_.format, x.data(), n, D, codes.data(), &ks[kscale_at(outer, slot0, h)]);
-    for (int r = 0; r < n; ++r)
-      std::copy_n(&codes[int64_t{r} * row_bytes_], row_bytes_, &k[data_at(outer, slot0 + r, h)]);
+    reference::quantize_key_block(c_.format, x.data(), n, D, codes, params);
   }
 
   bool check_semantics(const std::vector<uint8_t>& k, const std::vector<uint8_t>& v, const std::vector<uint16_t>& ks,
-                       const std::vector<uint16_t>& vs, const std::vector<uint16_t>& res) const {
+                       const std::vector<uint16_t>& vs, const std::vector<uint16_t>& res, bool full) const {
     const int D = c_.D;
-    std::vector<uint8_t> want_k(k.size()), want_v(row_bytes_);
-    std::vector<uint16_t> want_ks(ks.size()), pair(2);
+    std::vector<uint8_t> want_k(static_cast<size_t>(kKeyBlock) * row_bytes_), want_v(row_bytes_);
+    std::vector<uint16_t> want_ks(2 * static_cast<size_t>(D)), pair(2);
     for (int b = 0; b < c_.B; ++b) {
-      const int64_t end = ends_[b];
+      const int64_t end = ends_[b], num_blocks = (end + kKeyBlock - 1) / kKeyBlock;
+      // Rows [lo, hi) changed since the previous check (all of them: full); the rotation's block.
+      const int64_t lo = full ? 0 : dirty_lo_[b], hi = full ? end : std::min(dirty_hi_[b], end);
+      const int64_t turn = num_blocks > 0 ? (checks_ + b) % num_blocks : -1;
+      const auto checked = [&](int64_t t) { return (t >= lo && t < hi) || key_block_of(t) == turn; };
       for (int h = 0; h < c_.HKV; ++h) {
-        for (int64_t first = 0; first < end; first += kKeyBlock) {
+        for (int64_t j = 0; j < num_blocks; ++j) {
+          const int64_t first = j * kKeyBlock;
+          if (j != turn && (hi <= first || lo >= first + kKeyBlock)) continue;  // none of its rows changed
           const auto [outer, slot0] = locate(b, first);
           if (outer < 0) continue;
           const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, end - first));
-          quantize_block_into(b, first, n, h, outer, slot0, want_k, want_ks);
+          quantize_block(b, first, n, h, want_k.data(), want_ks.data());
           const int64_t ps = kscale_at(outer, slot0, h);
-          if (!std::equal(&ks[ps], &ks[ps] + 2 * D, &want_ks[ps])) {
-            ADD_FAILURE() << "k_scale of sequence " << b << " head " << h << " block " << first / kKeyBlock
-                          << " (rows " << first << ".." << first + n - 1 << " of " << end
+          if (!std::equal(want_ks.begin(), want_ks.end(), &ks[ps])) {
+            ADD_FAILURE() << "k_scale of sequence " << b << " head " << h << " block " << j << " (rows " << first
+                          << ".." << first + n - 1 << " of " << end
                           << ") differs from quantize_key_block over the sequence's keys";
             return false;
           }
           for (int r = 0; r < n; ++r) {
             const int64_t at = data_at(outer, slot0 + r, h);
-            if (!std::equal(&k[at], &k[at] + row_bytes_, &want_k[at])) {
+            if (!std::equal(&k[at], &k[at] + row_bytes_, &want_k[int64_t{r} * row_bytes_])) {
               ADD_FAILURE() << "key codes of sequence " << b << " head " << h << " row " << first + r << " (of "
                             << end << ") differ from quantize_key_block over the sequence's keys";
               return false;
@@ -591,6 +620,7 @@ class KcFixture {
           }
         }
         for (int64_t t = 0; t < end; ++t) {
+          if (!checked(t)) continue;
           const auto [outer, slot] = locate(b, t);
           if (outer < 0) continue;
           reference::quantize_kv_row(c_.format, &hist_v_[b][(t * c_.HKV + h) * D], D, c_.new_dtype, 1.0f,
@@ -603,14 +633,17 @@ class KcFixture {
           }
         }
         // The residual holds the keys a later call may need: from the block before the furthest end's block
-        // (a call starts at most 32 before it) up to the end.
-        for (int64_t t = std::max<int64_t>(0, (key_block_of(furthest_[b]) - 1) * kKeyBlock); t < end; ++t)
-          for (int d = 0; d < D; ++d)
-            if (res[res_at(b, t, h) + d] != bits_of(c_.new_dtype, hist_k_[b][(t * c_.HKV + h) * D + d])) {
-              ADD_FAILURE() << "k_residual slot " << t % kKeyResidualRows << " of sequence " << b << " head " << h
-                            << " does not hold the key of position " << t << " (end " << end << "), element " << d;
-              return false;
-            }
+        // (a call starts at most 32 before it) up to the end. Always all of them (a comparison of 16-bit words).
+        for (int64_t t = std::max<int64_t>(0, (key_block_of(furthest_[b]) - 1) * kKeyBlock); t < end; ++t) {
+          const uint16_t* want = &hist_kbits_[b][(t * c_.HKV + h) * D];
+          const uint16_t* got = &res[res_at(b, t, h)];
+          if (!std::equal(got, got + D, want)) {
+            const int d = static_cast<int>(std::mismatch(got, got + D, want).first - got);
+            ADD_FAILURE() << "k_residual slot " << t % kKeyResidualRows << " of sequence " << b << " head " << h
+                          << " does not hold the key of position " << t << " (end " << end << "), element " << d;
+            return false;
+          }
+        }
       }
     }
     return true;
@@ -635,6 +668,7 @@ class KcFixture {
   static bool same(const char* name, const std::vector<T>& got, const std::vector<T>& want, Where where) {
     EXPECT_EQ(got.size(), want.size()) << name;
     if (got.size() != want.size()) return false;
+    if (got == want) return true;
     int64_t bad = 0, first = -1;
     for (size_t i = 0; i < got.size(); ++i)
       if (got[i] != want[i] && bad++ == 0) first = static_cast<int64_t>(i);
@@ -660,8 +694,11 @@ class KcFixture {
   std::vector<uint16_t> ks_, vs_, res_;
   std::vector<int32_t> table_;
   std::vector<std::vector<float>> hist_k_, hist_v_;  // per sequence: the rows appended, [capacity][HKV][D]
+  std::vector<std::vector<uint16_t>> hist_kbits_;    // per sequence: the keys' input bits, [capacity][HKV][D]
   std::vector<int64_t> ends_;                        // per sequence: last position written + 1
   std::vector<int64_t> furthest_;                    // per sequence: the largest end since it started at <= 0
+  std::vector<int64_t> dirty_lo_, dirty_hi_;         // per sequence: rows written since the last check
+  int64_t checks_ = 0;                               // checks so far: the rotation's turn
   std::vector<float> kin_, vin_;                     // the drawn call: [B][S][HKV][D]
   std::vector<uint16_t> in_host_;                    // its device layout
   std::unique_ptr<DeviceBuffer<uint8_t>> dk_, dv_;
@@ -708,7 +745,8 @@ class AppendKvChannelGpu : public ::testing::Test {
   void SetUp() override { TESSERA_REQUIRE_GPU(); }
 };
 
-// Runs `schedule` (S per call) with generated positions, or `fixed` positions where given, checking after each call.
+// Runs `schedule` (S per call) with generated positions, or `fixed` positions where given, checking after each call;
+// the check after the last call is the full one.
 void run_calls(KcFixture& fx, const std::vector<int>& schedule,
                const std::vector<std::vector<int32_t>>& fixed = {}) {
   for (size_t call = 0; call < schedule.size(); ++call) {
@@ -720,126 +758,252 @@ void run_calls(KcFixture& fx, const std::vector<int>& schedule,
     fx.launch(S);
     fx.apply(pos);
     if (!fx.check("after call " + std::to_string(call) + ": S=" + std::to_string(S) + " positions " +
-                  positions_str(pos)))
+                      positions_str(pos),
+                  call + 1 == schedule.size()))
       return;
   }
 }
 
-TEST_F(AppendKvChannelGpu, SequencesOfAppendsMatchTheHostModel) {
-  int idx = 0;
-  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
-    for (int D : {64, 128, 256})
-      for (int page_size : {0, 32, 64, 128})
-        for (DType dt : {DType::kBF16, DType::kFP16}) {
-          KcCase c;
-          c.format = format;
-          c.D = D;
-          c.B = 4;
-          c.HKV = idx % 3 == 0 ? 1 : 2;
-          c.paged = page_size > 0;
-          c.page_size = page_size;
-          c.capacity = 256;
-          c.new_dtype = dt;
-          c.fused = idx % 2 == 1;
-          c.int4x2 = idx % 4 >= 2;
-          c.row_pad = idx % 3 == 1 ? 16 : 0;
-          c.kscale_pad = idx % 3 == 2 ? 8 : 0;
-          c.vscale_pad = idx % 3 == 1 ? 2 : 0;
-          c.res_pad = idx % 3 == 2 ? 8 : 0;
-          c.table_pad = c.paged && idx % 2 == 0 ? 3 : 0;
-          c.max_new = 100;
-          ++idx;
-          const uint64_t seed = test::fresh_seed();
-          SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-          KcFixture fx(c, seed);
-          std::vector<int> schedule = {8, 1, 33, 3, 100, 1, 1, 8, 33, 3, 1, 100, 8, 1, 3, 1};
-          std::shuffle(schedule.begin() + 1, schedule.end(), fx.rng());
-          run_calls(fx, schedule);
-        }
+// "[   CASE   ] Suite.Name <case> seed=<data seed> TESSERA_SEED=<run seed>": a configuration a stress test drew from
+// its run seed, printed whether or not it fails.
+void print_case(const std::string& what, uint64_t seed) {
+  const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::printf("[   CASE   ] %s.%s %s %s\n", t->test_suite_name(), t->name(), what.c_str(), test::seed_note(seed).c_str());
+  std::fflush(stdout);
 }
 
-// A 4096-token prompt in one call, after a first block that is not full: the first block's earlier rows come from
-// the residual slots the prompt's last rows overwrite. Then decode steps and a reject.
+// Sequences of 16 calls (S from 1 to 100 in a shuffled order) on B = 4 sequences of capacity 256. The grid: formats x
+// head dims x layouts (contiguous, pages of 32, 64, 128) x input dtypes; the other knobs (one or two heads, fused
+// inputs, int4x2 data, pads of every tensor, block-table padding) rotate with the grid index in the AllConfigs test
+// and are drawn one by one in the stress test.
+constexpr KVFormat kSeqFormats[] = {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel};
+constexpr int kSeqDims[] = {64, 128, 256};
+constexpr int kSeqPages[] = {0, 32, 64, 128};
+constexpr DType kSeqDtypes[] = {DType::kBF16, DType::kFP16};
+constexpr int kSeqCasesPerSeed = 3;
+
+KcCase sequence_case(KVFormat format, int D, int page_size, DType dt) {
+  KcCase c;
+  c.format = format;
+  c.D = D;
+  c.B = 4;
+  c.paged = page_size > 0;
+  c.page_size = page_size;
+  c.capacity = 256;
+  c.new_dtype = dt;
+  c.max_new = 100;
+  return c;
+}
+
+// Grid configuration `idx` (0 .. 47): format, D, layout, dtype from the outermost loop in; knobs from idx.
+KcCase sequence_grid_case(int idx) {
+  int i = idx;
+  const DType dt = kSeqDtypes[i % 2];
+  i /= 2;
+  const int page_size = kSeqPages[i % 4];
+  i /= 4;
+  const int D = kSeqDims[i % 3];
+  i /= 3;
+  KcCase c = sequence_case(kSeqFormats[i], D, page_size, dt);
+  c.HKV = idx % 3 == 0 ? 1 : 2;
+  c.fused = idx % 2 == 1;
+  c.int4x2 = idx % 4 >= 2;
+  c.row_pad = idx % 3 == 1 ? 16 : 0;
+  c.kscale_pad = idx % 3 == 2 ? 8 : 0;
+  c.vscale_pad = idx % 3 == 1 ? 2 : 0;
+  c.res_pad = idx % 3 == 2 ? 8 : 0;
+  c.table_pad = c.paged && idx % 2 == 0 ? 3 : 0;
+  return c;
+}
+
+// A configuration drawn from the grid's values, each knob on its own.
+KcCase sequence_drawn_case(std::mt19937_64& rng) {
+  const auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  const KVFormat format = kSeqFormats[pick(2)];
+  const int D = kSeqDims[pick(3)];
+  const int page_size = kSeqPages[pick(4)];
+  KcCase c = sequence_case(format, D, page_size, kSeqDtypes[pick(2)]);
+  c.HKV = 1 + pick(2);
+  c.fused = pick(2);
+  c.int4x2 = format == KVFormat::kInt4KChannel && pick(2);  // int8 data is kUInt8 either way
+  c.row_pad = pick(2) ? 16 : 0;
+  c.kscale_pad = pick(2) ? 8 : 0;
+  c.vscale_pad = pick(2) ? 2 : 0;
+  c.res_pad = pick(2) ? 8 : 0;
+  c.table_pad = c.paged && pick(2) ? 3 : 0;
+  return c;
+}
+
+void run_sequence_case(const KcCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  KcFixture fx(c, seed);
+  std::vector<int> schedule = {8, 1, 33, 3, 100, 1, 1, 8, 33, 3, 1, 100, 8, 1, 3, 1};
+  std::shuffle(schedule.begin() + 1, schedule.end(), fx.rng());
+  run_calls(fx, schedule);
+}
+
+// Stress: kSeqCasesPerSeed configurations drawn from the run seed.
+TEST_F(AppendKvChannelGpu, SequencesOfAppendsMatchTheHostModel) {
+  std::mt19937_64 rng(test::fresh_seed());
+  for (int i = 0; i < kSeqCasesPerSeed; ++i) {
+    const KcCase c = sequence_drawn_case(rng);
+    const uint64_t seed = test::fresh_seed();
+    print_case(c.describe(), seed);
+    run_sequence_case(c, seed);
+  }
+}
+
+// Every configuration of the grid (48), once.
+TEST_F(AppendKvChannelGpu, SequencesOfAppendsMatchTheHostModelAllConfigs) {
+  constexpr int kGrid = std::size(kSeqFormats) * std::size(kSeqDims) * std::size(kSeqPages) * std::size(kSeqDtypes);
+  for (int idx = 0; idx < kGrid; ++idx) run_sequence_case(sequence_grid_case(idx), test::fresh_seed());
+}
+
+// A prompt of L >= 64 tokens in one call, after a first block that is not full: the first block's earlier rows come
+// from residual slots the prompt's rows overwrite. Sequence 0 appends at 40 (its block 1 holds rows 32..39, in
+// residual slots 32..39, which the prompt's rows 96..103, 160..167, ... overwrite; for L = 4096 the last of them are
+// its rows 4128..4135); sequence 1 first rejects 7 tokens. Then decode steps and a reject of 20 tokens.
+void run_long_prompt(KVFormat format, int page_size, DType dt, int L, uint64_t seed) {
+  KcCase c;
+  c.format = format;
+  c.D = 128;
+  c.B = 2;
+  c.HKV = 2;
+  c.paged = page_size > 0;
+  c.page_size = page_size;
+  c.capacity = (L + 256 + 63) / 64 * 64;
+  c.new_dtype = dt;
+  c.max_new = L;
+  SCOPED_TRACE(c.describe() + " prompt of " + std::to_string(L) + " " + test::seed_note(seed));
+  KcFixture fx(c, seed);
+  run_calls(fx, {40, L, 1, 1, 8, 1},
+            {{0, 0}, {40, 33}, {40 + L, 33 + L}, {41 + L, 34 + L}, {22 + L, 35 + L}, {30 + L, 43 + L}});
+}
+
+// Stress: one configuration drawn from the run seed: format, layout (contiguous or pages of 64), input dtype and the
+// prompt's length L in [64, 4096].
 TEST_F(AppendKvChannelGpu, LongPromptThenDecode) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const KVFormat format = rng() % 2 ? KVFormat::kInt4KChannel : KVFormat::kInt8KChannel;
+  const int page_size = rng() % 2 ? 64 : 0;
+  const DType dt = rng() % 2 ? DType::kFP16 : DType::kBF16;
+  const int L = 64 + static_cast<int>(rng() % (4096 - 64 + 1));
+  const uint64_t seed = test::fresh_seed();
+  print_case(std::string(kv_format_name(format)) + (page_size ? " paged/64" : " contiguous") +
+                 (dt == DType::kFP16 ? " new=fp16" : " new=bf16") + " prompt of " + std::to_string(L),
+             seed);
+  run_long_prompt(format, page_size, dt, L, seed);
+}
+
+// The four configurations (formats x contiguous / pages of 64), with a prompt of 4096 tokens, once.
+TEST_F(AppendKvChannelGpu, LongPromptThenDecodeAllConfigs) {
   for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
-    for (int page_size : {0, 64}) {
-      KcCase c;
-      c.format = format;
-      c.D = 128;
-      c.B = 2;
-      c.HKV = 2;
-      c.paged = page_size > 0;
-      c.page_size = page_size;
-      c.capacity = 4096 + 256;
-      c.new_dtype = format == KVFormat::kInt8KChannel ? DType::kBF16 : DType::kFP16;
-      c.max_new = 4096;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      KcFixture fx(c, seed);
-      // Sequence 0 appends at 40 (its block 1 holds rows 32..39, in residual slots 32..39, which the prompt's rows
-      // 4128..4135 overwrite); sequence 1 first rejects 7 tokens.
-      run_calls(fx, {40, 4096, 1, 1, 8, 1},
-                {{0, 0}, {40, 33}, {4136, 4129}, {4137, 4130}, {4118, 4131}, {4126, 4139}});
-    }
+    for (int page_size : {0, 64})
+      run_long_prompt(format, page_size, format == KVFormat::kInt8KChannel ? DType::kBF16 : DType::kFP16, 4096,
+                      test::fresh_seed());
 }
 
 // Calls whose rows run past the capacity, then rejects into the last block: the residual must hold that block's rows
 // up to the capacity (the rows written), though the call's rows reach blocks past it.
-TEST_F(AppendKvChannelGpu, RowsPastTheCapacityThenReject) {
-  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
-    for (int page_size : {0, 32}) {
-      KcCase c;
-      c.format = format;
-      c.D = 64;
-      c.B = 2;
-      c.HKV = 2;
-      c.paged = page_size > 0;
-      c.page_size = page_size;
-      c.capacity = 256;
-      c.new_dtype = page_size ? DType::kFP16 : DType::kBF16;
-      c.max_new = 100;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      KcFixture fx(c, seed);
-      // Ends after each call: {100, 100}, {200, 190}, {233, 223}, {256, 256} (rows 256.. skipped), {251, 256}
-      // (sequence 1 at the capacity writes nothing), {248, 238}.
-      run_calls(fx, {100, 100, 33, 100, 1, 8}, {{0, 0}, {100, 90}, {200, 190}, {233, 223}, {250, 256}, {240, 230}});
-    }
+void run_rows_past_capacity(KVFormat format, int page_size, DType dt, uint64_t seed) {
+  KcCase c;
+  c.format = format;
+  c.D = 64;
+  c.B = 2;
+  c.HKV = 2;
+  c.paged = page_size > 0;
+  c.page_size = page_size;
+  c.capacity = 256;
+  c.new_dtype = dt;
+  c.max_new = 100;
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  KcFixture fx(c, seed);
+  // Ends after each call: {100, 100}, {200, 190}, {233, 223}, {256, 256} (rows 256.. skipped), {251, 256}
+  // (sequence 1 at the capacity writes nothing), {248, 238}.
+  run_calls(fx, {100, 100, 33, 100, 1, 8}, {{0, 0}, {100, 90}, {200, 190}, {233, 223}, {250, 256}, {240, 230}});
 }
 
-// One captured append (S = 3), replayed with new positions and inputs written in stream order before each replay.
+// Stress: one configuration drawn from the run seed (format, contiguous or pages of 32, input dtype).
+TEST_F(AppendKvChannelGpu, RowsPastTheCapacityThenReject) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const KVFormat format = rng() % 2 ? KVFormat::kInt4KChannel : KVFormat::kInt8KChannel;
+  const int page_size = rng() % 2 ? 32 : 0;
+  const DType dt = rng() % 2 ? DType::kFP16 : DType::kBF16;
+  const uint64_t seed = test::fresh_seed();
+  print_case(std::string(kv_format_name(format)) + (page_size ? " paged/32" : " contiguous") +
+                 (dt == DType::kFP16 ? " new=fp16" : " new=bf16"),
+             seed);
+  run_rows_past_capacity(format, page_size, dt, seed);
+}
+
+// The four configurations (formats x contiguous / pages of 32), once.
+TEST_F(AppendKvChannelGpu, RowsPastTheCapacityThenRejectAllConfigs) {
+  for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int page_size : {0, 32})
+      run_rows_past_capacity(format, page_size, page_size ? DType::kFP16 : DType::kBF16, test::fresh_seed());
+}
+
+// One captured append (S = 3) on B = 3 sequences of capacity 128, replayed 48 times with new positions and inputs
+// written in stream order before each replay.
+KcCase graph_case(KVFormat format, int page_size, int D, DType dt, bool fused) {
+  KcCase c;
+  c.format = format;
+  c.D = D;
+  c.B = 3;
+  c.HKV = 2;
+  c.paged = page_size > 0;
+  c.page_size = page_size;
+  c.capacity = 128;
+  c.new_dtype = dt;
+  c.fused = fused;
+  c.max_new = 3;
+  return c;
+}
+
+void run_graph_replays(const KcCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  KcFixture fx(c, seed);
+  constexpr int S = 3, kReplays = 48;
+  fx.draw(S);
+  fx.upload(kc_positions(fx.ends(), fx.furthest(), S, fx.rng()));
+  const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(S); });
+  if (!fx.check("after the capture (nothing ran)")) return;
+  for (int replay = 0; replay < kReplays; ++replay) {
+    const std::vector<int32_t> pos = kc_positions(fx.ends(), fx.furthest(), S, fx.rng());
+    fx.draw(S);
+    fx.upload(pos);
+    graph.replay(fx.stream());
+    fx.apply(pos);
+    if (!fx.check("after replay " + std::to_string(replay) + ": positions " + positions_str(pos),
+                  replay + 1 == kReplays))
+      return;
+  }
+}
+
+// Stress: one configuration drawn from the run seed (format, contiguous or pages of 64, D, input dtype, fused or
+// separate inputs).
 TEST_F(AppendKvChannelGpu, CudaGraphReplaysWithNewPositionsAndInputs) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const KVFormat format = rng() % 2 ? KVFormat::kInt4KChannel : KVFormat::kInt8KChannel;
+  const int page_size = rng() % 2 ? 64 : 0;
+  const int D = 64 << (rng() % 3);
+  const DType dt = rng() % 2 ? DType::kFP16 : DType::kBF16;
+  const bool fused = rng() % 2;
+  const KcCase c = graph_case(format, page_size, D, dt, fused);
+  const uint64_t seed = test::fresh_seed();
+  print_case(c.describe(), seed);
+  run_graph_replays(c, seed);
+}
+
+// The four configurations (formats x contiguous / pages of 64; D, dtype and fused inputs rotating), once.
+TEST_F(AppendKvChannelGpu, CudaGraphReplaysWithNewPositionsAndInputsAllConfigs) {
   int idx = 0;
   for (KVFormat format : {KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
     for (int page_size : {0, 64}) {
-      KcCase c;
-      c.format = format;
-      c.D = 64 << (idx % 3);
-      c.B = 3;
-      c.HKV = 2;
-      c.paged = page_size > 0;
-      c.page_size = page_size;
-      c.capacity = 128;
-      c.new_dtype = idx % 2 ? DType::kFP16 : DType::kBF16;
-      c.fused = idx % 2 == 0;
-      c.max_new = 3;
+      run_graph_replays(graph_case(format, page_size, 64 << (idx % 3), idx % 2 ? DType::kFP16 : DType::kBF16,
+                                   idx % 2 == 0),
+                        test::fresh_seed());
       ++idx;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      KcFixture fx(c, seed);
-      constexpr int S = 3;
-      fx.draw(S);
-      fx.upload(kc_positions(fx.ends(), fx.furthest(), S, fx.rng()));
-      const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(S); });
-      if (!fx.check("after the capture (nothing ran)")) continue;
-      for (int replay = 0; replay < 48; ++replay) {
-        const std::vector<int32_t> pos = kc_positions(fx.ends(), fx.furthest(), S, fx.rng());
-        fx.draw(S);
-        fx.upload(pos);
-        graph.replay(fx.stream());
-        fx.apply(pos);
-        if (!fx.check("after replay " + std::to_string(replay) + ": positions " + positions_str(pos))) break;
-      }
     }
 }
 
