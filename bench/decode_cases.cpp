@@ -7,7 +7,8 @@
 //              bf16 K/V rows and write them at a random position per sequence
 //
 // Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform][/S<new tokens>]/<format>
-//   hq8kv1      HQ 8, HKV 1 (the seed grid): B in {32, 64, 128, 256, 512}, T 8192, every format
+//   hq8kv1      HQ 8, HKV 1 (the seed grid): B in {1, 8, 32, 64, 128, 256, 512}, T 8192, every format (B 1 and 8: the
+//               small batches where fixed costs dominate, issue 16 part 2)
 //   llama3_8b   HQ 32, HKV 8 (Llama-3-8B): B in {1, 16, 64}, T 4096, every format;
 //               long context B 1, T 131072 (native, int4)
 //   paged<P>    page size P in {16, 64}, every page of the batch in one pool in a random permutation (the block
@@ -407,7 +408,7 @@ class DecodeCase final : public CaseInstance {
 
 // Headline decode rows (docs/perf/decode.md): the seed grid B 128 in every format, its largest batch, Llama-3-8B
 // at B 1 and 64, long context, paged, skewed lengths and speculative decoding; the per-channel key formats beside
-// int4 at B 128 / 512 and Llama-3-8B B 64.
+// int4 at B 128 / 512 and Llama-3-8B B 64; the seed grid's small batches (B 1, 8) where fixed costs dominate.
 bool decode_headline(const std::string& name) {
   static const char* const kRows[] = {
       "hq8kv1/B128/T8192/native",       "hq8kv1/B128/T8192/fp8",         "hq8kv1/B128/T8192/int8",
@@ -416,7 +417,8 @@ bool decode_headline(const std::string& name) {
       "llama3_8b/B64/T4096/int8",       "llama3_8b/B64/T4096/int4",       "llama3_8b/B1/T131072/int4",
       "hq8kv1/B128/T8192/paged16/int4", "hq8kv1/B64/T8192/zipf/int4",     "llama3_8b/B16/T4096/S4/int4",
       "hq8kv1/B128/T8192/int8_kchannel", "hq8kv1/B128/T8192/int4_kchannel", "hq8kv1/B512/T8192/int4_kchannel",
-      "llama3_8b/B64/T4096/int4_kchannel",
+      "llama3_8b/B64/T4096/int4_kchannel", "hq8kv1/B1/T8192/native",         "hq8kv1/B1/T8192/int4",
+      "hq8kv1/B8/T8192/native",            "hq8kv1/B8/T8192/int8",           "hq8kv1/B8/T8192/int4",
   };
   return std::find(std::begin(kRows), std::end(kRows), name) != std::end(kRows);
 }
@@ -453,7 +455,7 @@ void add_decode_cases(std::vector<CaseSpec>& cases) {
     sh.num_new = num_new;
     return sh;
   };
-  for (int B : {32, 64, 128, 256, 512}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192), every);
+  for (int B : {1, 8, 32, 64, 128, 256, 512}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192), every);
   for (int B : {1, 16, 64}) add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096), every);
   add_decode_shape_cases(cases, shape("llama3_8b", 1, 32, 8, 131072), bf16_int4);
   for (int P : {16, 64}) {

@@ -19,18 +19,26 @@
 #
 # Reproduce a failure: TESSERA_SEED=S BUILD_DIR/tests/tessera_gpu_tests --gtest_filter=Suite.Name
 #
-# The default filter aims at 200 seeds in under 5 minutes on an H200 (estimated 0.7-1.5 s per seed, mostly host-side
-# data generation and float64 references; the last lines print the measured time per seed): the CUDA-graph replays
-# of every family (where an upload not ordered with the stream shows, issue 14), append_kv, the fused-gate ties,
-# near-ties and NaN/inf cases, and the small grouped-GEMM edge shapes. The large grids (DecodeGpu.Grid,
-# SpeculativeTokens, GroupedGemmGpu.ShapeGrid, PermuteGpu.ShapeGrid, ...) spend seconds per run in the references and
-# run once per ctest; pass a filter to stress them with fewer seeds.
+# The default filter aims at 200 seeds in about 5 minutes on an H200 (1.0-1.5 s per seed measured without the
+# AppendKvChannelGpu tests, which add an estimated 0.35 s; mostly host-side data generation and references; the last
+# lines print the measured time per seed): the CUDA-graph replays of every family (where an upload not ordered with
+# the stream shows, issue 14), append_kv, the fused-gate ties, near-ties and NaN/inf cases, and the small grouped-GEMM
+# edge shapes. The per-channel key formats' append_kv tests (AppendKvChannelGpu: sequences of appends with rejects,
+# a long prompt, rows past the capacity, graph replays) each run a few configurations drawn from the seed, printed as
+# "[   CASE   ] Suite.Name <configuration> seed=... TESSERA_SEED=..." lines; their *AllConfigs twins run every
+# configuration once per ctest and are not in the list. The large grids (DecodeGpu.Grid, SpeculativeTokens,
+# GroupedGemmGpu.ShapeGrid, PermuteGpu.ShapeGrid, AppendKvChannelGpu.*AllConfigs, ...) spend seconds per run in the
+# references and run once per ctest; pass a filter to stress them with fewer seeds.
 set -uo pipefail
 
 build=${1:?usage: tools/stress.sh BUILD_DIR [NUM_SEEDS] [GTEST_FILTER]}
 num_seeds=${2:-200}
 default_tests=(
   'AppendKvGpu.*'
+  'AppendKvChannelGpu.SequencesOfAppendsMatchTheHostModel'
+  'AppendKvChannelGpu.LongPromptThenDecode'
+  'AppendKvChannelGpu.RowsPastTheCapacityThenReject'
+  'AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
   'FusedGateGpu.CudaGraphCaptureAndReplay'
   'FusedGateGpu.ExactTiesGoToTheLowerIndex'

@@ -57,7 +57,7 @@ def registry():
         names.extend(f"{shape}/{f}" for f in formats)
 
     paged_formats, bf16_int4 = ("native", "int8", "int4"), ("native", "int4")
-    for B in (32, 64, 128, 256, 512):
+    for B in (1, 8, 32, 64, 128, 256, 512):
         add(f"hq8kv1/B{B}/T8192", FORMATS)
     for B in (1, 16, 64):
         add(f"llama3_8b/B{B}/T4096", FORMATS)

@@ -478,7 +478,7 @@ class KcFixture {
     std::vector<uint8_t> codes(static_cast<size_t>(kKeyBlock) * row_bytes_);
     for (int b = 0; b < B; ++b) {
       const int64_t p = positions[b], end = p + S;
-      // The sequence's keys (values and 16-bit bits) and values, and its value rows.
+      // The sequence's history (keys, also as their input bits for the residual; values), and its value rows.
       for (int i = 0; i < S; ++i) {
         const int64_t t = p + i;
         if (t < 0 || t >= cap) continue;
@@ -768,7 +768,8 @@ void run_calls(KcFixture& fx, const std::vector<int>& schedule,
 // its run seed, printed whether or not it fails.
 void print_case(const std::string& what, uint64_t seed) {
   const ::testing::TestInfo* t = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::printf("[   CASE   ] %s.%s %s %s\n", t->test_suite_name(), t->name(), what.c_str(), test::seed_note(seed).c_str());
+  std::printf("[   CASE   ] %s.%s %s %s\n", t->test_suite_name(), t->name(), what.c_str(),
+              test::seed_note(seed).c_str());
   std::fflush(stdout);
 }
 
