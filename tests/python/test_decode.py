@@ -946,21 +946,10 @@ def test_errors_are_value_errors_and_write_nothing():
 # ================================================================================================================
 
 
-@gpu
-@pytest.mark.parametrize("case", ["int4_group32", "fp8_head", "native_bf16", "int8"])
-def test_cuda_graph_decode_step(case):
-    # One decode step (append the new token's K/V, advance the lengths, decode) captured once with preallocated
-    # out, lse and workspace, then replayed with new tokens, positions and queries written into the same buffers.
-    # The workspace is sized once: the split count never depends on the lengths.
-    B, HQ, HKV, D = 4, 16, 2, 128
-    cache = Cache(case, B, HKV, D, 320, page_size=32, seed=81)
-    fill(cache, [5, 0, 100, 299])
-    positions = torch.tensor([5, 0, 100, 299], dtype=torch.int32, device="cuda")
+def capture_decode_step(cache, positions, k_new, v_new, q, out, lse):
+    """One decode step (append k_new / v_new at `positions`, lengths = positions + 1, decode into out / lse) with a
+    workspace sized once, run once outside the capture (warm-up) and captured into the returned CUDA graph."""
     seqlens = torch.empty_like(positions)
-    k_new, v_new = cache.rows(1), cache.rows(1)
-    q = random_q(cache, HQ, 82)
-    out = poisoned(q.shape, q.dtype)
-    lse = torch.empty((B, HQ), dtype=torch.float32, device="cuda")
     kw = cache.kwargs()
     nbytes = tessera.decode_workspace_size(q, cache.k, cache.v, **kw)
     workspace = torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
@@ -973,12 +962,31 @@ def test_cuda_graph_decode_step(case):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
+        step()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    graph.keep_alive = (seqlens, workspace)  # buffers the graph reads and writes
+    return graph
+
+
+@gpu
+@pytest.mark.parametrize("case", ["int4_group32", "fp8_head", "native_bf16", "int8"])
+def test_cuda_graph_decode_step(case):
+    # One decode step (append the new token's K/V, advance the lengths, decode) captured once with preallocated
+    # out, lse and workspace, then replayed with new tokens, positions and queries written into the same buffers.
+    # The workspace is sized once: the split count never depends on the lengths.
+    B, HQ, HKV, D = 4, 16, 2, 128
+    cache = Cache(case, B, HKV, D, 320, page_size=32, seed=81)
+    fill(cache, [5, 0, 100, 299])
+    positions = torch.tensor([5, 0, 100, 299], dtype=torch.int32, device="cuda")
+    k_new, v_new = cache.rows(1), cache.rows(1)
+    q = random_q(cache, HQ, 82)
+    out = poisoned(q.shape, q.dtype)
+    lse = torch.empty((B, HQ), dtype=torch.float32, device="cuda")
+    graph = capture_decode_step(cache, positions, k_new, v_new, q, out, lse)
 
     # The last replay appends past the capacity (skipped) and decodes the clamped full cache.
     for i, pos in enumerate(([5, 0, 100, 299], [6, 319, 17, 0], [1, 2, 3, 400])):
@@ -1186,30 +1194,12 @@ def test_cuda_graph_channel_decode_step(fmt, seed):
     cache = Cache(_channel_case(fmt), B, HKV, D, 320, page_size=KEY_BLOCK, seed=seed)
     src_k, src_v = fill_in_order(cache, lengths)
     positions = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    seqlens = torch.empty_like(positions)
     k_new, v_new = cache.rows(1), cache.rows(1)
     q = random_q(cache, HQ, seed + 1)
     out = poisoned(q.shape, q.dtype)
     lse = torch.empty((B, HQ), dtype=torch.float32, device="cuda")
-    kw = cache.kwargs()
-    nbytes = tessera.decode_workspace_size(q, cache.k, cache.v, **kw)
-    workspace = torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
-
-    def step():
-        tessera.append_kv(k_new, v_new, positions, cache.k, cache.v, **kw)
-        torch.add(positions, 1, out=seqlens)
-        tessera.attention_decode(q, cache.k, cache.v, seqlens, out=out, lse=lse, workspace=workspace, **kw)
-
-    # Warm-up outside the capture, then the capture: both append at `lengths` (the same rows, the same state).
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    # The warm-up and the capture both append at `lengths` (the same rows, the same state).
+    graph = capture_decode_step(cache, positions, k_new, v_new, q, out, lse)
 
     for i, pos in enumerate(([5, 0, 100, 299], [6, 1, 101, 300], [3, 0, 98, 301], [4, 1, 99, 302])):
         positions.copy_(torch.tensor(pos, dtype=torch.int32, device="cuda"))
