@@ -41,9 +41,12 @@
 //   multiples of 8 elements (16 bytes), base 16-byte aligned. Key element value = code · scale[d] + offset[d].
 //   Values keep per-(token, head) pairs: v_scale as for kInt8 / kInt4 (NG = 1).
 //   k_residual (these formats only, required by append_kv, not read by decode): [B, 2·kKeyBlock, HKV, D] in the
-//   dtype of k_new, unit stride along D: slot t % 64 holds the 16-bit key of position t of sequence b for the
-//   positions of the last two blocks an append wrote into, so that append_kv can re-quantize a block that is not yet
-//   full from its exact rows.
+//   dtype of k_new, unit stride along D, other strides multiples of 8 elements, base 16-byte aligned: slot t % 64 of
+//   row b holds the 16-bit key of position t of the sequence at batch index b, for the positions (below the
+//   capacity) of the last two blocks an append wrote into, so that append_kv can re-quantize a block that is not
+//   yet full from its exact rows. Row b belongs to the sequence in batch slot b: an engine that moves sequences
+//   between batch slots moves their residual rows with them (a sequence resumed mid-block without its residual
+//   cannot re-quantize its partial block exactly; restart it on the block boundary, i.e. re-append the block).
 // Scales (kFP8): fp32 [1] (per tensor) or [HKV] (per KV head); element value = e4m3 value · scale.
 // Rows are stored apart from their scales so that every data row is a whole number of 16-byte vectors.
 //
@@ -59,7 +62,8 @@
 //   Contract (device values, not validated): a sequence's rows are appended in order (positions[b] never skips
 //   ahead of its end); positions[b] may go back (speculative decoding rejects draft tokens) by at most 32 positions
 //   from the furthest end the sequence has reached, so that the rows it reads back are still in k_residual; a call
-//   that starts on a block boundary reads no earlier row (a new sequence may start over at 0). An append rewrites
+//   that starts on a block boundary reads no earlier row and restarts that count (a new sequence may start over at
+//   0 in a reused batch slot). An append rewrites
 //   the codes of the earlier rows of its block, so pages shared by several sequences must be shared in whole blocks.
 //   Decode multiplies the query by the channel scales in fp16: q · scale must stay within ±65504.
 // kFP8: code = e4m3(x / scale), round-to-nearest-even, saturated to ±448 (NaN stays NaN).
@@ -95,7 +99,7 @@ struct KVCache {
   std::optional<TensorView> k_scale;        // integer formats and kFP8; absent for kNative
   std::optional<TensorView> v_scale;
   std::optional<TensorView> block_table;    // int32 [B, max_pages]; present = paged layout
-  std::optional<TensorView> k_residual;     // per-channel key formats: the last 64 keys per sequence, 16-bit
+  std::optional<TensorView> k_residual;     // per-channel key formats: 16-bit keys of the last two blocks written
 };
 
 inline constexpr int kDecodeMaxSplits = 128;

@@ -1097,7 +1097,6 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   const AppendProblem ac = check_append(kAppend, k_new, v_new, seqlens, kc);
   EXPECT_TRUE(ac.cache.k_channel);
   EXPECT_EQ(ac.cache.k_residual, kc.k_residual->data);
-  EXPECT_TRUE(ac.cache.residual_fp16);
   EXPECT_EQ(ac.cache.res_stride_head, kD + 8);
   EXPECT_EQ(ac.cache.res_stride_slot, kHKV * (kD + 8));
   EXPECT_EQ(ac.cache.res_stride_b, kKeyResidualRows * kHKV * (kD + 8));

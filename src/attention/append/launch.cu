@@ -309,7 +309,9 @@ void launch_append(const AppendProblem& p, cudaStream_t stream) {
     grid.key_blocks_per_head = key_blocks_per_head(p.num_new);
     ctas += static_cast<int64_t>(p.batch) * p.cache.num_kv_heads * grid.key_blocks_per_head;
   }
-  if (ctas > INT32_MAX) throw Error("tessera::attention::append_kv: too many rows (" + std::to_string(rows) + ")");
+  if (ctas > INT32_MAX)
+    throw Error("tessera::attention::append_kv: too many blocks to launch (" + std::to_string(ctas) + " for " +
+                std::to_string(rows) + " rows)");
   const int grid_ctas = static_cast<int>(ctas);
   switch (p.cache.head_dim) {
     case 64: launch_for_head_dim<64>(p, key_channel, grid_ctas, grid, stream); break;

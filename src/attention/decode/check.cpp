@@ -685,7 +685,6 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
   p.positions = static_cast<const int32_t*>(positions.data);
   if (residual) {
     p.cache.k_residual = residual->data;
-    p.cache.residual_fp16 = residual->dtype == DType::kFP16;
     p.cache.res_stride_b = residual->strides[0];
     p.cache.res_stride_slot = residual->strides[1];
     p.cache.res_stride_head = residual->strides[2];

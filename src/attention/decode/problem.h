@@ -42,8 +42,7 @@ struct CacheDesc {
   int64_t kc_stride_block = 0;
   int64_t kc_stride_head = 0;
   // Their 16-bit key residual [B, kKeyResidualRows, HKV, D] (append_kv only; null for decode), strides in elements.
-  const void* k_residual = nullptr;
-  bool residual_fp16 = false;
+  const void* k_residual = nullptr;  // in the dtype of the new rows (AppendProblem::fp16)
   int64_t res_stride_b = 0, res_stride_slot = 0, res_stride_head = 0;
 
   const float* k_fp8_scale = nullptr;  // kFP8: [1] or [HKV]
