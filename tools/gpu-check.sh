@@ -30,7 +30,7 @@ run_step() {  # name, command...
 has() { [[ " $steps " == *" $1 "* ]]; }
 
 # Sanitizer subset: every kernel and code path, small shapes.
-subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*:GroupedGemmGpu.RaggedGroups:GroupedGemmGpu.EdgeShapes:GroupedGemmGpu.MixedGroupSizesRunEveryTileShapeInOneLaunch:GroupedGemmGpu.OneLargeGroupAmongTinyOnes:GroupedGemmGpu.StridedOperands:GroupedGemmGpu.OutOfRangeAndNonMonotoneGroupRows:GroupedGemmGpu.CudaGraphCapture:DecodeGpu.Grid:DecodeGpu.SplitCounts:DecodeGpu.SoftcapWindowAndScale:DecodeGpu.CudaGraphReplaysWithNewLengths:AppendKvGpu.*'
+subset='FusedGateGpu.StridedRows:FusedGateGpu.ExactTiesGoToTheLowerIndex:FusedGateGpu.NaNAndInfinity:FusedGateGpu.CudaGraphCaptureAndReplay:PermuteGpu.ShapeGrid:PermuteGpu.CudaGraphCapture:PermuteGpu.UnpermuteInCudaGraph:*HostPointer*:GroupedGemmGpu.RaggedGroups:GroupedGemmGpu.EdgeShapes:GroupedGemmGpu.MixedGroupSizesRunEveryTileShapeInOneLaunch:GroupedGemmGpu.OneLargeGroupAmongTinyOnes:GroupedGemmGpu.StridedOperands:GroupedGemmGpu.OutOfRangeAndNonMonotoneGroupRows:GroupedGemmGpu.CudaGraphCapture:DecodeGpu.Grid:DecodeGpu.SplitCounts:DecodeGpu.SoftcapWindowAndScale:DecodeGpu.CudaGraphReplaysWithNewLengths:AppendKvGpu.*:AppendKvChannelGpu.SequencesOfAppendsMatchTheHostModel:AppendKvChannelGpu.RowsPastTheCapacityThenReject:AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
 
 if has build; then
   run_step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
