@@ -188,13 +188,33 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t
   const uint16_t* k_new_bh = k_new + b * p.new_stride_b + kvh * p.new_stride_h;
   uint16_t* residual_bh = residual + b * cd.res_stride_b + kvh * cd.res_stride_head;
 
-  // ---- gather the block's rows. Only the first touched block has rows before pos.
+  // ---- gather the block's rows. Only the first touched block has rows before pos: those come from k_residual
+  // as 16-byte vectors (its rows are 16-byte aligned), all of a thread's loads issued before any is stored, so that
+  // the CTA waits for memory once (was: one element per thread and step; H200, B 128, one new token per sequence:
+  // 19.97 -> 14.52 us for int8_kchannel); the new rows from k_new element by element (any 2-byte alignment).
+  const int n_old = static_cast<int>(min64(max64(pos - first, 0), n));  // rows [first, first + n_old) < pos
+  {
+    constexpr int kVecPerRow = D / 8;
+    constexpr int kMaxVec = kKeyBlock * kVecPerRow / kAppendThreads;  // 8 per thread at D 256
+    static_assert(kKeyBlock * kVecPerRow % kAppendThreads == 0, "the block's vectors spread evenly");
+    uint4 v[kMaxVec];
+#pragma unroll
+    for (int i = 0; i < kMaxVec; ++i) {
+      const int e = tid + i * kAppendThreads, r = e / kVecPerRow;
+      if (r < n_old)
+        v[i] = *reinterpret_cast<const uint4*>(residual_bh + ((first + r) & kResidualMask) * cd.res_stride_slot +
+                                               8 * (e % kVecPerRow));
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxVec; ++i) {
+      const int e = tid + i * kAppendThreads, r = e / kVecPerRow;
+      if (r < n_old) *reinterpret_cast<uint4*>(&sm.x[r][8 * (e % kVecPerRow)]) = v[i];
+    }
+  }
 #pragma unroll 4
-  for (int e = tid; e < n * D; e += kAppendThreads) {
+  for (int e = n_old * D + tid; e < n * D; e += kAppendThreads) {
     const int r = e / D, d = e % D;
-    const int64_t t = first + r;
-    sm.x[r][d] = t < pos ? residual_bh[(t & kResidualMask) * cd.res_stride_slot + d]
-                         : k_new_bh[(t - pos) * p.new_stride_s + d];
+    sm.x[r][d] = k_new_bh[(first + r - pos) * p.new_stride_s + d];
   }
   // Every residual row this CTA reads has been read before it writes any: a long S rewrites slots the first block
   // still needs. No other CTA reads the residual of (b, kvh).

@@ -636,11 +636,11 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
     const char* arg = "cache.k_residual";
     if (!cache.k_residual)
       check.fail(arg, std::string("is required by append_kv for ") + kv_format_name(cache.format) +
-                          " caches (the last 64 keys of each sequence, [B, 64, HKV, D] in the dtype of k_new)");
+                          " caches (the 16-bit keys of the last two blocks written, [B, 64, HKV, D] in the dtype of k_new)");
     residual = normalized(*cache.k_residual);
     check.same_dtype(k_new, "k_new", *residual, arg);
     check_shape(check, *residual, arg, {B, kKeyResidualRows, c.num_kv_heads, D},
-                "[B, 64, HKV, D] (B of k_new, the last 64 keys of each sequence)");
+                "[B, 64, HKV, D] (B of k_new, the 16-bit keys of the last two blocks written)");
     check_layout(check, *residual, arg, true, kVectorBytes, kVectorBytes);  // rows move as 16-byte vectors
   }
 
