@@ -149,8 +149,8 @@ struct alignas(16) KeyBlockSmem {
 // One key block of one (sequence, KV head) of a per-channel key format; the whole CTA (kAppendThreads threads).
 // Block j = j0 + k of the new rows' blocks j0 = pos / 32 .. j1 = (pos + S - 1) / 32 holds the rows [32j, e),
 // e = min(32j + 32, pos + S, capacity): rows before pos are read from k_residual (slot t % 64), the rest from k_new.
-template <int kHeadDim>
-__device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t key_cta, int64_t blocks_per_head) {
+template <int kHeadDim, bool kInt4>
+__device__ __forceinline__ void append_key_block(const AppendProblem& p, int key_cta, int blocks_per_head) {
   constexpr int D = kHeadDim;
   constexpr int kResidualMask = kKeyResidualRows - 1;
   static_assert((kKeyResidualRows & kResidualMask) == 0, "the residual slot is t % 64");
@@ -158,10 +158,11 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t
   const CacheDesc& cd = p.cache;
   const int tid = threadIdx.x;
 
-  const int64_t k = key_cta % blocks_per_head;
+  // 32-bit index arithmetic (the grid is below 2^31 CTAs): 64-bit divisions cost ~a hundred instructions each.
+  const int k = key_cta % blocks_per_head;
   key_cta /= blocks_per_head;
-  const int kvh = static_cast<int>(key_cta % cd.num_kv_heads);
-  const int b = static_cast<int>(key_cta / cd.num_kv_heads);
+  const int kvh = key_cta % cd.num_kv_heads;
+  const int b = key_cta / cd.num_kv_heads;
 
   const int64_t pos = p.positions[b];
   const int64_t end = pos + p.num_new;  // one past the last new row
@@ -235,8 +236,8 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t
   if (n == 0) return;
 
   // ---- per channel: min / max over the rows in order, the fp16 scale and offset (the row rule of append_row).
-  const bool int4 = cd.format == KVFormat::kInt4KChannel;
-  const float levels = int4 ? 15.0f : 255.0f;
+  constexpr bool int4 = kInt4;
+  constexpr float levels = int4 ? 15.0f : 255.0f;
   const bool fp16 = p.fp16;
   uint16_t* params = const_cast<uint16_t*>(cd.k_scale) + outer * cd.kc_stride_outer +
                      (slot0 / kKeyBlock) * cd.kc_stride_block + kvh * cd.kc_stride_head;
@@ -257,13 +258,14 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int64_t
   __syncthreads();
 
   // ---- codes of every row of the block, one 32-bit word (4 int8 or 8 int4 codes) per thread and step.
-  const int channels_per_word = int4 ? 8 : 4;
-  const int words_per_row = D / channels_per_word;
+  constexpr int channels_per_word = int4 ? 8 : 4;
+  constexpr int words_per_row = D / channels_per_word;
   uint8_t* rows = const_cast<uint8_t*>(cd.k) + outer * cd.stride_outer + slot0 * cd.stride_token +
                   kvh * cd.stride_head;
   for (int e = tid; e < n * words_per_row; e += kAppendThreads) {
     const int r = e / words_per_row, c0 = (e % words_per_row) * channels_per_word;
     uint32_t word = 0;
+#pragma unroll
     for (int h = 0; h < channels_per_word; h += 4) {  // 4 channels at a time: vector loads from shared memory
       const uint2 xv = *reinterpret_cast<const uint2*>(&sm.x[r][c0 + h]);
       const float4 sv = *reinterpret_cast<const float4*>(&sm.scale[c0 + h]);
@@ -286,7 +288,11 @@ template <int kHeadDim, bool kKeyChannel>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendProblem p, const AppendGrid grid) {
   if constexpr (kKeyChannel) {
     if (blockIdx.x >= grid.row_ctas) {
-      append_key_block<kHeadDim>(p, blockIdx.x - grid.row_ctas, grid.key_blocks_per_head);
+      const int key_cta = static_cast<int>(blockIdx.x - grid.row_ctas);
+      if (p.cache.format == KVFormat::kInt4KChannel)
+        append_key_block<kHeadDim, true>(p, key_cta, static_cast<int>(grid.key_blocks_per_head));
+      else
+        append_key_block<kHeadDim, false>(p, key_cta, static_cast<int>(grid.key_blocks_per_head));
       return;
     }
   }
