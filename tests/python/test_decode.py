@@ -467,6 +467,12 @@ def fill(cache, lengths):
             rv[b, max(length - 1, 0):] *= GARBAGE
         cache.append(rk, rv, [0] * B)
         src_k[:, :lmax - 1], src_v[:, :lmax - 1] = rk, rv
+    return append_last_rows(cache, lengths, src_k, src_v)
+
+
+def append_last_rows(cache, lengths, src_k, src_v):
+    """Appends one real row per sequence at lengths[b] - 1 (over what is there) and records it in (src_k, src_v),
+    which it returns."""
     nk, nv = cache.rows(1), cache.rows(1)
     cache.append(nk, nv, [length - 1 for length in lengths])
     for b, length in enumerate(lengths):
@@ -506,12 +512,7 @@ def fill_in_order(cache, lengths):
             positions.append(end[b])
             end[b] += S
         cache.append(rk, rv, positions)
-    nk, nv = cache.rows(1), cache.rows(1)
-    cache.append(nk, nv, [length - 1 for length in lengths])
-    for b, length in enumerate(lengths):
-        if length > 0:
-            src_k[b, length - 1], src_v[b, length - 1] = nk[b, 0], nv[b, 0]
-    return src_k, src_v
+    return append_last_rows(cache, lengths, src_k, src_v)
 
 
 def key_block_rule(x, levels):
