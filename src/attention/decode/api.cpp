@@ -23,6 +23,12 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
                       KVFormat format, int64_t head_dim) {
   constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head
   constexpr double kMergeTokens = 64.0;     // the merge launch and traffic, in the same unit
+  // The merge's work per split (its reads of each split's partial rows, and the splits' epilogues). Fitted to a
+  // split sweep at small batches (bench/decode_split_sweep.py, H200, T 8192 HQ 8 HKV 1): without it the model
+  // took the most splits its round count allowed, e.g. 64-128 at B 8 for int8 / int4, 20.5 / 21.6 µs where 16-32
+  // splits run in 14.8-15.2; at B 1 128 splits (13.9-15.6 µs) where 32 run in 12.2. At B >= 128 the term is small
+  // beside capacity / splits and leaves the choices as they were.
+  constexpr double kMergeTokensPerSplit = 8.0;
   const int group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(group_size, 1), 1 << 20));
   const int64_t head_tiles = decode_head_tiles(group);
   const int ctas_per_sm = decode_config(format, static_cast<int>(head_dim), decode_n_tiles(group)).ctas_per_sm;
@@ -36,11 +42,14 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   int best = 1;
   double best_cost = 0;
   for (int64_t s = 1; s <= max_splits; ++s) {
+    // Above 8, powers of two only: a split's tiles go round-robin to 4 warps, and counts like 18 or 26 leave the
+    // warps of most CTAs unevenly loaded (Llama-3-8B B 1, int4: 13.4 µs at 18 splits, 13.05 at 32, 11.1 at 16).
+    if (s > 8 && (s & (s - 1)) != 0) continue;
     const int64_t per_sm = (base * s + sms - 1) / sms;  // CTAs on the busiest SM
     const int64_t units = bandwidth_bound ? per_sm : (per_sm + ctas_per_sm - 1) / ctas_per_sm;
     const double cost = static_cast<double>(units) *
                             (static_cast<double>(capacity) / static_cast<double>(s) + kStartupTokens) +
-                        (s > 1 ? kMergeTokens : 0);
+                        (s > 1 ? kMergeTokens + kMergeTokensPerSplit * static_cast<double>(s) : 0);
     if (s == 1 || cost < best_cost * 0.98) {  // more splits only for a clear gain
       best = static_cast<int>(s);
       best_cost = cost;
