@@ -876,6 +876,39 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
 
 CacheDesc cache_desc(const KVCache& c, DType native = DType::kBF16) { return check_cache(kDecode, c, kB, kD, native); }
 
+// The split choice (api.cpp, v12 in docs/perf/decode.md) on the shapes of the split sweep (bench/decode_split_sweep.py,
+// H200, 132 SMs), where the measured best counts were: hq8kv1 B 1 32 splits, B 8 16-32, B 32 8 (int8), Llama-3-8B
+// B 1 16; and at large batches the choices that the same-run A/B left unchanged.
+TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
+  constexpr int kSms = 132;
+  for (KVFormat f : {KVFormat::kNative, KVFormat::kInt8, KVFormat::kInt4}) {
+    SCOPED_TRACE(kv_format_name(f));
+    EXPECT_EQ(select_num_splits(1, 1, 8, 8192, kSms, f, 128), 32);
+    EXPECT_EQ(select_num_splits(1, 8, 4, 4096, kSms, f, 128), 16);
+  }
+  EXPECT_EQ(select_num_splits(8, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 32);
+  EXPECT_EQ(select_num_splits(8, 1, 8, 8192, kSms, KVFormat::kNative, 128), 16);
+  EXPECT_EQ(select_num_splits(32, 1, 8, 8192, kSms, KVFormat::kInt8, 128), 8);
+  EXPECT_EQ(select_num_splits(128, 1, 8, 8192, kSms, KVFormat::kNative, 128), 1);
+  EXPECT_EQ(select_num_splits(128, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 4);
+  EXPECT_EQ(select_num_splits(512, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 1);
+}
+
+// Above 8 splits only powers of two (a split's tiles go round-robin to 4 warps), never more than the capacity holds.
+TEST(DecodeSplits, CountsAboveEightArePowersOfTwo) {
+  for (KVFormat f : {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4, KVFormat::kInt4Group32,
+                     KVFormat::kInt8KChannel, KVFormat::kInt4KChannel})
+    for (int64_t batch : {1, 2, 3, 8, 17, 64, 300})
+      for (int64_t hkv : {1, 8})
+        for (int64_t cap : {64, 1000, 8192, 131072})
+          for (int64_t d : {64, 128, 256}) {
+            const int s = select_num_splits(batch, hkv, 8, cap, 132, f, d);
+            EXPECT_GE(s, 1);
+            EXPECT_LE(s, kDecodeMaxSplits);
+            if (s > 8) EXPECT_EQ(s & (s - 1), 0) << kv_format_name(f) << " B " << batch << " T " << cap;
+          }
+}
+
 TEST(DecodeCacheDesc, ContiguousNativeStridesInBytes) {
   const KVCache c = make_cache(KVFormat::kNative, false);
   const CacheDesc d = cache_desc(c);
