@@ -119,6 +119,10 @@ inline constexpr int kInt4GroupSize = 32;
 // Tokens per key-scale block of the per-channel key formats, and the rows of their 16-bit residual.
 inline constexpr int kKeyBlock = 32;
 inline constexpr int kKeyResidualRows = 2 * kKeyBlock;
+// The per-channel key formats (kInt8KChannel, kInt4KChannel): k_scale per channel and key block, a k_residual.
+constexpr bool kv_key_per_channel(KVFormat format) {
+  return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
+}
 
 // Device workspace decode needs for this call (any contents, 16-byte aligned); 0 when one split suffices.
 // Depends only on shapes, the device and params, never on device values, so it can be sized once for a graph.

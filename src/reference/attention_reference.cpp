@@ -153,10 +153,6 @@ int kv_levels(KVFormat format) {
   }
 }
 
-bool kv_key_per_channel(KVFormat format) {
-  return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
-}
-
 void quantize_kv_row(KVFormat format, const float* x, int D, DType native_dtype, float fp8_scale, uint8_t* data,
                      uint16_t* pairs) {
   switch (value_row_format(format)) {

@@ -31,8 +31,8 @@ int kv_row_bytes(attention::KVFormat format, int head_dim);
 int kv_num_scale_groups(attention::KVFormat format, int head_dim);
 // Largest code: 255 (kInt8, kInt8KChannel), 15 (kInt4, kInt4Group32, kInt4KChannel), 0 otherwise.
 int kv_levels(attention::KVFormat format);
-// kInt8KChannel or kInt4KChannel: keys with per-channel scales over blocks of kKeyBlock tokens.
-bool kv_key_per_channel(attention::KVFormat format);
+// Whether a format has per-channel keys (tessera/attention.h), for the reference's callers.
+using attention::kv_key_per_channel;
 
 // One row of D values x into `data` (kv_row_bytes bytes) and `pairs` (2·NG fp16 bits: scale of group g at 2g,
 // offset at 2g + 1; untouched when NG = 0), as append_kv stores it. native_dtype (kBF16 / kFP16): the element type

@@ -39,8 +39,17 @@ __device__ __forceinline__ int64_t max64(int64_t a, int64_t b) { return a > b ? 
 // fp16 round-to-nearest-even, saturated to the largest finite value.
 __device__ __forceinline__ __half fp16_sat(float x) { return __float2half_rn(fminf(fmaxf(x, -65504.0f), 65504.0f)); }
 
-__host__ __device__ constexpr bool is_key_channel(KVFormat f) {
-  return f == KVFormat::kInt8KChannel || f == KVFormat::kInt4KChannel;
+// attention.h's integer rule, shared by the row warps and the per-channel key blocks: a group spanning [lo, hi]
+// gets scale = fp16((hi - lo) / levels) and offset = fp16(lo) ...
+__device__ __forceinline__ void group_pair(float lo, float hi, float levels, __half& scale_h, __half& offset_h) {
+  scale_h = fp16_sat(__fdiv_rn(__fsub_rn(hi, lo), levels));
+  offset_h = fp16_sat(lo);
+}
+// ... and x the code clamp(rint((x - offset) / scale), 0, levels) (0 where scale is 0), scale and offset the floats
+// of those fp16 values.
+__device__ __forceinline__ uint32_t group_code(float x, float offset, float scale, float levels) {
+  const float qf = scale == 0.0f ? 0.0f : rintf(__fdiv_rn(__fsub_rn(x, offset), scale));
+  return static_cast<uint32_t>(fminf(fmaxf(qf, 0.0f), levels));
 }
 
 // Key blocks one (sequence, head) may touch with S new rows: at most floor((31 + S - 1) / 32) + 1.
@@ -113,15 +122,12 @@ __device__ __forceinline__ void append_row(const AppendProblem& p, int b, int i,
     hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
   }
   const float levels = int4 ? 15.0f : 255.0f;
-  const __half scale_h = fp16_sat(__fdiv_rn(__fsub_rn(hi, lo), levels));
-  const __half offset_h = fp16_sat(lo);
+  __half scale_h, offset_h;
+  group_pair(lo, hi, levels, scale_h, offset_h);
   const float scale = __half2float(scale_h), offset = __half2float(offset_h);
   uint32_t code[kPer];
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const float qf = scale == 0.0f ? 0.0f : rintf(__fdiv_rn(__fsub_rn(x[e], offset), scale));
-    code[e] = static_cast<uint32_t>(fminf(fmaxf(qf, 0.0f), levels));
-  }
+  for (int e = 0; e < kPer; ++e) code[e] = group_code(x[e], offset, scale, levels);
   if (int4) {
 #pragma unroll
     for (int e = 0; e < kPer; e += 2) dst[(lane * kPer + e) / 2] = static_cast<uint8_t>(code[e] | (code[e + 1] << 4));
@@ -235,7 +241,7 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int key
   }
   if (n == 0) return;
 
-  // ---- per channel: min / max over the rows in order, the fp16 scale and offset (the row rule of append_row).
+  // ---- per channel: min / max over the rows in order, the fp16 scale and offset (group_pair).
   constexpr bool int4 = kInt4;
   constexpr float levels = int4 ? 15.0f : 255.0f;
   const bool fp16 = p.fp16;
@@ -248,8 +254,8 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int key
       lo = fminf(lo, x);
       hi = fmaxf(hi, x);
     }
-    const __half scale_h = fp16_sat(__fdiv_rn(__fsub_rn(hi, lo), levels));
-    const __half offset_h = fp16_sat(lo);
+    __half scale_h, offset_h;
+    group_pair(lo, hi, levels, scale_h, offset_h);
     params[d] = __half_as_ushort(scale_h);
     params[D + d] = __half_as_ushort(offset_h);
     sm.scale[d] = __half2float(scale_h);
@@ -274,11 +280,7 @@ __device__ __forceinline__ void append_key_block(const AppendProblem& p, int key
                            bits_to_float(xv.y & 0xFFFFu, fp16), bits_to_float(xv.y >> 16, fp16)};
       const float ss[4] = {sv.x, sv.y, sv.z, sv.w}, os[4] = {ov.x, ov.y, ov.z, ov.w};
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const float qf = ss[q] == 0.0f ? 0.0f : rintf(__fdiv_rn(__fsub_rn(xs[q], os[q]), ss[q]));
-        const uint32_t code = static_cast<uint32_t>(fminf(fmaxf(qf, 0.0f), levels));
-        word |= code << (int4 ? 4 * (h + q) : 8 * q);
-      }
+      for (int q = 0; q < 4; ++q) word |= group_code(xs[q], os[q], ss[q], levels) << (int4 ? 4 * (h + q) : 8 * q);
     }
     *reinterpret_cast<uint32_t*>(rows + r * cd.stride_token + (int4 ? c0 / 2 : c0)) = word;
   }
@@ -326,7 +328,7 @@ void launch_for_head_dim(const AppendProblem& p, bool key_channel, int grid_ctas
 }  // namespace
 
 void launch_append(const AppendProblem& p, cudaStream_t stream) {
-  const bool key_channel = is_key_channel(p.cache.format);
+  const bool key_channel = kv_key_per_channel(p.cache.format);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_new * p.cache.num_kv_heads * (key_channel ? 1 : 2);
   AppendGrid grid;
   grid.row_ctas = (rows + kAppendWarps - 1) / kAppendWarps;

@@ -53,8 +53,6 @@ bool supported_head_dim(int64_t d) { return d == 64 || d == 128 || d == 256; }
 bool is_int4(KVFormat f) {
   return f == KVFormat::kInt4 || f == KVFormat::kInt4Group32 || f == KVFormat::kInt4KChannel;
 }
-// Keys with per-channel scales over kKeyBlock-token blocks (k_scale [outer, slots / 32, HKV, 2·D]).
-bool is_key_channel(KVFormat f) { return f == KVFormat::kInt8KChannel || f == KVFormat::kInt4KChannel; }
 bool is_integer(KVFormat f) { return f == KVFormat::kInt8 || f == KVFormat::kInt8KChannel || is_int4(f); }
 
 // A copy of `t` whose dims of size <= 1 get a stride reaching past the dims inside them. Such strides never
@@ -260,7 +258,7 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
     return;
   }
 
-  if (is_key_channel(format)) {
+  if (kv_key_per_channel(format)) {
     check_channel_scales(check, ksv, vsv, cache, k, head_dim, c);
     return;
   }
@@ -352,7 +350,7 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
     if (page_size < kMinPageSize || page_size > kMaxPageSize || (page_size & (page_size - 1)) != 0)
       check.fail("cache.k", "must have a page size (dim 1; paged, as a block table is given) that is a power of two "
                             "in [16, 256], got shape " + k.shape_str());
-    if (is_key_channel(format) && page_size % kKeyBlock != 0)
+    if (kv_key_per_channel(format) && page_size % kKeyBlock != 0)
       check.fail("cache.k", "must have a page size (dim 1) that is a multiple of 32: page_size " + str(page_size) +
                                 " is below the 32-token key block of " + kv_format_name(format) + " caches");
     if (k.shape[0] < 1) check.fail("cache.k", "must have at least one page (dim 0), got shape " + k.shape_str());
@@ -372,7 +370,7 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
     if (k.shape[1] >= kMaxPositions)
       check.fail("cache.k", "must hold fewer than 2^31 tokens per sequence (T_max, dim 1; positions are int32), got "
                             "shape " + k.shape_str());
-    if (is_key_channel(format) && k.shape[1] % kKeyBlock != 0)
+    if (kv_key_per_channel(format) && k.shape[1] % kKeyBlock != 0)
       check.fail("cache.k", "must have T_max (dim 1) a multiple of 32, the key block of " +
                                 std::string(kv_format_name(format)) + " caches, got shape " + k.shape_str());
     c.num_pages = batch;
@@ -408,7 +406,7 @@ CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64
 
   // Only the per-channel formats have a residual. check_append checks it; decode never reads it, so there it is
   // ignored, whatever it holds (neither validated nor passed on).
-  if (cache.k_residual && !is_key_channel(format))
+  if (cache.k_residual && !kv_key_per_channel(format))
     check.fail("cache.k_residual", std::string("must be absent for ") + kv_format_name(format) +
                                        " caches (only the per-channel key formats keep one)");
   check_scales(check, cache, k, head_dim, c);
@@ -632,7 +630,7 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
   // ---- the per-channel formats' key residual: append_kv re-quantizes a block from it (read) and keeps the new
   // keys in it (written), so it is one more output
   std::optional<TensorView> residual;
-  if (is_key_channel(cache.format)) {
+  if (kv_key_per_channel(cache.format)) {
     const char* arg = "cache.k_residual";
     if (!cache.k_residual)
       check.fail(arg, std::string("is required by append_kv for ") + kv_format_name(cache.format) +

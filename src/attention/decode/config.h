@@ -14,11 +14,6 @@ constexpr int decode_elem_bits(KVFormat format) {
          : (format == KVFormat::kFP8 || format == KVFormat::kInt8 || format == KVFormat::kInt8KChannel) ? 8
                                                                                                           : 4;
 }
-// Per-channel key scales (kInt8KChannel, kInt4KChannel): keys carry one (scale, offset) per channel and 32-token
-// block instead of one pair per row.
-constexpr bool decode_key_channel(KVFormat format) {
-  return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
-}
 
 // Tokens one warp takes per pipeline step (one TMA box of key rows and one of value rows, one barrier wait, one
 // softmax update): 32 where a row is at most 128 bytes (8-bit rows of D <= 128, every 4-bit row, 16-bit rows of
@@ -48,7 +43,7 @@ struct DecodeConfig {
 constexpr DecodeConfig decode_config(KVFormat format, int head_dim, int n_tiles) {
   const int bits = decode_elem_bits(format);
   const bool pairs = format == KVFormat::kInt8 || format == KVFormat::kInt8KChannel || bits == 4;
-  const bool key_channel = decode_key_channel(format);
+  const bool key_channel = kv_key_per_channel(format);
   const int groups = format == KVFormat::kInt4Group32 ? head_dim / kInt4GroupSize : 1;
   DecodeConfig c{};
   // Per warp and stage: key rows and value rows of head_dim * bits / 8 bytes, and their scale pairs (per-channel

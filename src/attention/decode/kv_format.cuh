@@ -51,7 +51,7 @@ struct KVTraits {
   static constexpr bool kFold = kPairs && !kGrouped;  // row-wise scales applied per token, not per element
   // Per-channel key scales over 32-token blocks: folded into the query per stage (kc_params below); the values
   // keep row-wise pairs (kFold).
-  static constexpr bool kKChannel = decode_key_channel(kFormat);
+  static constexpr bool kKChannel = kv_key_per_channel(kFormat);
   static constexpr bool kKeyRowFold = kFold && !kKChannel;
   // fp16 value of code 0 as the folded formats feed it (in units of the code; int4 odd D positions carry a unit
   // of 16, see int4_pattern). Keys: 1024 + c. Values go in as 1024 + u c too, but are centred (u (c - 8),

@@ -35,9 +35,10 @@ struct CacheDesc {
   int64_t scale_stride_token = 0;
   int64_t scale_stride_head = 0;
 
-  // Per-channel key formats (kInt8KChannel, kInt4KChannel): k_scale holds [outer, block, head, 2·D] fp16 (scales,
+  // Per-channel key formats (kv_key_per_channel(format)): k_scale holds [outer, block, head, 2·D] fp16 (scales,
   // then offsets) with these strides (fp16 elements); the strides above then describe v_scale only.
-  bool k_channel = false;
+  bool k_channel = false;  // = kv_key_per_channel(format), read by no kernel: to go with the next GPU pass (it moves
+                           // the kernels' parameter offsets)
   int64_t kc_stride_outer = 0;
   int64_t kc_stride_block = 0;
   int64_t kc_stride_head = 0;
