@@ -467,5 +467,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("stream"), py::arg("k_residual") = py::none(),
         "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots). "
         "k_residual: [B, 64, HKV, D] in k_new's dtype, required for 'int8_kchannel' / 'int4_kchannel' (read and "
-        "written: the last 64 keys of each sequence), None otherwise.");
+        "written: the 16-bit keys of the last two blocks written), None otherwise.");
 }

@@ -8,8 +8,8 @@ include/tessera/attention.h; user doc docs/ops/attention_decode.md).
   'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
   (scale, offset) per token and head), 'int4_group32' (fp16 (scale, offset) per 32 elements), and the per-channel
   key formats 'int8_kchannel' / 'int4_kchannel' (keys with fp16 (scale, offset) per channel over blocks of 32
-  tokens, KIVI-style; values as 'int8' / 'int4'; append_kv keeps the last 64 keys per sequence in 16 bits in
-  ``k_residual``).
+  tokens, KIVI-style; values as 'int8' / 'int4'; append_kv keeps the keys of the last two blocks it wrote per
+  sequence in 16 bits in ``k_residual``).
 * ``append_kv``: quantizes new K/V rows into the cache at given positions (the only producer tessera ships).
 * ``decode_workspace_size``: bytes of workspace attention_decode needs (depends on shapes, device and params only).
 * ``dequantize_kv``: the cache format's decoding rule in pure torch, for tests and debugging.
@@ -255,7 +255,7 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
                    block's rows appended so far); v_scale per-row pairs as for 'int8' / 'int4'.
     k_residual     'int8_kchannel', 'int4_kchannel' only, and required there: [B, 64, HKV, D] in k_new's dtype,
                    unit stride along D, read and written: slot t % 64 holds the 16-bit key of position t of
-                   sequence b for the last 64 positions appended. A block that is not full yet is re-quantized
+                   sequence b for the positions of the last two blocks written. A block that is not full yet is re-quantized
                    from its exact keys at every append into it. Contract (not validated): each sequence's rows
                    are appended in order, never skipping ahead of its end; positions[b] may go back (rejected
                    speculative tokens) by at most 32 from the furthest end the sequence has reached.
