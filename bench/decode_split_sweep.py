@@ -11,11 +11,11 @@ per call, for the split counts 1, 2, 4, ..., 128 (capped by the capacity) and fo
 
 import argparse
 import json
-import statistics
 
 import torch
 
 import tessera
+from peers.common import time_graph  # compare.py's graph timing (bench/peers/common.py)
 
 
 def make_cache(fmt, B, T, HKV, D, gen):
@@ -27,26 +27,6 @@ def make_cache(fmt, B, T, HKV, D, gen):
     k = torch.randint(0, 256, (B, T, HKV, row), dtype=torch.uint8, device=dev, generator=gen)
     s = (torch.rand((B, T, HKV, 2), device=dev, generator=gen) * 0.05).half()
     return dict(k=k, v=k.clone(), kw=dict(format=fmt, k_scale=s, v_scale=s.clone()))
-
-
-def time_call(fn, calls=20, reps=15):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) * 1000.0 / calls)
-    return statistics.median(out)
 
 
 def main():
@@ -75,7 +55,7 @@ def main():
                                              **c["kw"])
 
                 try:
-                    res["auto" if splits == 0 else str(splits)] = round(time_call(call), 2)
+                    res["auto" if splits == 0 else str(splits)] = round(time_graph(call, calls=20, reps=15, warmup=2), 2)
                 except (ValueError, RuntimeError) as e:  # a split count the shape does not allow
                     print(f"  {name}/B{B}/{fmt} splits {splits}: {e}", flush=True)
             best = min((v, k) for k, v in res.items() if k != "auto")
