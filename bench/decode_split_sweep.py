@@ -55,7 +55,8 @@ def main():
                                              **c["kw"])
 
                 try:
-                    res["auto" if splits == 0 else str(splits)] = round(time_graph(call, calls=20, reps=15, warmup=2), 2)
+                    us = time_graph(call, calls=20, reps=15, warmup=2)
+                    res["auto" if splits == 0 else str(splits)] = round(us, 2)
                 except (ValueError, RuntimeError) as e:  # a split count the shape does not allow
                     print(f"  {name}/B{B}/{fmt} splits {splits}: {e}", flush=True)
             best = min((v, k) for k, v in res.items() if k != "auto")

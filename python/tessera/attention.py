@@ -255,8 +255,8 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
                    block's rows appended so far); v_scale per-row pairs as for 'int8' / 'int4'.
     k_residual     'int8_kchannel', 'int4_kchannel' only, and required there: [B, 64, HKV, D] in k_new's dtype,
                    unit stride along D, read and written: slot t % 64 holds the 16-bit key of position t of
-                   sequence b for the positions of the last two blocks written. A block that is not full yet is re-quantized
-                   from its exact keys at every append into it. Contract (not validated): each sequence's rows
+                   sequence b for the positions of the last two blocks written. A block that is not full yet is
+                   re-quantized from its exact keys at every append into it. Contract (not validated): each sequence's rows
                    are appended in order, never skipping ahead of its end; positions[b] may go back (rejected
                    speculative tokens) by at most 32 from the furthest end the sequence has reached.
                    docs/ops/attention_decode.md has the details.
