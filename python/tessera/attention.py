@@ -256,9 +256,9 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     k_residual     'int8_kchannel', 'int4_kchannel' only, and required there: [B, 64, HKV, D] in k_new's dtype,
                    unit stride along D, read and written: slot t % 64 holds the 16-bit key of position t of
                    sequence b for the positions of the last two blocks written. A block that is not full yet is
-                   re-quantized from its exact keys at every append into it. Contract (not validated): each sequence's rows
-                   are appended in order, never skipping ahead of its end; positions[b] may go back (rejected
-                   speculative tokens) by at most 32 from the furthest end the sequence has reached.
+                   re-quantized from its exact keys at every append into it. Contract (not validated): each
+                   sequence's rows are appended in order, never skipping ahead of its end; positions[b] may go back
+                   (rejected speculative tokens) by at most 32 from the furthest end the sequence has reached.
                    docs/ops/attention_decode.md has the details.
     cache_seqlens are not updated (the caller advances them).
     stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
