@@ -253,7 +253,6 @@ class DecodeCase final : public CaseInstance {
     for (Set& set : sets_data_) set.cache = cache_views(set);
     workspace_bytes_ = attention::decode_workspace_bytes(q_view(sets_data_[0]), sets_data_[0].cache, params_);
     workspace_.allocate(workspace_bytes_);  // cudaMalloc: 256-byte aligned
-    workspace_.fill_async(0, ctx.stream);  // the merge counters start at zero (every call leaves them so)
   }
 
   int num_sets() const override { return sets_; }

@@ -48,7 +48,7 @@ def main():
                 if splits > T // 64:
                     continue
                 nbytes = tessera.decode_workspace_size(q, c["k"], c["v"], num_splits=splits, **c["kw"])
-                ws = torch.zeros(max(nbytes, 1), dtype=torch.uint8, device="cuda")  # counters zero before first use
+                ws = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
 
                 def call(splits=splits, ws=ws):
                     tessera.attention_decode(q, c["k"], c["v"], lengths, num_splits=splits, out=o, workspace=ws,

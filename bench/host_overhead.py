@@ -76,7 +76,7 @@ def cases():
     kv = dict(format="int8", k_scale=ks, v_scale=vs)
     o = torch.empty_like(q)
     lse = torch.empty((B, HQ), device=dev)
-    ws = torch.zeros(max(1, tessera.decode_workspace_size(q, kc, vc, num_splits=4, **kv)), dtype=torch.uint8,
+    ws = torch.empty(max(1, tessera.decode_workspace_size(q, kc, vc, num_splits=4, **kv)), dtype=torch.uint8,
                      device=dev)
     k_new = torch.randn((B, 1, HKV, D), device=dev, generator=g).bfloat16()
     pos = lengths - 1

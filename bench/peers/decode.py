@@ -579,7 +579,7 @@ def decode_tessera(args, data, row, fmt, n_sets):
         return dict(format=fmt, k_scale=c["k_scale"], v_scale=c["v_scale"], block_table=data.block_table)
 
     ws_bytes = C.tessera.decode_workspace_size(q0, caches[0]["k"], caches[0]["v"], **kwargs(caches[0]))
-    workspace = torch.zeros((ws_bytes,), dtype=torch.uint8, device=C.DEVICE) if ws_bytes else None
+    workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=C.DEVICE) if ws_bytes else None
 
     def call(st):
         q, c = data.q[st], caches[st]

@@ -110,8 +110,7 @@ struct DecodeParams {
   float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
   int window = 0;              // > 0: attend to the last `window` keys only
   // Split count for the sequence dimension: 0 = chosen from B·HKV, the SM count and the cache capacity;
-  // otherwise the number to use (1..kDecodeMaxSplits). Never depends on the device lengths. Either way capped so
-  // that a split covers at least 16 tokens of capacity, and 1 above kDecodeMaxSplitGroups groups (see below).
+  // otherwise the number to use (1..kDecodeMaxSplits). Never depends on the device lengths.
   int num_splits = 0;
 };
 
@@ -125,21 +124,8 @@ constexpr bool kv_key_per_channel(KVFormat format) {
   return format == KVFormat::kInt8KChannel || format == KVFormat::kInt4KChannel;
 }
 
-// Split runs merge in the same launch: the last split of each (sequence, KV head, head tile) to finish, counted on
-// the device, combines the others' partial outputs. The counters are the first kDecodeCounterBytes of the
-// workspace, at that place whatever the shapes: they must be zero before a workspace's first use (zero the whole
-// buffer once when it is allocated, e.g. cudaMemsetAsync or torch.zeros), and every decode call leaves them zero.
-// The rest holds partial outputs (any contents). So one buffer serves calls of any shapes and every graph replay;
-// it must not be written by anything else between decode calls (a buffer shared with other ops must be zeroed
-// again before decode uses it), nor used by two decode calls that may run at the same time.
-// Calls with more than kDecodeMaxSplitGroups such triples run unsplit (B · HKV · ceil(S·G / tile) groups; the
-// automatic choice never splits that many).
-inline constexpr std::size_t kDecodeCounterBytes = 64 * 1024;
-inline constexpr int64_t kDecodeMaxSplitGroups = static_cast<int64_t>(kDecodeCounterBytes / sizeof(int32_t));
-
-// Device workspace decode needs for this call (16-byte aligned, zero-filled before its first use: see above); 0
-// when one split suffices. Depends only on shapes, the device and params, never on device values, so it can be
-// sized once for a graph.
+// Device workspace decode needs for this call (any contents, 16-byte aligned); 0 when one split suffices.
+// Depends only on shapes, the device and params, never on device values, so it can be sized once for a graph.
 std::size_t decode_workspace_bytes(const TensorView& q, const KVCache& cache, const DecodeParams& params = {});
 
 // q [B, HQ, D] or [B, S, HQ, D] (1 <= S <= kDecodeMaxNewTokens) bf16|fp16, unit stride along D, 16-byte aligned

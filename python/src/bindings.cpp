@@ -454,9 +454,7 @@ PYBIND11_MODULE(_C, m) {
         "One-token attention decode over a KV cache into preallocated out (and lse, or None). format: 'native' | "
         "'fp8' | 'int8' | 'int4' | 'int4_group32' | 'int8_kchannel' | 'int4_kchannel'; with 'fp8' the cache may "
         "be uint8 views (read as e4m3). softmax_scale 0 = 1/sqrt(D); workspace may be None when "
-        "decode_workspace_bytes is 0, else it must be zero-filled before its first use (its first 64 KiB are the "
-        "split-merge counters, left zero by every call) and written by nothing else. k_residual (per-channel key "
-        "formats) is accepted and not read.");
+        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read.");
 
   m.def("decode_workspace_bytes", &decode_workspace_bytes, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),

@@ -363,9 +363,6 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
       // The size depends on the device (SM count), so it is asked with the device current.
       const std::size_t need = workspace.has_value() ? 0 : ta::decode_workspace_bytes(qv, cache, params);
       const auto ws = workspace_or_new(workspace, need, device);
-      // A new workspace starts with its merge counters zero (the contract of a workspace's first use).
-      if (!workspace.has_value() && ws.has_value())
-        ws->narrow(0, 0, static_cast<int64_t>(ta::kDecodeCounterBytes)).zero_();
       ta::decode(qv, cache, sv, ov, lv, workspace_of(ws, op), params, s);
     });
   }

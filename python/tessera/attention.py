@@ -27,13 +27,10 @@ decode_workspace_size accept and do not read, and the other formats refuse. The 
 (messages name 'cache.k_residual'); this layer only passes the tensor on.
 
 attention_decode allocates out and lse with torch when they are not given, and the operator allocates the
-workspace (through torch's caching allocator, on the stream it runs on, zeroing its counters) when none is given and
-the split needs one. Both are safe under torch.cuda.graph capture (torch's graph memory pool) and torch.compile. To
-capture with no allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` of
-``decode_workspace_size(...)`` bytes, allocated with torch.zeros (or zeroed once): its first 64 KiB hold the counters
-by which the last split of each head tile merges the others in the same launch; every call leaves them zero. The
-size never depends on the sequence lengths, and one workspace serves calls of any shapes and every replay, as long
-as nothing else writes it.
+workspace (through torch's caching allocator, on the stream it runs on) when none is given and the split needs one.
+Both are safe under torch.cuda.graph capture (torch's graph memory pool) and torch.compile. To capture with no
+allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` of ``decode_workspace_size(...)``
+bytes; the size never depends on the sequence lengths, so one workspace serves every replay.
 """
 
 from . import _C
@@ -202,9 +199,8 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     out            shaped like q, of q's dtype, to write into (default: allocated with torch.empty).
     lse            fp32 [B, HQ] ([B, S, HQ] for a 4-D q) to write log-sum-exp into (natural log); allocated when
                    return_lse and None.
-    workspace      device tensor of at least decode_workspace_size(...) bytes (any dtype, contiguous), zero-filled
-                   before its first use (torch.zeros) and written by nothing else; allocated when None and needed.
-                   Pass it (and out) preallocated when capturing a CUDA graph.
+    workspace      device tensor of at least decode_workspace_size(...) bytes (any dtype, contiguous); allocated
+                   when None and needed. Pass it (and out) preallocated when capturing a CUDA graph.
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """

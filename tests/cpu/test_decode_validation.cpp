@@ -909,31 +909,6 @@ TEST(DecodeSplits, CountsAboveEightArePowersOfTwo) {
           }
 }
 
-// The merge counters (kDecodeCounterBytes at the start of the workspace) hold one per (sequence, KV head, head
-// tile): calls with more groups run unsplit, whatever num_splits asks; every split workspace starts with them.
-TEST(DecodeSplits, GroupsBeyondTheCountersRunUnsplit) {
-  const auto workspace_for = [](int64_t batch, int64_t hkv, int64_t hq) {
-    // Shapes only: the query reads no memory, so the views point at distinct unmapped addresses.
-    const auto at = [](uintptr_t tib) { return reinterpret_cast<void*>(tib << 40); };
-    KVCache c;
-    c.format = KVFormat::kNative;
-    c.k = view(at(1), DType::kBF16, {batch, 64, hkv, kD});
-    c.v = view(at(2), DType::kBF16, {batch, 64, hkv, kD});
-    DecodeParams p;
-    p.num_splits = 2;
-    return decode_workspace_bytes(view(at(3), DType::kBF16, {batch, hq, kD}), c, p);
-  };
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups, 1, 8), decode_workspace_bytes_for(kDecodeMaxSplitGroups, 8, kD, 2));
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups + 1, 1, 8), 0u);
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups / 2, 2, 2), decode_workspace_bytes_for(kDecodeMaxSplitGroups / 2, 2, kD, 2));
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups / 2 + 1, 2, 2), 0u);
-  // 24 query heads on one KV head: two head tiles of 16 per sequence.
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups / 2, 1, 24), decode_workspace_bytes_for(kDecodeMaxSplitGroups / 2, 24, kD, 2));
-  EXPECT_EQ(workspace_for(kDecodeMaxSplitGroups / 2 + 1, 1, 24), 0u);
-  EXPECT_EQ(decode_workspace_bytes_for(1, 8, kD, 1), 0u);
-  EXPECT_EQ(decode_workspace_bytes_for(1, 8, kD, 2), kDecodeCounterBytes + (2 * 8 * (kD + 1) * 4 + 255) / 256 * 256);
-}
-
 TEST(DecodeCacheDesc, ContiguousNativeStridesInBytes) {
   const KVCache c = make_cache(KVFormat::kNative, false);
   const CacheDesc d = cache_desc(c);

@@ -953,7 +953,7 @@ def capture_decode_step(cache, positions, k_new, v_new, q, out, lse):
     seqlens = torch.empty_like(positions)
     kw = cache.kwargs()
     nbytes = tessera.decode_workspace_size(q, cache.k, cache.v, **kw)
-    workspace = torch.zeros(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
 
     def step():
         tessera.append_kv(k_new, v_new, positions, cache.k, cache.v, **kw)

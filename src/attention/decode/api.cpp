@@ -60,10 +60,9 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
 
 std::size_t decode_workspace_bytes_for(int64_t batch_rows, int64_t num_q_heads, int64_t head_dim, int num_splits) {
   if (num_splits <= 1) return 0;
-  // The merge counters, then the partial outputs [B, S, HQ, splits, D] and their log-sum-exps (fp32).
   const int64_t rows = batch_rows * num_q_heads * num_splits;
   const int64_t bytes = rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
-  return kDecodeCounterBytes + static_cast<std::size_t>((bytes + 255) / 256 * 256);
+  return static_cast<std::size_t>((bytes + 255) / 256 * 256);
 }
 
 }  // namespace detail

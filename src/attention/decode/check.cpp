@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "attention/decode/config.h"
 #include "attention/decode/problem.h"
 #include "common/device_info.h"
 #include "common/validate.h"
@@ -467,15 +466,10 @@ DecodeShape check_query_cache_params(const ArgCheck& check, const TensorView& q_
 }
 
 // The split count: `requested`, or (0) one chosen from the shapes and the SM count. Either way capped so that
-// each split covers at least 16 tokens of capacity (more splits only add merging work), and 1 where the groups
-// would not fit the workspace's merge counters. Only 0 queries the device.
+// each split covers at least 16 tokens of capacity: more splits only add merging work. Only 0 queries the device.
 int resolve_num_splits(const DecodeShape& s, int requested) {
   const int64_t useful = std::clamp<int64_t>(
       (s.cache.capacity + kMinTokensPerSplit - 1) / kMinTokensPerSplit, 1, kDecodeMaxSplits);
-  // The merge counters (kDecodeCounterBytes of the workspace) hold one per (sequence, KV head, head tile).
-  const int64_t groups = s.batch * s.cache.num_kv_heads * decode_head_tiles(static_cast<int>(
-                                                              s.num_new * (s.num_q_heads / s.cache.num_kv_heads)));
-  if (groups > kDecodeMaxSplitGroups) return 1;
   int64_t splits = requested;
   if (splits == 0)  // no sequences: nothing to split, and no degenerate input for the heuristic
     splits = s.batch == 0 ? 1

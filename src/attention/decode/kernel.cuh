@@ -11,8 +11,7 @@
 // completes on an mbarrier per stage; each lane then reads the bytes of its own fragments. The stage's scale pairs
 // go by cp.async to a warp-shared row block (4-byte copies). No CTA barrier in the main loop.
 // At the end the 4 warps merge through shared memory; with one split the CTA writes o (and lse), otherwise a
-// normalized partial O and its log2-sum-exp go to the workspace, and the last split to finish (a counter per head
-// tile) merges them all: one launch, no merge kernel.
+// normalized partial O and its log2-sum-exp go to the workspace for the merge kernel.
 #pragma once
 
 #include <cuda.h>
@@ -60,7 +59,6 @@ struct DecodeArgs {
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
-  int* ws_count = nullptr;  // [B, HKV, head_tiles] splits done (zero between calls), the workspace's first bytes
   float* ws_o = nullptr;    // [B, S, HQ, splits, D] fp32, normalized partial outputs
   float* ws_lse = nullptr;  // [B, S, HQ, splits] fp32, log2 domain
 };
@@ -89,7 +87,7 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 }
 
 // Writes o[b, i, h, d] in q's dtype and, from the d = 0 thread, lse[b, i, h] (natural log; lse2 is in the log2
-// domain, -inf when nothing was attended). Shared by the single-split epilogue and the split merge.
+// domain, -inf when nothing was attended). Shared by the single-split epilogue and the merge kernel.
 __device__ __forceinline__ void store_output(const DecodeArgs& a, int b, int i, int h, int d, float out, float lse2,
                                              bool any) {
   const int64_t at = b * a.o_stride_b + i * a.o_stride_s + h * a.o_stride_h + d;
@@ -99,77 +97,6 @@ __device__ __forceinline__ void store_output(const DecodeArgs& a, int b, int i, 
     static_cast<__nv_bfloat16*>(a.o)[at] = __float2bfloat16_rn(out);
   if (a.lse != nullptr && d == 0)
     a.lse[b * a.lse_stride_b + i * a.lse_stride_s + h * a.lse_stride_h] = any ? lse2 * kLn2 : -INFINITY;
-}
-
-// First row of query head h, new token tok of sequence b in the split workspace ([B, S, HQ, splits] rows).
-__device__ __forceinline__ int64_t split_row(const DecodeArgs& a, int b, int tok, int h) {
-  return ((static_cast<int64_t>(b) * a.num_new + tok) * a.num_q_heads + h) * a.num_splits;
-}
-
-// The split merge of one head tile, run by the CTA of its last split to finish: for each query row,
-// o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s (log2 domain), over the splits' normalized partial
-// outputs O_s. Empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf. `scratch` holds
-// kHeads · splits weights and kHeads row log-sum-exps (shared memory the CTA no longer uses).
-// Each warp takes rows (their weights: lanes over splits); then each thread takes 4 output columns of a row and sums
-// over the splits with up to 8 loads of 16 bytes in flight (one CTA reads the tile's whole workspace, so its load
-// depth, not L2 bandwidth, sets the time).
-template <int kD, int kHeads>
-__device__ __forceinline__ void merge_splits(const DecodeArgs& a, int b, int kvh, int ht, float* scratch) {
-  const int splits = a.num_splits;
-  float* weight = scratch;                  // [kHeads][splits], normalized
-  float* row_lse = scratch + kHeads * splits;  // [kHeads]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto row_of = [&](int rr, int& tok, int& h) {  // false past the query rows
-    const int jr = ht * kHeads + rr;
-    tok = jr / a.group;
-    h = kvh * a.group + (jr - tok * a.group);
-    return jr < a.rows;
-  };
-  for (int rr = warp; rr < kHeads; rr += kDecodeWarps) {
-    int tok, h;
-    if (!row_of(rr, tok, h)) continue;
-    const float* lse = a.ws_lse + split_row(a, b, tok, h);
-    float m = -INFINITY;
-    for (int s = lane; s < splits; s += 32) m = fmaxf(m, __ldcg(lse + s));
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float total = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float w = m == -INFINITY ? 0.0f : ptx::ex2_approx_ftz(__ldcg(lse + s) - m);
-      weight[rr * splits + s] = w;
-      total += w;
-    }
-    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
-    __syncwarp();
-    const float inv = total > 0.0f ? 1.0f / total : 0.0f;
-    for (int s = lane; s < splits; s += 32) weight[rr * splits + s] *= inv;
-    if (lane == 0) row_lse[rr] = total > 0.0f ? m + __log2f(total) : -INFINITY;
-  }
-  __syncthreads();
-  constexpr int kQuads = kD / 4;
-  for (int e = threadIdx.x; e < kHeads * kQuads; e += kDecodeThreads) {
-    const int rr = e / kQuads, d4 = e % kQuads;
-    int tok, h;
-    if (!row_of(rr, tok, h)) continue;
-    const float4* part = reinterpret_cast<const float4*>(a.ws_o + split_row(a, b, tok, h) * kD) + d4;
-    const float* w = weight + rr * splits;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-    for (int s = 0; s < splits; ++s) {
-      const float4 v = __ldcg(part + static_cast<int64_t>(s) * kQuads);
-      const float ws = w[s];
-      if (ws > 0.0f) {  // an underflowed split weighs nothing, whatever it holds
-        acc.x = fmaf(ws, v.x, acc.x);
-        acc.y = fmaf(ws, v.y, acc.y);
-        acc.z = fmaf(ws, v.z, acc.z);
-        acc.w = fmaf(ws, v.w, acc.w);
-      }
-    }
-    const float lse2 = row_lse[rr];
-    const bool any = lse2 != -INFINITY;
-    const float out[4] = {acc.x, acc.y, acc.z, acc.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) store_output(a, b, tok, h, 4 * d4 + k, any ? out[k] : 0.0f, lse2, any);
-  }
 }
 
 template <int kBytes>
@@ -207,8 +134,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   uint2* q_frag = reinterpret_cast<uint2*>(smem);
   uint8_t* staging = smem + L::kQBytes;  // the data ring; the merge area at the end overlaps it
 
-  // A kernel launched after this one as a programmatic dependent may be scheduled once every CTA of this grid has
-  // started (it waits for this grid's completion before reading its results).
+  // The merge kernel (a programmatic dependent launch) may be scheduled once every CTA of this grid has started;
+  // it waits for this grid's completion before reading anything.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
@@ -821,31 +748,12 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     if (final_out) {
       store_output(a, b, tok, h, d, out, lse2, any);
     } else {
-      const int64_t row_idx = split_row(a, b, tok, h) + split;
+      const int64_t row_idx =
+          ((static_cast<int64_t>(b) * a.num_new + tok) * a.num_q_heads + h) * a.num_splits + split;
       a.ws_o[row_idx * kD + d] = out;
       if (d == 0) a.ws_lse[row_idx] = lse2;
     }
   }
-  if (final_out) return;
-
-  // ---- split runs: the last split of this (sequence, KV head, head tile) to finish merges them all ------------
-  // Every thread's partial rows are visible device-wide before thread 0 counts the split done; the split that
-  // counts last reads them all back from L2 (ld.cg) and leaves its counter zero for the next call.
-  int* flag = reinterpret_cast<int*>(smem + L::kConstOff);  // the constants are not read past the main loop
-  int* counter = a.ws_count + (static_cast<int64_t>(b) * cd.num_kv_heads + kvh) * a.head_tiles + ht;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const bool last = atomicAdd(counter, 1) == a.num_splits - 1;
-    if (last) {
-      *counter = 0;
-      __threadfence();
-    }
-    *flag = last;
-  }
-  __syncthreads();
-  if (*flag == 0) return;
-  merge_splits<kD, kHeads>(a, b, kvh, ht, reinterpret_cast<float*>(staging));
 }
 
 }  // namespace tessera::attention::detail

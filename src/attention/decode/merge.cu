@@ -1,13 +1,13 @@
-// Decode: the top-level launcher (the cache maps, the kernel arguments, the format dispatch).
+// Decode: the top-level launcher (format dispatch) and the split-K merge kernel.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-
-#include <cstdint>
-#include <string>
 
 #include "attention/decode/kernel.cuh"
 #include "attention/decode/problem.h"
 #include "common/check.h"
 #include "common/tensor_map.h"
+#include "ptx/math.cuh"
 
 namespace tessera::attention::detail {
 
@@ -15,6 +15,63 @@ template <KVFormat kFormat>
 void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream);
 
 namespace {
+
+constexpr int kMergeThreads = 256;
+
+// One CTA per (sequence, new token, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
+// Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
+// The split weights go through shared memory once; the threads then cover (column, split-slice) pairs so that
+// each thread has only num_splits / slices loads in flight (a serial chain over all splits costs an L2 round trip
+// per split).
+// Launched as a programmatic dependent of the decode kernel: its CTAs may start while the decode grid's last CTAs
+// run, and wait here until that grid has completed and its writes are visible.
+__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const DecodeArgs a, int head_dim) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  __shared__ float weight[kDecodeMaxSplits];
+  __shared__ float partial[kMergeThreads];
+  __shared__ float stats[2];  // max, total
+  const int row = blockIdx.x;  // (b * S + i) * HQ + h
+  const int bi = row / a.num_q_heads, h = row % a.num_q_heads;
+  const int b = bi / a.num_new, i = bi % a.num_new;
+  const int splits = a.num_splits;
+  const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
+  const float* part = a.ws_o + static_cast<int64_t>(row) * splits * head_dim;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) m = fmaxf(m, lse[s]);
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    float total = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
+      const float w = m == -INFINITY ? 0.0f : ptx::ex2_approx_ftz(lse[s] - m);
+      weight[s] = w;
+      total += w;
+    }
+    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (threadIdx.x == 0) {
+      stats[0] = m;
+      stats[1] = total;
+    }
+  }
+  __syncthreads();
+  const float total = stats[1];
+  const bool any = total > 0.0f;
+  const int slices = kMergeThreads / head_dim;  // 4, 2 or 1
+  const int d = threadIdx.x % head_dim, slice = threadIdx.x / head_dim;
+  float acc = 0.0f;
+  if (any) {
+#pragma unroll 4
+    for (int s = slice; s < splits; s += slices) {
+      const float w = weight[s];
+      if (w > 0.0f) acc += w * part[static_cast<int64_t>(s) * head_dim + d];
+    }
+  }
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  if (slice == 0) {
+    for (int k = 1; k < slices; ++k) acc += partial[k * head_dim + d];
+    store_output(a, b, i, h, d, any ? acc / total : 0.0f, any ? stats[0] + __log2f(total) : -INFINITY, any);
+  }
+}
 
 // The key and value tensor maps (see DecodeArgs): boxes of whole rows, swizzled by min(rowB, 128), of the kernel's
 // stage rows, or of one page where pages are shorter (16-token pages under 32-row stages: two boxes per stage).
@@ -68,10 +125,9 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;
   a.window = pb.window;
-  if (pb.num_splits > 1) {  // the merge counters, then the partial outputs and their log-sum-exps
+  if (pb.num_splits > 1) {
     const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_new * pb.num_q_heads * pb.num_splits;
-    a.ws_count = static_cast<int*>(pb.workspace);
-    a.ws_o = reinterpret_cast<float*>(static_cast<uint8_t*>(pb.workspace) + kDecodeCounterBytes);
+    a.ws_o = static_cast<float*>(pb.workspace);
     a.ws_lse = a.ws_o + rows * pb.cache.head_dim;
   }
   const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
@@ -85,6 +141,18 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
     case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
     case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, stream); break;
     case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, stream); break;
+  }
+  if (pb.num_splits > 1) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(int64_t{pb.batch} * pb.num_new * pb.num_q_heads));
+    cfg.blockDim = dim3(kMergeThreads);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel, a, pb.cache.head_dim));
   }
 }
 
