@@ -16,61 +16,98 @@ void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream)
 
 namespace {
 
-constexpr int kMergeThreads = 256;
+// The merge's threads: 8 slices of the splits × D/4 column quads (128, 256 or 512 threads); each thread holds at
+// most kDecodeMaxSplits / 8 = 16 splits' quads.
+constexpr int kMergeSlices = 8;
+constexpr int kMergePerThread = kDecodeMaxSplits / kMergeSlices;
 
 // One CTA per (sequence, new token, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
 // Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
-// The split weights go through shared memory once; the threads then cover (column, split-slice) pairs so that
-// each thread has only num_splits / slices loads in flight (a serial chain over all splits costs an L2 round trip
-// per split).
+// Every load is issued at once: thread (slice j, quad c) reads the log-sum-exps and the 4 columns of quad c of
+// splits j, j + 8, ..., so the merge costs one L2 round trip whatever the split count (v14 in docs/perf/decode.md;
+// a loop over the splits costs a round trip per few splits). Then the maximum and the weight total go through
+// shared memory, and the 8 slices' sums are added there.
 // Launched as a programmatic dependent of the decode kernel: its CTAs may start while the decode grid's last CTAs
 // run, and wait here until that grid has completed and its writes are visible.
-__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const DecodeArgs a, int head_dim) {
+template <int kD>
+__global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(const DecodeArgs a) {
+  constexpr int kQuads = kD / 4;
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  __shared__ float weight[kDecodeMaxSplits];
-  __shared__ float partial[kMergeThreads];
-  __shared__ float stats[2];  // max, total
+  __shared__ float slice_max[kMergeSlices], slice_total[kMergeSlices];
+  __shared__ float4 slice_acc[kMergeSlices][kQuads];
   const int row = blockIdx.x;  // (b * S + i) * HQ + h
   const int bi = row / a.num_q_heads, h = row % a.num_q_heads;
   const int b = bi / a.num_new, i = bi % a.num_new;
   const int splits = a.num_splits;
+  const int quad = threadIdx.x % kQuads, slice = threadIdx.x / kQuads;
   const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
-  const float* part = a.ws_o + static_cast<int64_t>(row) * splits * head_dim;
-  if (threadIdx.x < 32) {
-    float m = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 32) m = fmaxf(m, lse[s]);
-    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-    float total = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 32) {
-      const float w = m == -INFINITY ? 0.0f : ptx::ex2_approx_ftz(lse[s] - m);
-      weight[s] = w;
+  const float4* part = reinterpret_cast<const float4*>(a.ws_o + static_cast<int64_t>(row) * splits * kD) + quad;
+  float l[kMergePerThread];
+  float4 v[kMergePerThread];
+#pragma unroll
+  for (int k = 0; k < kMergePerThread; ++k) {
+    const int s = slice + k * kMergeSlices;
+    l[k] = s < splits ? lse[s] : -INFINITY;
+    v[k] = s < splits ? part[static_cast<int64_t>(s) * kQuads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  float m = l[0];
+#pragma unroll
+  for (int k = 1; k < kMergePerThread; ++k) m = fmaxf(m, l[k]);
+  if (quad == 0) slice_max[slice] = m;
+  __syncthreads();
+  m = slice_max[0];
+#pragma unroll
+  for (int k = 1; k < kMergeSlices; ++k) m = fmaxf(m, slice_max[k]);
+  float total = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (m != -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kMergePerThread; ++k) {
+      const float w = ptx::ex2_approx_ftz(l[k] - m);  // -inf (past the splits, or empty): 0
       total += w;
-    }
-    for (int off = 16; off > 0; off >>= 1) total += __shfl_xor_sync(0xffffffffu, total, off);
-    if (threadIdx.x == 0) {
-      stats[0] = m;
-      stats[1] = total;
+      if (w > 0.0f) {  // an underflowed split weighs nothing, whatever it holds
+        acc.x = fmaf(w, v[k].x, acc.x);
+        acc.y = fmaf(w, v[k].y, acc.y);
+        acc.z = fmaf(w, v[k].z, acc.z);
+        acc.w = fmaf(w, v[k].w, acc.w);
+      }
     }
   }
+  if (quad == 0) slice_total[slice] = total;
+  slice_acc[slice][quad] = acc;
   __syncthreads();
-  const float total = stats[1];
+  if (slice != 0) return;
+  total = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kMergeSlices; ++k) {
+    total += slice_total[k];
+    if (k > 0) {
+      const float4 o = slice_acc[k][quad];
+      acc.x += o.x;
+      acc.y += o.y;
+      acc.z += o.z;
+      acc.w += o.w;
+    }
+  }
   const bool any = total > 0.0f;
-  const int slices = kMergeThreads / head_dim;  // 4, 2 or 1
-  const int d = threadIdx.x % head_dim, slice = threadIdx.x / head_dim;
-  float acc = 0.0f;
-  if (any) {
-#pragma unroll 4
-    for (int s = slice; s < splits; s += slices) {
-      const float w = weight[s];
-      if (w > 0.0f) acc += w * part[static_cast<int64_t>(s) * head_dim + d];
-    }
-  }
-  partial[threadIdx.x] = acc;
-  __syncthreads();
-  if (slice == 0) {
-    for (int k = 1; k < slices; ++k) acc += partial[k * head_dim + d];
-    store_output(a, b, i, h, d, any ? acc / total : 0.0f, any ? stats[0] + __log2f(total) : -INFINITY, any);
-  }
+  const float inv = any ? 1.0f / total : 0.0f, lse2 = any ? m + __log2f(total) : -INFINITY;
+  const float out[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) store_output(a, b, i, h, 4 * quad + k, out[k], lse2, any);
+}
+
+template <int kD>
+void launch_merge(const DecodeArgs& a, int64_t rows, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(kMergeSlices * kD / 4);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<kD>, a));
 }
 
 // The key and value tensor maps (see DecodeArgs): boxes of whole rows, swizzled by min(rowB, 128), of the kernel's
@@ -143,16 +180,12 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
     case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, stream); break;
   }
   if (pb.num_splits > 1) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(int64_t{pb.batch} * pb.num_new * pb.num_q_heads));
-    cfg.blockDim = dim3(kMergeThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel, a, pb.cache.head_dim));
+    const int64_t rows = int64_t{pb.batch} * pb.num_new * pb.num_q_heads;
+    switch (pb.cache.head_dim) {
+      case 64: launch_merge<64>(a, rows, stream); break;
+      case 128: launch_merge<128>(a, rows, stream); break;
+      default: launch_merge<256>(a, rows, stream); break;
+    }
   }
 }
 
