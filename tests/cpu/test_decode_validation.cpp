@@ -876,19 +876,20 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
 
 CacheDesc cache_desc(const KVCache& c, DType native = DType::kBF16) { return check_cache(kDecode, c, kB, kD, native); }
 
-// The split choice (api.cpp, v12 in docs/perf/decode.md) on the shapes of the split sweep (bench/decode_split_sweep.py,
-// H200, 132 SMs), where the measured best counts were: hq8kv1 B 1 32 splits, B 8 16-32, B 32 8 (int8), Llama-3-8B
-// B 1 16; and at large batches the choices that the same-run A/B left unchanged.
+// The split choice (api.cpp, v15 in docs/perf/decode.md) on the shapes of the split sweep (bench/decode_split_sweep.py,
+// H200, 132 SMs, with v14's merge), where the measured best counts were: hq8kv1 B 1 64-128 splits, B 8 16-32 (bf16 16),
+// B 32 8 (bf16 4-8), Llama-3-8B B 1 16; and at large batches the choices that the same-run A/B left unchanged.
 TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
   constexpr int kSms = 132;
   for (KVFormat f : {KVFormat::kNative, KVFormat::kInt8, KVFormat::kInt4}) {
     SCOPED_TRACE(kv_format_name(f));
-    EXPECT_EQ(select_num_splits(1, 1, 8, 8192, kSms, f, 128), 32);
+    EXPECT_EQ(select_num_splits(1, 1, 8, 8192, kSms, f, 128), 64);
     EXPECT_EQ(select_num_splits(1, 8, 4, 4096, kSms, f, 128), 16);
+    EXPECT_EQ(select_num_splits(8, 1, 8, 8192, kSms, f, 128), 16);
   }
-  EXPECT_EQ(select_num_splits(8, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 32);
-  EXPECT_EQ(select_num_splits(8, 1, 8, 8192, kSms, KVFormat::kNative, 128), 16);
   EXPECT_EQ(select_num_splits(32, 1, 8, 8192, kSms, KVFormat::kInt8, 128), 8);
+  EXPECT_EQ(select_num_splits(32, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 8);
+  EXPECT_EQ(select_num_splits(32, 1, 8, 8192, kSms, KVFormat::kNative, 128), 4);
   EXPECT_EQ(select_num_splits(128, 1, 8, 8192, kSms, KVFormat::kNative, 128), 1);
   EXPECT_EQ(select_num_splits(128, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 4);
   EXPECT_EQ(select_num_splits(512, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 1);

@@ -13,7 +13,7 @@ namespace detail {
 // Split count from shapes only (the device lengths are unknown on the host). Each CTA costs its share of the
 // capacity plus a fixed start-up. An SM runs its CTAs in rounds of the kernel's resident CTAs per SM (config.h).
 // Over 8-bit and 4-bit rows, which are partly instruction-bound, the CTAs of a round run side by side: a round costs
-// one CTA. Over 16-bit rows one CTA already pulls an SM's share of DRAM bandwidth, so co-resident CTAs only share
+// one CTA, plus part of a start-up for each further CTA in it. Over 16-bit rows one CTA already pulls an SM's share of DRAM bandwidth, so co-resident CTAs only share
 // it: the SM's cost is the sum of its CTAs. The busiest SM (ceil(CTAs / SMs) CTAs) sets the time; a split run pays
 // the merge. (Measured on an H200, bf16 B=128 T=8192 HQ8 HKV1: 126.8 µs at 1 split (128 CTAs), 130.1 at 2 and
 // 137.8 at 3; bf16 B=32: 39.9 at 4 splits, 42.7 at 6, where some SMs hold one CTA more. 8-bit rows keep the rounds
@@ -24,11 +24,15 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head
   constexpr double kMergeTokens = 64.0;     // the merge launch and traffic, in the same unit
   // The merge's work per split (its reads of each split's partial rows, and the splits' epilogues). Fitted to a
-  // split sweep at small batches (bench/decode_split_sweep.py, H200, T 8192 HQ 8 HKV 1): without it the model
-  // took the most splits its round count allowed, e.g. 64-128 at B 8 for int8 / int4, 20.5 / 21.6 µs where 16-32
-  // splits run in 14.8-15.2; at B 1 128 splits (13.9-15.6 µs) where 32 run in 12.2. At B >= 128 the term is small
-  // beside capacity / splits and leaves the choices as they were.
-  constexpr double kMergeTokensPerSplit = 8.0;
+  // split sweep at small batches (bench/decode_split_sweep.py, H200, T 8192 HQ 8 HKV 1): v12 charged 8, when the
+  // merge kernel's time grew with the split count (B 1: 12.2 µs at 32 splits, 15.3-16.1 at 128); with v14's merge
+  // B 1 runs best at 64-128 splits (9.4-9.9 µs, 10.5-10.8 at 32). docs/perf/decode.md, v12 and v15.
+  // v15: 2 since the merge issues every load at once (v14: its time barely grows with the split count).
+  constexpr double kMergeTokensPerSplit = 2.0;
+  // CTAs that share an SM in one round of 8- or 4-bit rows overlap their reads but not all of their start-up: each
+  // one past the first costs this much (fitted with the v14 sweep: hq8kv1 B 8 int4 13.5 µs at 16-32 splits, 17.4
+  // at 64 with 4 CTAs per SM; B 32 int4 22.9 at 8 splits, 25.4 at 16).
+  constexpr double kCoResidentTokens = 256.0;
   const int group = static_cast<int>(std::min<int64_t>(std::max<int64_t>(group_size, 1), 1 << 20));
   const int64_t head_tiles = decode_head_tiles(group);
   const int ctas_per_sm = decode_config(format, static_cast<int>(head_dim), decode_n_tiles(group)).ctas_per_sm;
@@ -49,6 +53,7 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
     const int64_t units = bandwidth_bound ? per_sm : (per_sm + ctas_per_sm - 1) / ctas_per_sm;
     const double cost = static_cast<double>(units) *
                             (static_cast<double>(capacity) / static_cast<double>(s) + kStartupTokens) +
+                        static_cast<double>(per_sm - units) * kCoResidentTokens +
                         (s > 1 ? kMergeTokens + kMergeTokensPerSplit * static_cast<double>(s) : 0);
     if (s == 1 || cost < best_cost * 0.98) {  // more splits only for a clear gain
       best = static_cast<int>(s);

@@ -3,6 +3,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "attention/decode/kernel.cuh"
 #include "attention/decode/problem.h"
 #include "common/check.h"
@@ -16,10 +18,10 @@ void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream)
 
 namespace {
 
-// The merge's threads: 8 slices of the splits × D/4 column quads (128, 256 or 512 threads); each thread holds at
-// most kDecodeMaxSplits / 8 = 16 splits' quads.
+// The merge's threads: 8 slices of the splits × D/4 column quads (128, 256 or 512 threads); each thread holds
+// kPer = 1, 4 or 16 splits' quads (the least that covers the split count: registers, and so the merge CTAs that fit
+// beside the decode grid's last CTAs, grow with it).
 constexpr int kMergeSlices = 8;
-constexpr int kMergePerThread = kDecodeMaxSplits / kMergeSlices;
 
 // One CTA per (sequence, new token, query head): o = Σ_s 2^(lse_s - M) O_s / Σ_s 2^(lse_s - M), M = max_s lse_s.
 // Partial outputs of empty splits have lse -inf and weigh nothing; all empty gives o = 0 and lse = -inf.
@@ -29,7 +31,7 @@ constexpr int kMergePerThread = kDecodeMaxSplits / kMergeSlices;
 // shared memory, and the 8 slices' sums are added there.
 // Launched as a programmatic dependent of the decode kernel: its CTAs may start while the decode grid's last CTAs
 // run, and wait here until that grid has completed and its writes are visible.
-template <int kD>
+template <int kD, int kPer>
 __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(const DecodeArgs a) {
   constexpr int kQuads = kD / 4;
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -42,17 +44,17 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   const int quad = threadIdx.x % kQuads, slice = threadIdx.x / kQuads;
   const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
   const float4* part = reinterpret_cast<const float4*>(a.ws_o + static_cast<int64_t>(row) * splits * kD) + quad;
-  float l[kMergePerThread];
-  float4 v[kMergePerThread];
+  float l[kPer];
+  float4 v[kPer];
 #pragma unroll
-  for (int k = 0; k < kMergePerThread; ++k) {
+  for (int k = 0; k < kPer; ++k) {
     const int s = slice + k * kMergeSlices;
     l[k] = s < splits ? lse[s] : -INFINITY;
     v[k] = s < splits ? part[static_cast<int64_t>(s) * kQuads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   float m = l[0];
 #pragma unroll
-  for (int k = 1; k < kMergePerThread; ++k) m = fmaxf(m, l[k]);
+  for (int k = 1; k < kPer; ++k) m = fmaxf(m, l[k]);
   if (quad == 0) slice_max[slice] = m;
   __syncthreads();
   m = slice_max[0];
@@ -62,7 +64,7 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (m != -INFINITY) {
 #pragma unroll
-    for (int k = 0; k < kMergePerThread; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       const float w = ptx::ex2_approx_ftz(l[k] - m);  // -inf (past the splits, or empty): 0
       total += w;
       if (w > 0.0f) {  // an underflowed split weighs nothing, whatever it holds
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   for (int k = 0; k < 4; ++k) store_output(a, b, i, h, 4 * quad + k, out[k], lse2, any);
 }
 
-template <int kD>
+template <int kD, int kPer>
 void launch_merge(const DecodeArgs& a, int64_t rows, cudaStream_t stream) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows));
@@ -107,7 +109,7 @@ void launch_merge(const DecodeArgs& a, int64_t rows, cudaStream_t stream) {
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<kD>, a));
+  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<kD, kPer>, a));
 }
 
 // The key and value tensor maps (see DecodeArgs): boxes of whole rows, swizzled by min(rowB, 128), of the kernel's
@@ -181,11 +183,21 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   }
   if (pb.num_splits > 1) {
     const int64_t rows = int64_t{pb.batch} * pb.num_new * pb.num_q_heads;
-    switch (pb.cache.head_dim) {
-      case 64: launch_merge<64>(a, rows, stream); break;
-      case 128: launch_merge<128>(a, rows, stream); break;
-      default: launch_merge<256>(a, rows, stream); break;
-    }
+    const auto by_dim = [&](auto per) {
+      constexpr int kPer = decltype(per)::value;
+      switch (pb.cache.head_dim) {
+        case 64: return launch_merge<64, kPer>(a, rows, stream);
+        case 128: return launch_merge<128, kPer>(a, rows, stream);
+        default: return launch_merge<256, kPer>(a, rows, stream);
+      }
+    };
+    static_assert(16 * kMergeSlices == kDecodeMaxSplits, "16 splits per merge thread cover every split count");
+    if (pb.num_splits <= kMergeSlices)
+      by_dim(std::integral_constant<int, 1>{});
+    else if (pb.num_splits <= 4 * kMergeSlices)
+      by_dim(std::integral_constant<int, 4>{});
+    else
+      by_dim(std::integral_constant<int, 16>{});
   }
 }
 
