@@ -324,57 +324,33 @@ double dot(const double* a, const double* b, int n) {
   return (s0 + s1) + (s2 + s3);
 }
 
-}  // namespace
-
-DecodeRef decode_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
-                           const std::vector<int32_t>& seqlens, const DecodeShape& s,
-                           const attention::DecodeParams& params, int num_threads) {
-  const char* fn = "decode_reference";
-  require(s.batch >= 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.head_dim > 0 && s.capacity >= 0, fn,
-          "batch and capacity must be >= 0, the head counts and head_dim > 0");
-  require(s.num_q_heads % s.num_kv_heads == 0, fn, "num_q_heads must be a multiple of num_kv_heads");
-  require(s.num_new >= 1, fn, "num_new must be >= 1");
-  const int64_t B = s.batch, HQ = s.num_q_heads, HKV = s.num_kv_heads, D = s.head_dim, T = s.capacity;
-  const int64_t S = s.num_new, G = HQ / HKV;
-  require(static_cast<int64_t>(q.size()) == B * S * HQ * D, fn,
-          "q must hold B·S·HQ·D = " + std::to_string(B * S * HQ * D) + " values, got " + std::to_string(q.size()));
-  require(static_cast<int64_t>(k.size()) == B * T * HKV * D && k.size() == v.size(), fn,
-          "k and v must hold B·T_cap·HKV·D = " + std::to_string(B * T * HKV * D) + " values, got " +
-              std::to_string(k.size()) + " and " + std::to_string(v.size()));
-  require(static_cast<int64_t>(seqlens.size()) == B, fn, "seqlens must hold B values");
-
-  const double scale = params.softmax_scale != 0.0f ? static_cast<double>(params.softmax_scale)
-                                                     : 1.0 / std::sqrt(static_cast<double>(D));
-  const double softcap = params.softcap;
-  DecodeRef ref;
-  ref.shape = s;
-  ref.begin.resize(B * S);
-  ref.end.resize(B * S);
+// Softmax attention of query rows over key ranges, in float64, shared by decode and prefill: the G = HQ / HKV query
+// heads of KV head kvh in query row r ([rows][HQ][D] in q) attend to the key rows key_base[r] + t, t in
+// [begin[r], end[r]), of k and v ([..][HKV][D]). o [rows][HQ][D] and lse [rows][HQ] (natural log) are written for
+// rows with keys; the caller fills the others (zero / -inf). The work is split over (row, KV head) items, interleaved
+// over the threads (ranges vary by row); results do not depend on the thread count.
+void attend_rows(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                 const std::vector<int64_t>& key_base, const std::vector<int64_t>& begin,
+                 const std::vector<int64_t>& end, int64_t HQ, int64_t HKV, int64_t D, double scale, double softcap,
+                 int num_threads, std::vector<double>& o, std::vector<double>& lse) {
+  const int64_t rows = static_cast<int64_t>(begin.size()), G = HQ / HKV;
   double work = 0.0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < S; ++i) {
-      const int64_t lim = std::clamp<int64_t>(seqlens[b], 0, T) - S + 1 + i;  // causal: keys before lim
-      ref.end[b * S + i] = std::max<int64_t>(0, lim);
-      ref.begin[b * S + i] = params.window > 0 ? std::max<int64_t>(0, lim - params.window) : 0;
-      work += static_cast<double>(std::max<int64_t>(0, lim - ref.begin[b * S + i])) * HQ * D * 4;
-    }
-  ref.o.assign(B * S * HQ * D, 0.0);
-  ref.lse.assign(B * S * HQ, -std::numeric_limits<double>::infinity());
-
-  const int64_t items = B * S * HKV;  // (query token, KV head): its G query heads share the K and V rows
+  for (int64_t r = 0; r < rows; ++r)
+    work += static_cast<double>(std::max<int64_t>(0, end[r] - begin[r])) * HQ * D * 4;
+  const int64_t items = rows * HKV;  // (query row, KV head): its G query heads share the K and V rows
   const int threads = num_workers(num_threads, work, items);
   parallel(threads, [&](int th) {
     std::vector<double> p;  // [G][n]: logits, then probabilities
-    for (int64_t item = th; item < items; item += threads) {  // interleaved: lengths vary by sequence
-      const int64_t bs = item / HKV, kvh = item % HKV, b = bs / S;  // bs = b·S + i
-      const int64_t t0 = ref.begin[bs], t1 = ref.end[bs], n = t1 - t0;
+    for (int64_t item = th; item < items; item += threads) {
+      const int64_t r = item / HKV, kvh = item % HKV;
+      const int64_t t0 = begin[r], t1 = end[r], n = t1 - t0;
       if (n <= 0) continue;
       p.resize(G * n);
-      const double* qb = &q[(bs * HQ + kvh * G) * D];
+      const double* qr = &q[(r * HQ + kvh * G) * D];
       for (int64_t t = t0; t < t1; ++t) {
-        const double* kt = &k[((b * T + t) * HKV + kvh) * D];
+        const double* kt = &k[((key_base[r] + t) * HKV + kvh) * D];
         for (int64_t g = 0; g < G; ++g) {
-          double x = scale * dot(qb + g * D, kt, static_cast<int>(D));
+          double x = scale * dot(qr + g * D, kt, static_cast<int>(D));
           if (softcap > 0.0) x = softcap * std::tanh(x / softcap);
           p[g * n + (t - t0)] = x;
         }
@@ -388,19 +364,109 @@ DecodeRef decode_reference(const std::vector<double>& q, const std::vector<doubl
           pg[i] = std::exp(pg[i] - m);
           sum += pg[i];
         }
-        ref.lse[bs * HQ + kvh * G + g] = m + std::log(sum);
+        lse[r * HQ + kvh * G + g] = m + std::log(sum);
         for (int64_t i = 0; i < n; ++i) pg[i] /= sum;
       }
       for (int64_t t = t0; t < t1; ++t) {
-        const double* vt = &v[((b * T + t) * HKV + kvh) * D];
+        const double* vt = &v[((key_base[r] + t) * HKV + kvh) * D];
         for (int64_t g = 0; g < G; ++g) {
           const double w = p[g * n + (t - t0)];
-          double* og = &ref.o[(bs * HQ + kvh * G + g) * D];
+          double* og = &o[(r * HQ + kvh * G + g) * D];
           for (int64_t d = 0; d < D; ++d) og[d] += w * vt[d];
         }
       }
     }
   });
+}
+
+double resolved_scale(float softmax_scale, int64_t head_dim) {
+  return softmax_scale != 0.0f ? static_cast<double>(softmax_scale) : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
+}  // namespace
+
+DecodeRef decode_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                           const std::vector<int32_t>& seqlens, const DecodeShape& s,
+                           const attention::DecodeParams& params, int num_threads) {
+  const char* fn = "decode_reference";
+  require(s.batch >= 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.head_dim > 0 && s.capacity >= 0, fn,
+          "batch and capacity must be >= 0, the head counts and head_dim > 0");
+  require(s.num_q_heads % s.num_kv_heads == 0, fn, "num_q_heads must be a multiple of num_kv_heads");
+  require(s.num_new >= 1, fn, "num_new must be >= 1");
+  const int64_t B = s.batch, HQ = s.num_q_heads, HKV = s.num_kv_heads, D = s.head_dim, T = s.capacity;
+  const int64_t S = s.num_new;
+  require(static_cast<int64_t>(q.size()) == B * S * HQ * D, fn,
+          "q must hold B·S·HQ·D = " + std::to_string(B * S * HQ * D) + " values, got " + std::to_string(q.size()));
+  require(static_cast<int64_t>(k.size()) == B * T * HKV * D && k.size() == v.size(), fn,
+          "k and v must hold B·T_cap·HKV·D = " + std::to_string(B * T * HKV * D) + " values, got " +
+              std::to_string(k.size()) + " and " + std::to_string(v.size()));
+  require(static_cast<int64_t>(seqlens.size()) == B, fn, "seqlens must hold B values");
+
+  DecodeRef ref;
+  ref.shape = s;
+  ref.begin.resize(B * S);
+  ref.end.resize(B * S);
+  std::vector<int64_t> key_base(B * S);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t lim = std::clamp<int64_t>(seqlens[b], 0, T) - S + 1 + i;  // causal: keys before lim
+      ref.end[b * S + i] = std::max<int64_t>(0, lim);
+      ref.begin[b * S + i] = params.window > 0 ? std::max<int64_t>(0, lim - params.window) : 0;
+      key_base[b * S + i] = b * T;
+    }
+  ref.o.assign(B * S * HQ * D, 0.0);
+  ref.lse.assign(B * S * HQ, -std::numeric_limits<double>::infinity());
+  attend_rows(q, k, v, key_base, ref.begin, ref.end, HQ, HKV, D, resolved_scale(params.softmax_scale, D),
+              params.softcap, num_threads, ref.o, ref.lse);
+  return ref;
+}
+
+// ---- prefill -------------------------------------------------------------------------------------------------
+
+PrefillRef prefill_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                             const std::vector<int32_t>& cu_seqlens_q, const std::vector<int32_t>& cu_seqlens_k,
+                             const PrefillShape& s, const PrefillRefParams& params, int num_threads) {
+  const char* fn = "prefill_reference";
+  require(s.batch >= 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.head_dim > 0, fn,
+          "batch must be >= 0, the head counts and head_dim > 0");
+  require(s.num_q_heads % s.num_kv_heads == 0, fn, "num_q_heads must be a multiple of num_kv_heads");
+  require(params.window >= 0 && params.softcap >= 0.0f, fn, "window and softcap must be >= 0");
+  const int64_t B = s.batch, HQ = s.num_q_heads, HKV = s.num_kv_heads, D = s.head_dim;
+  const auto check_cu = [&](const std::vector<int32_t>& cu, const char* name) {
+    require(static_cast<int64_t>(cu.size()) == B + 1, fn, std::string(name) + " must hold B + 1 values");
+    require(cu[0] == 0, fn, std::string(name) + " must start at 0");
+    for (int64_t b = 0; b < B; ++b)
+      require(cu[b + 1] >= cu[b], fn, std::string(name) + " must not decrease (at " + std::to_string(b) + ")");
+    return static_cast<int64_t>(cu[B]);
+  };
+  const int64_t total_q = check_cu(cu_seqlens_q, "cu_seqlens_q"), total_k = check_cu(cu_seqlens_k, "cu_seqlens_k");
+  require(static_cast<int64_t>(q.size()) == total_q * HQ * D, fn,
+          "q must hold total_q·HQ·D = " + std::to_string(total_q * HQ * D) + " values, got " + std::to_string(q.size()));
+  require(static_cast<int64_t>(k.size()) == total_k * HKV * D && k.size() == v.size(), fn,
+          "k and v must hold total_k·HKV·D = " + std::to_string(total_k * HKV * D) + " values, got " +
+              std::to_string(k.size()) + " and " + std::to_string(v.size()));
+
+  PrefillRef ref;
+  ref.shape = s;
+  ref.total_q = total_q;
+  ref.begin.resize(total_q);
+  ref.end.resize(total_q);
+  std::vector<int64_t> key_base(total_q);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t sq = cu_seqlens_q[b + 1] - cu_seqlens_q[b], sk = cu_seqlens_k[b + 1] - cu_seqlens_k[b];
+    for (int64_t i = 0; i < sq; ++i) {
+      const int64_t r = cu_seqlens_q[b] + i, pos = sk - sq + i;  // bottom-right aligned
+      const int64_t hi = params.causal ? std::clamp<int64_t>(pos + 1, 0, sk) : sk;
+      const int64_t lo = params.window > 0 ? std::clamp<int64_t>(pos + 1 - params.window, 0, sk) : 0;
+      ref.begin[r] = lo;
+      ref.end[r] = std::max(lo, hi);
+      key_base[r] = cu_seqlens_k[b];
+    }
+  }
+  ref.o.assign(total_q * HQ * D, 0.0);
+  ref.lse.assign(total_q * HQ, -std::numeric_limits<double>::infinity());
+  attend_rows(q, k, v, key_base, ref.begin, ref.end, HQ, HKV, D, resolved_scale(params.softmax_scale, D),
+              params.softcap, num_threads, ref.o, ref.lse);
   return ref;
 }
 

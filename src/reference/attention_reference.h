@@ -112,6 +112,40 @@ DecodeRef decode_reference(const std::vector<double>& q, const std::vector<doubl
                            const std::vector<int32_t>& seqlens, const DecodeShape& shape,
                            const attention::DecodeParams& params, int num_threads = 0);
 
+// ---- prefill (issue 17: the reference comes first; the op and its output check follow with the kernel) ----------
+
+struct PrefillShape {
+  int batch = 0;         // B sequences
+  int num_q_heads = 0;   // HQ, a multiple of HKV
+  int num_kv_heads = 0;  // HKV
+  int head_dim = 0;      // D (any positive value)
+};
+
+struct PrefillRefParams {
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
+  float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
+  int window = 0;              // > 0: a query attends to at most the last `window` keys up to its own position
+  bool causal = false;
+};
+
+struct PrefillRef {
+  PrefillShape shape;
+  int64_t total_q = 0;
+  std::vector<int64_t> begin, end;  // [total_q]: the keys query row r attends to, [begin, end) of its sequence
+  std::vector<double> o;            // [total_q][HQ][D]; zero where end == begin
+  std::vector<double> lse;          // [total_q][HQ], natural log; -inf where end == begin
+};
+
+// Variable-length prefill: q [total_q][HQ][D], k and v [total_k][HKV][D], packed by sequence; cu_seqlens_q and
+// cu_seqlens_k [B + 1] (starting at 0, never decreasing) give each sequence's rows. Query i of a sequence with Sq
+// queries and Sk keys sits at position p = Sk - Sq + i (bottom-right aligned, as FlashAttention does) and attends to
+// its keys j with j <= p (causal; all j < Sk otherwise) and p - j < window (window > 0; FlashAttention's
+// window_size_left is window - 1). No key (e.g. causal with p < 0): o = 0, lse = -inf. decode_reference is the case
+// Sq = S new tokens per sequence, causal, Sk = its length (both go through one float64 core).
+PrefillRef prefill_reference(const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v,
+                             const std::vector<int32_t>& cu_seqlens_q, const std::vector<int32_t>& cu_seqlens_k,
+                             const PrefillShape& shape, const PrefillRefParams& params, int num_threads = 0);
+
 struct DecodeTolerance {
   double o_rtol = 5e-3;     // relative Frobenius error of o over the rows with keys
   double row_rtol = 0.0;    // > 0: also the relative error of each such row (B·HQ rows of D)

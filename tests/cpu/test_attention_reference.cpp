@@ -1,5 +1,5 @@
 // The attention references (src/reference/attention_reference.h): number formats, KV quantization round trips, and
-// decode on cases small enough to work out by hand.
+// decode and prefill on cases small enough to work out by hand.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -599,6 +599,150 @@ TEST(AttentionReferenceDecode, ThreadCountDoesNotChangeResults) {
   const DecodeRef b = decode_reference(q, k, v, lens, {B, HQ, HKV, D, T}, {}, 7);
   EXPECT_EQ(a.o, b.o);
   EXPECT_EQ(a.lse, b.lse);
+}
+
+// ---- prefill -------------------------------------------------------------------------------------------------
+
+// Random packed q / k / v for a varlen batch.
+struct PrefillData {
+  std::vector<double> q, k, v;
+  std::vector<int32_t> cu_q, cu_k;
+};
+
+PrefillData prefill_data(uint64_t seed, const std::vector<int32_t>& sq, const std::vector<int32_t>& sk, int HQ, int HKV,
+                         int D) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 1.0);
+  PrefillData d;
+  d.cu_q = {0};
+  d.cu_k = {0};
+  for (size_t b = 0; b < sq.size(); ++b) {
+    d.cu_q.push_back(d.cu_q.back() + sq[b]);
+    d.cu_k.push_back(d.cu_k.back() + sk[b]);
+  }
+  d.q.resize(static_cast<size_t>(d.cu_q.back()) * HQ * D);
+  d.k.resize(static_cast<size_t>(d.cu_k.back()) * HKV * D);
+  d.v.resize(d.k.size());
+  for (double& x : d.q) x = n(rng);
+  for (double& x : d.k) x = 1.5 * n(rng);
+  for (double& x : d.v) x = n(rng);
+  return d;
+}
+
+// The definition, written out with its mask for one (query row, head) at a time: softmax over the keys j of the
+// sequence with (causal) j <= p and (window) p - j < window, p = Sk - Sq + i.
+TEST(AttentionReferencePrefill, MatchesTheMaskedSoftmaxWrittenOut) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const int HQ = 6, HKV = 2, D = 24;
+  // Sq < Sk, Sq = Sk, an empty sequence, Sq > Sk (causal: the first rows see nothing), a single key and query.
+  const std::vector<int32_t> sq = {5, 7, 0, 9, 1, 3}, sk = {12, 7, 4, 4, 1, 0};
+  const PrefillData d = prefill_data(seed, sq, sk, HQ, HKV, D);
+  const PrefillShape shape{static_cast<int>(sq.size()), HQ, HKV, D};
+  for (const bool causal : {false, true})
+    for (const int window : {0, 1, 3, 100})
+      for (const float softcap : {0.0f, 2.5f}) {
+        PrefillRefParams p;
+        p.causal = causal;
+        p.window = window;
+        p.softcap = softcap;
+        p.softmax_scale = window == 3 ? 0.3f : 0.0f;
+        SCOPED_TRACE("causal " + std::to_string(causal) + " window " + std::to_string(window) + " softcap " +
+                     std::to_string(softcap));
+        const PrefillRef ref = prefill_reference(d.q, d.k, d.v, d.cu_q, d.cu_k, shape, p);
+        const double scale = p.softmax_scale != 0.0f ? p.softmax_scale : 1.0 / std::sqrt(double{D});
+        for (size_t b = 0; b < sq.size(); ++b)
+          for (int i = 0; i < sq[b]; ++i) {
+            const int64_t r = d.cu_q[b] + i, pos = int64_t{sk[b]} - sq[b] + i;
+            for (int h = 0; h < HQ; ++h) {
+              const int kvh = h / (HQ / HKV);
+              std::vector<double> logit;
+              std::vector<int64_t> keys;
+              for (int64_t j = 0; j < sk[b]; ++j) {
+                if (causal && j > pos) continue;
+                if (window > 0 && pos - j >= window) continue;
+                double x = 0.0;
+                for (int e = 0; e < D; ++e)
+                  x += d.q[(r * HQ + h) * D + e] * d.k[((d.cu_k[b] + j) * HKV + kvh) * D + e];
+                x *= scale;
+                if (softcap > 0.0f) x = softcap * std::tanh(x / softcap);
+                logit.push_back(x);
+                keys.push_back(j);
+              }
+              const double* o = &ref.o[(r * HQ + h) * D];
+              if (keys.empty()) {
+                EXPECT_EQ(ref.lse[r * HQ + h], -kInf) << "row " << r << " head " << h;
+                for (int e = 0; e < D; ++e) EXPECT_EQ(o[e], 0.0);
+                continue;
+              }
+              double m = -kInf, sum = 0.0;
+              for (double x : logit) m = std::max(m, x);
+              for (double x : logit) sum += std::exp(x - m);
+              EXPECT_NEAR(ref.lse[r * HQ + h], m + std::log(sum), 1e-12) << "row " << r << " head " << h;
+              for (int e = 0; e < D; ++e) {
+                double want = 0.0;
+                for (size_t t = 0; t < keys.size(); ++t)
+                  want += std::exp(logit[t] - m) / sum * d.v[((d.cu_k[b] + keys[t]) * HKV + kvh) * D + e];
+                EXPECT_NEAR(o[e], want, 1e-12) << "row " << r << " head " << h << " element " << e;
+              }
+            }
+          }
+      }
+}
+
+// Decode with S new tokens is causal prefill with Sq = S and Sk = the sequence's length (its keys in a [B, T_cap]
+// cache instead of packed).
+TEST(AttentionReferencePrefill, CausalPrefillOfTheLastTokensIsDecode) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  const int B = 4, HQ = 8, HKV = 2, D = 32, T = 50, S = 3;
+  const std::vector<int32_t> lens = {50, 2, 17, 0};
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 1.0);
+  std::vector<double> q(B * S * HQ * D), k(B * T * HKV * D), v(k.size());
+  for (double& x : q) x = n(rng);
+  for (double& x : k) x = n(rng);
+  for (double& x : v) x = n(rng);
+  // The same keys packed: sequence b's first lens[b] rows; its S queries are rows [b·S, b·S + S) of q either way.
+  std::vector<double> kp, vp;
+  std::vector<int32_t> cu_q = {0}, cu_k = {0};
+  for (int b = 0; b < B; ++b) {
+    kp.insert(kp.end(), k.begin() + int64_t{b} * T * HKV * D, k.begin() + (int64_t{b} * T + lens[b]) * HKV * D);
+    vp.insert(vp.end(), v.begin() + int64_t{b} * T * HKV * D, v.begin() + (int64_t{b} * T + lens[b]) * HKV * D);
+    cu_q.push_back(cu_q.back() + S);
+    cu_k.push_back(cu_k.back() + lens[b]);
+  }
+  for (const int window : {0, 5}) {
+    DecodeParams dp;
+    dp.window = window;
+    dp.softcap = 3.0f;
+    PrefillRefParams pp;
+    pp.causal = true;
+    pp.window = window;
+    pp.softcap = 3.0f;
+    const DecodeRef dec = decode_reference(q, k, v, lens, {B, HQ, HKV, D, T, S}, dp);
+    const PrefillRef pre = prefill_reference(q, kp, vp, cu_q, cu_k, {B, HQ, HKV, D}, pp);
+    EXPECT_EQ(dec.begin, pre.begin) << "window " << window;
+    EXPECT_EQ(dec.end, pre.end) << "window " << window;
+    ASSERT_EQ(dec.o.size(), pre.o.size());
+    for (size_t i = 0; i < dec.o.size(); ++i) ASSERT_NEAR(dec.o[i], pre.o[i], 1e-13) << "element " << i;
+    for (size_t i = 0; i < dec.lse.size(); ++i) EXPECT_EQ(dec.lse[i], pre.lse[i]) << "row " << i;
+  }
+}
+
+TEST(AttentionReferencePrefill, RejectsInconsistentArguments) {
+  const PrefillData d = prefill_data(1, {2, 3}, {4, 3}, 4, 2, 8);
+  const PrefillShape shape{2, 4, 2, 8};
+  EXPECT_NO_THROW(prefill_reference(d.q, d.k, d.v, d.cu_q, d.cu_k, shape, {}));
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, {1, 2, 5}, d.cu_k, shape, {}), Error);     // not from 0
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, {0, 3, 2}, d.cu_k, shape, {}), Error);     // decreasing
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, {0, 2}, d.cu_k, shape, {}), Error);        // B + 1 values
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, {0, 2, 4}, d.cu_k, shape, {}), Error);     // q's rows
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, d.cu_q, {0, 4, 8}, shape, {}), Error);     // k's rows
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, d.cu_q, d.cu_k, {2, 3, 2, 8}, {}), Error);  // HQ % HKV
+  PrefillRefParams bad;
+  bad.window = -1;
+  EXPECT_THROW(prefill_reference(d.q, d.k, d.v, d.cu_q, d.cu_k, shape, bad), Error);
 }
 
 // ---- the check -----------------------------------------------------------------------------------------------
