@@ -12,7 +12,30 @@ NS = (8, 16, 32, 64, 128, 256)
 KINDS = (
     ("mma_e4m3", "k32.f32.e4m3.e4m3", "1, 1"),       # imm-scale-a, imm-scale-b
     ("mma_bf16", "k16.f32.bf16.bf16", "1, 1, 0, 0"),  # + imm-trans-a, imm-trans-b (both K-major)
+    ("mma_f16", "k16.f32.f16.f16", "1, 1, 0, 0"),
 )
+# A from registers (4 x 32-bit: the m16n8k16 A fragment of each warp's 16 rows), B from shared memory MN-major
+# (imm-trans-b = 1): attention's P·V, with V stored [keys][D].
+RS_KINDS = (
+    ("mma_bf16_rs_tb", "k16.f32.bf16.bf16", "1, 1, 1"),  # imm-scale-a, imm-scale-b, imm-trans-b
+    ("mma_f16_rs_tb", "k16.f32.f16.f16", "1, 1, 1"),
+)
+
+
+def emit_rs_def(out, name, suffix, imms, n):
+    regs = n // 2
+    dlist = ", ".join(f"%{i}" for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    b, s = regs + 4, regs + 5
+    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}(float (&d)[{regs}], const uint32_t (&a)[4], "
+              f"uint64_t desc_b, int scale_d) {{\n")
+    out.write("  asm volatile(\n")
+    out.write('      "{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(s) + ', 0;\\n"\n')
+    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, {{{a}}}, %{b}, p, {imms};\\n}}\\n"\n')
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    out.write(f"      : {outs}\n")
+    out.write('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n')
+    out.write("}\n\n")
 
 
 def emit_def(out, name, suffix, imms, n):
@@ -39,10 +62,15 @@ def main():
         for name, _, _ in KINDS:
             out.write(f"  __device__ __forceinline__ static void {name}(float (&d)[{n // 2}], uint64_t desc_a, "
                       "uint64_t desc_b, int scale_d);\n")
+        for name, _, _ in RS_KINDS:
+            out.write(f"  __device__ __forceinline__ static void {name}(float (&d)[{n // 2}], const uint32_t (&a)[4], "
+                      "uint64_t desc_b, int scale_d);\n")
         out.write("};\n\n")
     for n in NS:
         for name, suffix, imms in KINDS:
             emit_def(out, name, suffix, imms, n)
+        for name, suffix, imms in RS_KINDS:
+            emit_rs_def(out, name, suffix, imms, n)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,20 @@ __device__ __forceinline__ uint64_t wgmma_desc_k_major_sw128(const void* tile) {
   return desc;
 }
 
+// Descriptor of an MN-major B operand with 128-byte swizzle (wgmma with imm-trans-b = 1, 16-bit types): rows of 128
+// bytes hold 64 consecutive N elements of one K index, swizzled in 8-row (1024-byte) atoms as TMA stores them.
+// `tile` (1024-byte aligned) is the first K row of the operand; `n_block_bytes` the distance between the tiles of
+// consecutive 64-element N blocks (leading-dimension offset); 8-row K groups are 1024 bytes apart (stride offset).
+// Adding 1024·(k_rows / 8) >> 4 moves the start along K.
+__device__ __forceinline__ uint64_t wgmma_desc_mn_major_sw128(const void* tile, uint32_t n_block_bytes) {
+  const uint32_t addr = smem_u32(tile);
+  uint64_t desc = (addr & 0x3FFFFu) >> 4;
+  desc |= uint64_t{(n_block_bytes >> 4) & 0x3FFFu} << 16;
+  desc |= uint64_t{1024 >> 4} << 32;
+  desc |= uint64_t{1} << 62;
+  return desc;
+}
+
 // Orders this warpgroup's earlier register and shared-memory accesses before the wgmma that follow.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
@@ -43,8 +57,10 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// m64nNk32 e4m3 × e4m3 → fp32 and m64nNk16 bf16 × bf16 → fp32, both operands K-major from shared memory:
-//   Wgmma<N>::mma_e4m3(d, desc_a, desc_b, scale_d)   d = A·Bᵀ + (scale_d ? d : 0)
+// m64nNk32 e4m3 × e4m3 → fp32 and m64nNk16 bf16 / fp16 → fp32, both operands K-major from shared memory:
+//   Wgmma<N>::mma_e4m3 / mma_bf16 / mma_f16(d, desc_a, desc_b, scale_d)   d = A·Bᵀ + (scale_d ? d : 0)
+// and m64nNk16 with A from registers and B MN-major in shared memory (attention's P·V):
+//   Wgmma<N>::mma_bf16_rs_tb / mma_f16_rs_tb(d, a, desc_b, scale_d)    a: the warp's m16n8k16 A fragment
 #include "ptx/wgmma_mma.inc"
 
 }  // namespace tessera::ptx

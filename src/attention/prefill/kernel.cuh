@@ -1,0 +1,292 @@
+// Prefill kernel, version 1 (docs/perf/prefill.md): Hopper TMA + wgmma, a producer warpgroup and two consumer
+// warpgroups of 64 query rows each.
+//
+// CTA = one tile of 128 query rows of one (sequence, query head). The producer's first thread loads the Q tile
+// once and the K and V tiles of the key range this tile attends to (causal and window ranges are cut to whole
+// tiles; tiles outside are never loaded) into a ring of kStages stages; K and V of a stage complete on their own
+// mbarriers, so S = Q·Kᵀ starts while V is still in flight. Each consumer warpgroup computes, per key tile,
+//   S (64 × kBlockN) = Q·Kᵀ  (wgmma, both operands in shared memory, K-major),
+//   online softmax in the log2 domain on S's accumulator registers (softcap, masking where the tile crosses the
+//   sequence end, the causal diagonal or the window edge),
+//   O (64 × D) += P·V (wgmma with P from registers, converted in place from S's layout, and V in shared memory as
+//   an MN-major operand), then releases the stage.
+// Every tile is 128-byte swizzled by TMA in boxes of 64 elements: a [rows][D] tile is D / 64 column blocks of
+// rows × 128 bytes.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/smem.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace tessera::attention::detail {
+
+inline constexpr int kPrefillBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64
+inline constexpr int kPrefillThreads = 384;
+inline constexpr int kPrefillProducerRegs = 24;
+inline constexpr int kPrefillConsumerRegs = 240;
+static_assert(kPrefillProducerRegs * 128 + kPrefillConsumerRegs * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384,
+              "setmaxnreg budget exceeds the registers of the CTA");
+
+// Key tile and ring depth per head dim: S's accumulators (kBlockN / 2 registers) and O's (D / 2) must fit beside
+// each other; the ring fills what shared memory is left.
+template <int kD>
+struct PrefillTile {
+  static constexpr int kBlockN = kD == 256 ? 64 : 128;
+  static constexpr int kStages = kD == 64 ? 3 : 2;
+  static constexpr int kChunks = kD / 64;                          // 64-element column blocks
+  static constexpr int kQBytes = kPrefillBlockM * kD * 2;          // the Q tile
+  static constexpr int kKVBytes = kBlockN * kD * 2;                // one K (or V) tile
+  static constexpr int kQChunkBytes = kPrefillBlockM * 128;        // one column block of Q
+  static constexpr int kKVChunkBytes = kBlockN * 128;              // one column block of K or V
+  static constexpr int kStageBytes = 2 * kKVBytes;                 // K then V
+  static constexpr int kBarOff = kQBytes + kStages * kStageBytes;  // q_full, then k_full, v_full, empty per stage
+  static constexpr int kBytes = 1024 + kBarOff + (1 + 3 * kStages) * 8;  // with 1024 bytes to align the base
+};
+
+struct PrefillArgs {
+  // 3-D maps of q, k and v over (D, tokens, heads), boxes of (64 elements, rows, 1) with the 128-byte swizzle:
+  // q boxes of kPrefillBlockM rows, k and v boxes of kBlockN rows.
+  CUtensorMap q_map, k_map, v_map;
+  void* o = nullptr;
+  int64_t o_stride_token = 0, o_stride_head = 0;
+  float* lse = nullptr;
+  int64_t lse_stride_token = 0, lse_stride_head = 0;
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int num_q_heads = 0;
+  int group = 0;  // HQ / HKV
+  int num_m_blocks = 0;
+  float scale_log2 = 0.0f;  // softmax_scale · log2(e) (no softcap), or softmax_scale / softcap (softcap)
+  float softcap_log2 = 0.0f;  // softcap · log2(e), 0: no softcap
+  int window = 0;
+  bool causal = false;
+};
+
+template <bool kFP16>
+__device__ __forceinline__ uint32_t prefill_pack2(float lo, float hi) {
+  if constexpr (kFP16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+
+template <int kD, bool kFP16>
+__global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __grid_constant__ PrefillArgs a) {
+  using Tile = PrefillTile<kD>;
+  constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  constexpr int kSRegs = kBlockN / 2, kORegs = kD / 2;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* q_tile = smem;
+  uint8_t* ring = smem + Tile::kQBytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Tile::kBarOff);
+  uint64_t* q_full = bars;
+  uint64_t* k_full = bars + 1;
+  uint64_t* v_full = bars + 1 + kStages;
+  uint64_t* empty = bars + 1 + 2 * kStages;
+
+  // Late query tiles first: under a causal mask they attend to the most keys.
+  const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int q0 = a.cu_seqlens_q[b], sq = a.cu_seqlens_q[b + 1] - q0;
+  const int k0 = a.cu_seqlens_k[b], sk = a.cu_seqlens_k[b + 1] - k0;
+  if (m_block * kPrefillBlockM >= sq) return;  // the whole CTA: no barrier has been touched
+  const int kvh = h / a.group;
+  // Positions (bottom-right aligned) of the tile's first and last query rows, and the key range they attend to.
+  const int pos_first = sk - sq + m_block * kPrefillBlockM;
+  const int pos_last = sk - sq + min(sq, (m_block + 1) * kPrefillBlockM) - 1;
+  const int hi_key = a.causal ? max(0, min(sk, pos_last + 1)) : sk;
+  const int lo_key = a.window > 0 ? min(max(0, pos_first - a.window + 1), sk) : 0;
+  const int n_lo = lo_key / kBlockN;
+  const int n_hi = hi_key > lo_key ? (hi_key + kBlockN - 1) / kBlockN : n_lo;  // no keys: no tile
+
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&k_full[s], 1);
+      ptx::mbarrier_init(&v_full[s], 1);
+      ptx::mbarrier_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    ptx::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---- producer ----------------------------------------------------------------------------------------------
+    ptx::setmaxnreg_dec<kPrefillProducerRegs>();
+    if (threadIdx.x != 0) return;
+    ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
+#pragma unroll
+    for (int c = 0; c < Tile::kChunks; ++c)
+      ptx::tma_load_3d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h);
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+      const int stage = it % kStages;
+      if (it >= kStages) ptx::mbarrier_wait_parity(&empty[stage], ((it / kStages) & 1) ^ 1);
+      uint8_t* k_dst = ring + stage * Tile::kStageBytes;
+      uint8_t* v_dst = k_dst + Tile::kKVBytes;
+      const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
+      ptx::mbarrier_arrive_expect_tx(&k_full[stage], Tile::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Tile::kChunks; ++c)
+        ptx::tma_load_3d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh);
+      ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
+#pragma unroll
+      for (int c = 0; c < Tile::kChunks; ++c)
+        ptx::tma_load_3d(v_dst + c * Tile::kKVChunkBytes, &a.v_map, &v_full[stage], 64 * c, row, kvh);
+    }
+    return;
+  }
+
+  // ---- consumers -----------------------------------------------------------------------------------------------
+  ptx::setmaxnreg_inc<kPrefillConsumerRegs>();
+  const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
+  const int pos0 = pos_first + row0;             // their positions
+  float o_acc[kORegs];
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o_acc[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  ptx::mbarrier_wait_parity(q_full, 0);
+  const uint8_t* q_rows = q_tile + cw * 64 * 128;  // this warpgroup's 64 rows of every column block
+
+  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+    const int stage = it % kStages;
+    const uint32_t parity = (it / kStages) & 1;
+    const uint8_t* k_tile = ring + stage * Tile::kStageBytes;
+    const uint8_t* v_tile = k_tile + Tile::kKVBytes;
+
+    // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each).
+    float s_acc[kSRegs];
+    ptx::mbarrier_wait_parity(&k_full[stage], parity);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kD / 16; ++ks) {
+      const uint64_t da = ptx::wgmma_desc_k_major_sw128(q_rows + (ks / 4) * Tile::kQChunkBytes) + 2 * (ks % 4);
+      const uint64_t db = ptx::wgmma_desc_k_major_sw128(k_tile + (ks / 4) * Tile::kKVChunkBytes) + 2 * (ks % 4);
+      if constexpr (kFP16)
+        ptx::Wgmma<kBlockN>::mma_f16(s_acc, da, db, ks > 0);
+      else
+        ptx::Wgmma<kBlockN>::mma_bf16(s_acc, da, db, ks > 0);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(s_acc);
+
+    // Logits in the log2 domain; keys outside a row's range become -inf where the tile crosses a boundary.
+    // s_acc[4j + e]: row row0 + 8 (e >> 1), key n·kBlockN + 8j + 2c + (e & 1).
+    const int key0 = n * kBlockN;
+    const bool crosses = key0 + kBlockN > sk || (a.causal && key0 + kBlockN - 1 > pos_first) ||
+                         (a.window > 0 && key0 < pos_last - a.window + 1);
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) {
+      float x = s_acc[i] * a.scale_log2;
+      if (a.softcap_log2 > 0.0f) x = a.softcap_log2 * tanhf(x);
+      if (crosses) {
+        const int key = key0 + 8 * (i / 4) + 2 * c + (i & 1);
+        const int pos = pos0 + 8 * ((i >> 1) & 1);
+        const bool ok = key < sk && (!a.causal || key <= pos) && (a.window <= 0 || pos - key < a.window);
+        x = ok ? x : -INFINITY;
+      }
+      s_acc[i] = x;
+    }
+    float alpha[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * hr], s_acc[4 * j + 2 * hr + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[hr], mx);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row without keys so far keeps zero weight
+      alpha[hr] = ptx::ex2_approx_ftz(m_run[hr] - base);
+      m_run[hr] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) {
+        const float p0 = ptx::ex2_approx_ftz(s_acc[4 * j + 2 * hr] - base);
+        const float p1 = ptx::ex2_approx_ftz(s_acc[4 * j + 2 * hr + 1] - base);
+        s_acc[4 * j + 2 * hr] = p0;
+        s_acc[4 * j + 2 * hr + 1] = p1;
+        sum += p0 + p1;
+      }
+      l_run[hr] = l_run[hr] * alpha[hr] + sum;
+    }
+#pragma unroll
+    for (int j = 0; j < kORegs / 4; ++j) {
+      o_acc[4 * j] *= alpha[0];
+      o_acc[4 * j + 1] *= alpha[0];
+      o_acc[4 * j + 2] *= alpha[1];
+      o_acc[4 * j + 3] *= alpha[1];
+    }
+
+    // P as the A fragments of k-steps of 16 keys: step kk takes S's n8 blocks 2kk (columns 0-7) and 2kk + 1.
+    uint32_t p_frag[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = prefill_pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
+      p_frag[kk][1] = prefill_pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+      p_frag[kk][2] = prefill_pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+      p_frag[kk][3] = prefill_pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+    }
+
+    // O += P V: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms, 2048 bytes).
+    ptx::mbarrier_wait_parity(&v_full[stage], parity);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t db = ptx::wgmma_desc_mn_major_sw128(v_tile + kk * 2048, Tile::kKVChunkBytes);
+      if constexpr (kFP16)
+        ptx::Wgmma<kD>::mma_f16_rs_tb(o_acc, p_frag[kk], db, 1);
+      else
+        ptx::Wgmma<kD>::mma_bf16_rs_tb(o_acc, p_frag[kk], db, 1);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(o_acc);
+    // The stage's K and V have been read by this warpgroup's wgmma: one arrival per warpgroup releases it.
+    __syncwarp();
+    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&empty[stage]);
+  }
+
+  // ---- epilogue: o = O / l in q's dtype, lse = (m + log2 l) · ln 2 -----------------------------------------------
+  float inv[2], lse2[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+    lse2[hr] = l > 0.0f ? m_run[hr] + __log2f(l) : -INFINITY;
+  }
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int qi = m_block * kPrefillBlockM + row0 + 8 * hr;  // query index in the sequence
+    if (qi >= sq) continue;
+    const int64_t tok = q0 + qi;
+    uint32_t* orow = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.o) + tok * a.o_stride_token +
+                                                 h * a.o_stride_head);
+#pragma unroll
+    for (int j = 0; j < kORegs / 4; ++j)
+      orow[4 * j + c] = prefill_pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
+    if (a.lse != nullptr && c == 0)
+      a.lse[tok * a.lse_stride_token + h * a.lse_stride_head] =
+          lse2[hr] == -INFINITY ? -INFINITY : lse2[hr] * 0.69314718055994531f;
+  }
+}
+
+}  // namespace tessera::attention::detail

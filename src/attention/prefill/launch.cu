@@ -1,0 +1,91 @@
+// Prefill: the launcher (tensor maps, kernel arguments, head-dim and dtype dispatch).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "attention/prefill/kernel.cuh"
+#include "attention/prefill/problem.h"
+#include "common/check.h"
+#include "common/occupancy.h"
+#include "common/tensor_map.h"
+#include "tessera/error.h"
+
+namespace tessera::attention::detail {
+
+namespace {
+
+template <int kD, bool kFP16>
+void launch_prefill_kernel(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
+  auto kernel = prefill_kernel<kD, kFP16>;
+  constexpr int kSmem = PrefillTile<kD>::kBytes;
+  // Raises the dynamic shared-memory limit (once per device); the answer itself is not needed.
+  (void)::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kPrefillThreads, kSmem);
+  kernel<<<grid, kPrefillThreads, kSmem, stream>>>(args);
+  TESSERA_CHECK_LAUNCH();
+}
+
+template <bool kFP16>
+void launch_by_dim(const PrefillArgs& args, int head_dim, dim3 grid, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64: return launch_prefill_kernel<64, kFP16>(args, grid, stream);
+    case 128: return launch_prefill_kernel<128, kFP16>(args, grid, stream);
+    case 256: return launch_prefill_kernel<256, kFP16>(args, grid, stream);
+    default: throw Error("tessera::attention::prefill: no kernel for head_dim " + std::to_string(head_dim));
+  }
+}
+
+int block_n(int head_dim) {
+  switch (head_dim) {
+    case 64: return PrefillTile<64>::kBlockN;
+    case 128: return PrefillTile<128>::kBlockN;
+    default: return PrefillTile<256>::kBlockN;
+  }
+}
+
+}  // namespace
+
+void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
+  if (pb.batch == 0 || pb.num_q_heads == 0 || pb.total_q == 0 || pb.max_seqlen_q == 0) return;
+  using ::tessera::detail::make_tensor_map_sw128;
+  using ::tessera::detail::TmaElement;
+  PrefillArgs a;
+  const int64_t D = pb.head_dim;
+  // Maps over (D, tokens, heads); k / v with no rows (every sequence empty) get a one-row extent, never read.
+  a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, pb.q_stride_token,
+                                  pb.q_stride_head, kPrefillBlockM);
+  const int64_t k_rows = pb.total_k > 0 ? pb.total_k : 1;
+  a.k_map = make_tensor_map_sw128(pb.k, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, pb.k_stride_token,
+                                  pb.k_stride_head, block_n(pb.head_dim));
+  a.v_map = make_tensor_map_sw128(pb.v, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, pb.v_stride_token,
+                                  pb.v_stride_head, block_n(pb.head_dim));
+  a.o = pb.o;
+  a.o_stride_token = pb.o_stride_token;
+  a.o_stride_head = pb.o_stride_head;
+  a.lse = pb.lse;
+  a.lse_stride_token = pb.lse_stride_token;
+  a.lse_stride_head = pb.lse_stride_head;
+  a.cu_seqlens_q = pb.cu_seqlens_q;
+  a.cu_seqlens_k = pb.cu_seqlens_k;
+  a.num_q_heads = pb.num_q_heads;
+  a.group = pb.num_q_heads / pb.num_kv_heads;
+  a.num_m_blocks = (pb.max_seqlen_q + kPrefillBlockM - 1) / kPrefillBlockM;
+  constexpr float kLog2e = 1.4426950408889634f;
+  if (pb.softcap > 0.0f) {
+    a.scale_log2 = pb.softmax_scale / pb.softcap;
+    a.softcap_log2 = pb.softcap * kLog2e;
+  } else {
+    a.scale_log2 = pb.softmax_scale * kLog2e;
+    a.softcap_log2 = 0.0f;
+  }
+  a.window = pb.window;
+  a.causal = pb.causal;
+  const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads),
+                  static_cast<unsigned>(pb.batch));
+  if (pb.fp16)
+    launch_by_dim<true>(a, pb.head_dim, grid, stream);
+  else
+    launch_by_dim<false>(a, pb.head_dim, grid, stream);
+}
+
+}  // namespace tessera::attention::detail
