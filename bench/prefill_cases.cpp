@@ -1,0 +1,215 @@
+// tessera-bench cases for attention prefill (issue 17; the kernel is internal until the public op lands, so these
+// rows call the launcher directly: docs/perf/prefill.md).
+//
+//   prefill  packed variable-length q [total, HQ, D], k and v [total, HKV, D] bf16, Sq = Sk per sequence, default
+//            softmax scale, no window or softcap. The issue's cases:
+//              hq32kv8/B1/S16384/causal, hq32kv8/B1/S4096/causal, hq32kv8/B8/S2048 (non-causal)   (D 128)
+//              hq16kv2_d64/B4/S8192/causal, hq16kv2_d256/B4/S8192/causal
+//              hq32kv8/zipf32/T65536/causal: 32 sequences, lengths proportional to 1/rank, 65,536 tokens in all
+//
+// FLOPs = 4·HQ·D per attended (query, key) pair (causal: the pairs on or below the diagonal, "executed-useful").
+// Bytes = q, k, v read once and o written once (the floor is the compute, docs/perf/prefill.md).
+// Inputs: normals generated on the GPU (device_random.h). --check: the float64 reference (prefill_reference) for a
+// sample of query rows (every head): the first and last row of the first and last sequence and random ones, each
+// recomputed as a one-query problem over its sequence's keys up to its position (causal) or all of them.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "attention/prefill/problem.h"
+#include "common/host_numeric.h"
+#include "device_random.h"
+#include "harness.h"
+#include "reference/attention_reference.h"
+
+namespace tessera::bench {
+namespace {
+
+struct PrefillShape {
+  std::string name;
+  int hq = 32, hkv = 8, d = 128;
+  bool causal = true;
+  std::vector<int32_t> lengths;  // Sq = Sk per sequence
+  int64_t total() const { return std::accumulate(lengths.begin(), lengths.end(), int64_t{0}); }
+  double pairs() const {  // attended (query, key) pairs per head
+    double p = 0;
+    for (int32_t l : lengths) p += causal ? 0.5 * double(l) * (double(l) + 1) : double(l) * l;
+    return p;
+  }
+  double bytes() const { return 2.0 * total() * d * (2.0 * hq + 2.0 * hkv); }
+};
+
+class PrefillCase final : public CaseInstance {
+ public:
+  PrefillCase(const DeviceContext& ctx, const std::string& op, const PrefillShape& sh) : sh_(sh), op_(op) {
+    const int64_t T = sh.total();
+    std::vector<int32_t> cu = {0};
+    for (int32_t l : sh.lengths) cu.push_back(cu.back() + l);
+    cu_ = cu;
+    cu_dev_ = upload_new(cu);
+    sets_ = rotating_sets(ctx, sh.bytes());
+    o_.allocate(T * sh.hq * sh.d * 2);
+    for (int s = 0; s < sets_; ++s) {
+      Rng rng(case_seed(op, sh.name, s));
+      Set set;
+      gen::FloatDist dist;
+      dist.kind = gen::FloatDist::kNormal;
+      for (auto [buf, heads] : {std::pair{&set.q, sh.hq}, std::pair{&set.k, sh.hkv}, std::pair{&set.v, sh.hkv}}) {
+        buf->allocate(T * heads * sh.d * 2);
+        gen::fill_float(buf->get(), DType::kBF16, T * heads * sh.d, rng.next(), dist, ctx.stream);
+      }
+      sets_data_.push_back(std::move(set));
+    }
+  }
+
+  int num_sets() const override { return sets_; }
+
+  void run(cudaStream_t stream, int set) override { attention::detail::launch_prefill(problem(set), stream); }
+
+  CheckResult check(cudaStream_t stream) override {
+    const int64_t HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d;
+    o_.fill_async(0xFF, stream);  // NaN
+    run(stream, 0);
+    const Set& set = sets_data_[0];
+    // Sampled (sequence, query) rows: both ends of the first and last sequence, then random ones.
+    std::vector<std::pair<int, int32_t>> rows;
+    const int B = static_cast<int>(sh_.lengths.size());
+    for (int b : {0, B - 1})
+      for (int32_t i : {0, sh_.lengths[b] - 1}) rows.push_back({b, i});
+    Rng rng(case_seed(op_, sh_.name + "/check", 0));
+    while (rows.size() < 8) {
+      const int b = rng.below(B);
+      rows.push_back({b, static_cast<int32_t>(rng.next() % static_cast<uint64_t>(sh_.lengths[b]))});
+    }
+    const auto to_double = [](const std::vector<uint16_t>& bits) {
+      std::vector<double> out(bits.size());
+      for (size_t i = 0; i < bits.size(); ++i) out[i] = host::bf16_to_f32(bits[i]);
+      return out;
+    };
+    std::vector<CheckResult> parts(rows.size());
+    std::vector<std::string> labels(rows.size());
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const auto [b, i] = rows[s];
+      const int64_t token = cu_[b] + i, keys = sh_.causal ? i + 1 : sh_.lengths[b];
+      const auto q = to_double(download_range<uint16_t>(set.q, token * HQ * D, HQ * D, stream));
+      const auto k = to_double(download_range<uint16_t>(set.k, cu_[b] * HKV * D, keys * HKV * D, stream));
+      const auto v = to_double(download_range<uint16_t>(set.v, cu_[b] * HKV * D, keys * HKV * D, stream));
+      const auto o = download_range<uint16_t>(o_, token * HQ * D, HQ * D, stream);
+      reference::PrefillRefParams p;
+      p.causal = sh_.causal;
+      const reference::PrefillRef ref = reference::prefill_reference(
+          q, k, v, {0, 1}, {0, static_cast<int32_t>(keys)}, {1, sh_.hq, sh_.hkv, sh_.d}, p);
+      double err2 = 0, ref2 = 0, worst = 0;
+      int64_t bad = 0;
+      for (int64_t h = 0; h < HQ; ++h) {
+        double re2 = 0, rr2 = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          const double got = host::bf16_to_f32(o[h * D + d]), want = ref.o[h * D + d];
+          if (!std::isfinite(got)) ++bad;
+          re2 += (got - want) * (got - want);
+          rr2 += want * want;
+        }
+        err2 += re2;
+        ref2 += rr2;
+        worst = std::max(worst, std::sqrt(re2 / std::max(rr2, 1e-30)));
+      }
+      CheckResult& r = parts[s];
+      r.compared = HQ * D;
+      r.error = std::sqrt(err2 / std::max(ref2, 1e-30));
+      r.ok = bad == 0 && r.error <= 5e-3 && worst <= 2e-2;
+      labels[s] = "sequence " + std::to_string(b) + " query " + std::to_string(i);
+      if (!r.ok)
+        r.message = std::to_string(bad) + " non-finite, relative error " + std::to_string(r.error) +
+                    ", worst head " + std::to_string(worst);
+    }
+    return merge_checks(parts, labels,
+                        std::to_string(rows.size()) + " sampled query rows (every head) within 5e-3 of float64");
+  }
+
+ private:
+  struct Set {
+    DeviceBuffer q, k, v;
+  };
+
+  attention::detail::PrefillProblem problem(int set) const {
+    const Set& s = sets_data_[set];
+    attention::detail::PrefillProblem pb;
+    pb.batch = static_cast<int>(sh_.lengths.size());
+    pb.num_q_heads = sh_.hq;
+    pb.num_kv_heads = sh_.hkv;
+    pb.head_dim = sh_.d;
+    pb.q = s.q.get();
+    pb.q_stride_token = int64_t{sh_.hq} * sh_.d;
+    pb.q_stride_head = sh_.d;
+    pb.k = s.k.get();
+    pb.v = s.v.get();
+    pb.k_stride_token = pb.v_stride_token = int64_t{sh_.hkv} * sh_.d;
+    pb.k_stride_head = pb.v_stride_head = sh_.d;
+    pb.o = o_.get();
+    pb.o_stride_token = int64_t{sh_.hq} * sh_.d;
+    pb.o_stride_head = sh_.d;
+    pb.cu_seqlens_q = pb.cu_seqlens_k = cu_dev_.as<const int32_t>();
+    pb.total_q = pb.total_k = sh_.total();
+    pb.max_seqlen_q = *std::max_element(sh_.lengths.begin(), sh_.lengths.end());
+    pb.softmax_scale = 1.0f / std::sqrt(static_cast<float>(sh_.d));
+    pb.causal = sh_.causal;
+    return pb;
+  }
+
+  PrefillShape sh_;
+  std::string op_;
+  std::vector<int32_t> cu_;
+  DeviceBuffer cu_dev_, o_;
+  int sets_ = 1;
+  std::vector<Set> sets_data_;
+};
+
+void add_prefill_cases(std::vector<CaseSpec>& cases) {
+  const auto shape = [](std::string name, int hq, int hkv, int d, bool causal, std::vector<int32_t> lengths) {
+    PrefillShape sh;
+    sh.name = std::move(name) + (causal ? "/causal" : "");
+    sh.hq = hq, sh.hkv = hkv, sh.d = d, sh.causal = causal, sh.lengths = std::move(lengths);
+    return sh;
+  };
+  std::vector<PrefillShape> shapes = {
+      shape("hq32kv8/B1/S16384", 32, 8, 128, true, {16384}),
+      shape("hq32kv8/B1/S4096", 32, 8, 128, true, {4096}),
+      shape("hq32kv8/B8/S2048", 32, 8, 128, false, std::vector<int32_t>(8, 2048)),
+      shape("hq16kv2_d64/B4/S8192", 16, 2, 64, true, std::vector<int32_t>(4, 8192)),
+      shape("hq16kv2_d256/B4/S8192", 16, 2, 256, true, std::vector<int32_t>(4, 8192)),
+  };
+  // 32 sequences, lengths proportional to 1/rank, 65,536 tokens in all (the rounding goes to the longest), in a
+  // fixed shuffled order.
+  {
+    std::vector<int32_t> lengths(32);
+    double harmonic = 0;
+    for (int r = 1; r <= 32; ++r) harmonic += 1.0 / r;
+    int64_t sum = 0;
+    for (int r = 1; r <= 32; ++r) sum += lengths[r - 1] = static_cast<int32_t>(65536.0 / (r * harmonic));
+    lengths[0] += static_cast<int32_t>(65536 - sum);
+    Rng rng(0x5eed);
+    for (int i = 31; i > 0; --i) std::swap(lengths[i], lengths[rng.below(i + 1)]);
+    shapes.push_back(shape("hq32kv8/zipf32/T65536", 32, 8, 128, true, lengths));
+  }
+  for (const PrefillShape& sh : shapes) {
+    CaseSpec c;
+    c.op = "prefill";
+    c.name = sh.name;
+    c.bytes = sh.bytes();
+    c.flops = 4.0 * sh.hq * sh.d * sh.pairs();
+    c.setup = [op = c.op, sh](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
+      return std::make_unique<PrefillCase>(ctx, op, sh);
+    };
+    c.headline = sh.name == "hq32kv8/B1/S16384/causal" || sh.name == "hq32kv8/B8/S2048" ||
+                 sh.name == "hq32kv8/zipf32/T65536/causal";
+    cases.push_back(std::move(c));
+  }
+}
+
+TESSERA_BENCH_CASES(add_prefill_cases);
+
+}  // namespace
+}  // namespace tessera::bench
