@@ -1,5 +1,5 @@
-// Prefill kernel (docs/perf/prefill.md, v2): Hopper TMA + wgmma, a producer warpgroup and two consumer warpgroups of
-// 64 query rows each.
+// Prefill kernel, version 1 (docs/perf/prefill.md): Hopper TMA + wgmma, a producer warpgroup and two consumer
+// warpgroups of 64 query rows each.
 //
 // CTA = one tile of 128 query rows of one (sequence, query head). The producer's first thread loads the Q tile
 // once and the K and V tiles of the key range this tile attends to (causal and window ranges are cut to whole
@@ -10,8 +10,6 @@
 //   sequence end, the causal diagonal or the window edge),
 //   O (64 × D) += P·V (wgmma with P from registers, converted in place from S's layout, and V in shared memory as
 //   an MN-major operand), then releases the stage.
-// With a ring of three stages or more (D <= 128) the warpgroup overlaps its tiles as FlashAttention-3 does: S of tile
-// j+1 is issued before the softmax of tile j, P·V of tile j runs while the next iteration issues and computes.
 // Every tile is 128-byte swizzled by TMA in boxes of 64 elements: a [rows][D] tile is D / 64 column blocks of
 // rows × 128 bytes.
 #pragma once
@@ -31,25 +29,18 @@
 namespace tessera::attention::detail {
 
 inline constexpr int kPrefillBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64
-inline constexpr int kPrefillThreads = 384;  // a producer warpgroup and the two consumers
-// Registers per thread after setmaxnreg (ptxas allocates each side's code within them): the consumers hold two S
-// accumulators, O and P at once in the overlapped schedule.
+inline constexpr int kPrefillThreads = 384;
 inline constexpr int kPrefillProducerRegs = 24;
 inline constexpr int kPrefillConsumerRegs = 240;
 static_assert(kPrefillProducerRegs * 128 + kPrefillConsumerRegs * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384,
               "setmaxnreg budget exceeds the registers of the CTA");
 
-// Key tile and ring depth per head dim. The overlapped schedule (kernel, "consumers") holds two S accumulators
-// (kBlockN / 2 registers each), O (D / 2) and P (kBlockN / 4) within the 240 registers: 96-key tiles for D <= 128
-// (128-key tiles did not fit: ptxas serialized the wgmma, C7511 / C7512). 64-key tiles make S = Q·Kᵀ read Q from
-// shared memory as often as it computes (m64n64k16: 4 KB of operands per 32 cycles of math), 96 and up leave the
-// tensor cores the bottleneck. It keeps three tiles live: a ring of four stages. D 256's 64 KB stages beside its
-// 64 KB Q tile leave room for two only, so it runs one tile at a time (64-key tiles, O alone is 128 registers).
+// Key tile and ring depth per head dim: S's accumulators (kBlockN / 2 registers) and O's (D / 2) must fit beside
+// each other; the ring fills what shared memory is left.
 template <int kD>
 struct PrefillTile {
-  static constexpr int kBlockN = kD == 256 ? 64 : 96;
-  static constexpr int kStages = kD == 256 ? 2 : 4;
-  static constexpr bool kOverlap = kStages >= 3;
+  static constexpr int kBlockN = kD == 256 ? 64 : 128;
+  static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kChunks = kD / 64;                          // 64-element column blocks
   static constexpr int kQBytes = kPrefillBlockM * kD * 2;          // the Q tile
   static constexpr int kKVBytes = kBlockN * kD * 2;                // one K (or V) tile
@@ -131,8 +122,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   }
   __syncthreads();
 
-  if (threadIdx.x < 128) {
-    // ---- producer warpgroup: its first thread issues every copy ------------------------------------------------
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    // ---- producer ----------------------------------------------------------------------------------------------
     ptx::setmaxnreg_dec<kPrefillProducerRegs>();
     if (threadIdx.x != 0) return;
     ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
@@ -159,7 +151,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 
   // ---- consumers -----------------------------------------------------------------------------------------------
   ptx::setmaxnreg_inc<kPrefillConsumerRegs>();
-  const int cw = threadIdx.x / 128 - 1;          // consumer warpgroup: query rows 64 cw .. 64 cw + 63
+  const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
   const int pos0 = pos_first + row0;             // their positions
@@ -171,13 +163,15 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   ptx::mbarrier_wait_parity(q_full, 0);
   const uint8_t* q_rows = q_tile + cw * 64 * 128;  // this warpgroup's 64 rows of every column block
 
-  // The pieces of one key tile (it: its index in this CTA's range, n_lo + it its key-tile number).
-  // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each); committed, not waited for.
-  auto issue_qk = [&](float (&s_acc)[kSRegs], int it) {
+  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
     const int stage = it % kStages;
+    const uint32_t parity = (it / kStages) & 1;
     const uint8_t* k_tile = ring + stage * Tile::kStageBytes;
-    ptx::mbarrier_wait_parity(&k_full[stage], (it / kStages) & 1);
-    ptx::wgmma_fence_registers(s_acc);
+    const uint8_t* v_tile = k_tile + Tile::kKVBytes;
+
+    // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each).
+    float s_acc[kSRegs];
+    ptx::mbarrier_wait_parity(&k_full[stage], parity);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -189,13 +183,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         ptx::Wgmma<kBlockN>::mma_bf16(s_acc, da, db, ks > 0);
     }
     ptx::wgmma_commit_group();
-    ptx::wgmma_fence_registers(s_acc);  // nothing touches the accumulators until they are waited for
-  };
-  // Online softmax of a finished S in the log2 domain: keys outside a row's range become -inf where the tile
-  // crosses a boundary; the running max and sum move, alpha[] is what O must be scaled by, and P goes to the A
-  // fragments of the P·V k-steps. s_acc[4j + e]: row row0 + 8 (e >> 1), key n·kBlockN + 8j + 2c + (e & 1).
-  auto softmax = [&](float (&s_acc)[kSRegs], int it, float (&alpha)[2], uint32_t (&p_frag)[kBlockN / 16][4]) {
-    const int key0 = (n_lo + it) * kBlockN;
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(s_acc);
+
+    // Logits in the log2 domain; keys outside a row's range become -inf where the tile crosses a boundary.
+    // s_acc[4j + e]: row row0 + 8 (e >> 1), key n·kBlockN + 8j + 2c + (e & 1).
+    const int key0 = n * kBlockN;
     const bool crosses = key0 + kBlockN > sk || (a.causal && key0 + kBlockN - 1 > pos_first) ||
                          (a.window > 0 && key0 < pos_last - a.window + 1);
 #pragma unroll
@@ -210,6 +203,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       }
       s_acc[i] = x;
     }
+    float alpha[2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       float mx = -INFINITY;
@@ -232,16 +226,6 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       }
       l_run[hr] = l_run[hr] * alpha[hr] + sum;
     }
-    // k-step kk of P·V takes S's n8 blocks 2kk (keys 0-7 of the step) and 2kk + 1.
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      p_frag[kk][0] = prefill_pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
-      p_frag[kk][1] = prefill_pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
-      p_frag[kk][2] = prefill_pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
-      p_frag[kk][3] = prefill_pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
-    }
-  };
-  auto rescale_o = [&](const float (&alpha)[2]) {
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j) {
       o_acc[4 * j] *= alpha[0];
@@ -249,14 +233,19 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       o_acc[4 * j + 2] *= alpha[1];
       o_acc[4 * j + 3] *= alpha[1];
     }
-  };
-  // O += P V: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms, 2048 bytes);
-  // committed, not waited for.
-  auto issue_pv = [&](const uint32_t (&p_frag)[kBlockN / 16][4], int it) {
-    const int stage = it % kStages;
-    const uint8_t* v_tile = ring + stage * Tile::kStageBytes + Tile::kKVBytes;
-    ptx::mbarrier_wait_parity(&v_full[stage], (it / kStages) & 1);
-    ptx::wgmma_fence_registers(o_acc);
+
+    // P as the A fragments of k-steps of 16 keys: step kk takes S's n8 blocks 2kk (columns 0-7) and 2kk + 1.
+    uint32_t p_frag[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = prefill_pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
+      p_frag[kk][1] = prefill_pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+      p_frag[kk][2] = prefill_pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+      p_frag[kk][3] = prefill_pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+    }
+
+    // O += P V: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms, 2048 bytes).
+    ptx::mbarrier_wait_parity(&v_full[stage], parity);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -267,81 +256,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         ptx::Wgmma<kD>::mma_bf16_rs_tb(o_acc, p_frag[kk], db, 1);
     }
     ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_registers(o_acc);
-  };
-  // Tile it's K and V have been read by this warpgroup's wgmma (its P·V has completed): one arrival per warpgroup.
-  auto release = [&](int it) {
+    // The stage's K and V have been read by this warpgroup's wgmma: one arrival per warpgroup releases it.
     __syncwarp();
-    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&empty[it % kStages]);
-  };
-
-  const int count = n_hi - n_lo;
-  if constexpr (Tile::kOverlap) {
-    // FA3's intra-warpgroup schedule: S of tile it+1 runs on the tensor cores during the softmax of tile it, and
-    // P·V of tile it during the next iteration's issue and softmax. Tiles it-1, it and it+1 are live at once (a ring
-    // of three or more). S alternates between two accumulators (the loop is unrolled by two so each is fixed).
-    float s_a[kSRegs], s_b[kSRegs];
-    // Tile it (its S in cur, finished) while S of tile it + 1 (into nxt) runs: it + 1 < count.
-    auto step = [&](float (&cur)[kSRegs], float (&nxt)[kSRegs], int it) {
-      issue_qk(nxt, it + 1);
-      float alpha[2];
-      uint32_t p_frag[kBlockN / 16][4];
-      softmax(cur, it, alpha, p_frag);
-      // P·V of tile it-1 is done before O is rescaled (it was committed before S of tile it+1).
-      ptx::wgmma_wait_group<1>();
-      ptx::wgmma_fence_registers(o_acc);
-      if (it > 0) release(it - 1);
-      rescale_o(alpha);
-      issue_pv(p_frag, it);
-      ptx::wgmma_wait_group<1>();  // S of tile it+1, committed before this P·V
-      ptx::wgmma_fence_registers(nxt);
-    };
-    // The last tile (its S in cur, finished).
-    auto last = [&](float (&cur)[kSRegs], int it) {
-      float alpha[2];
-      uint32_t p_frag[kBlockN / 16][4];
-      softmax(cur, it, alpha, p_frag);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(o_acc);
-      if (it > 0) release(it - 1);
-      rescale_o(alpha);
-      issue_pv(p_frag, it);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(o_acc);
-      release(it);
-    };
-    if (count > 0) {
-      issue_qk(s_a, 0);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(s_a);
-      int it = 0;
-      for (; it + 2 < count; it += 2) {
-        step(s_a, s_b, it);
-        step(s_b, s_a, it + 1);
-      }
-      if (count - it == 2) {
-        step(s_a, s_b, it);
-        last(s_b, it + 1);
-      } else {
-        last(s_a, it);
-      }
-    }
-  } else {
-    // One tile at a time (the head dims whose ring holds two stages only).
-    for (int it = 0; it < count; ++it) {
-      float s_acc[kSRegs];
-      issue_qk(s_acc, it);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(s_acc);
-      float alpha[2];
-      uint32_t p_frag[kBlockN / 16][4];
-      softmax(s_acc, it, alpha, p_frag);
-      rescale_o(alpha);
-      issue_pv(p_frag, it);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(o_acc);
-      release(it);
-    }
+    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&empty[stage]);
   }
 
   // ---- epilogue: o = O / l in q's dtype, lse = (m + log2 l) · ln 2 -----------------------------------------------
