@@ -21,14 +21,15 @@
 #
 # The default filter aims at 200 seeds in about 5 minutes on an H200 (1.0-1.5 s per seed measured without the
 # AppendKvChannelGpu tests, which add an estimated 0.35 s; mostly host-side data generation and references; the last
-# lines print the measured time per seed): the CUDA-graph replays of every family (where an upload not ordered with
-# the stream shows, issue 14), append_kv, the fused-gate ties, near-ties and NaN/inf cases, and the small grouped-GEMM
-# edge shapes. The per-channel key formats' append_kv tests (AppendKvChannelGpu: sequences of appends with rejects,
-# a long prompt, rows past the capacity, graph replays) each run a few configurations drawn from the seed, printed as
-# "[   CASE   ] Suite.Name <configuration> seed=... TESSERA_SEED=..." lines; their *AllConfigs twins run every
-# configuration once per ctest and are not in the list. The large grids (DecodeGpu.Grid, SpeculativeTokens,
-# GroupedGemmGpu.ShapeGrid, PermuteGpu.ShapeGrid, AppendKvChannelGpu.*AllConfigs, ...) spend seconds per run in the
-# references and run once per ctest; pass a filter to stress them with fewer seeds.
+# lines print the measured time per seed): the CUDA-graph replays of every family (where an upload not ordered with the
+# stream shows, issue 14), append_kv, the fused-gate ties, near-ties and NaN/inf cases, and the small grouped-GEMM edge
+# shapes, and one prefill configuration drawn from each seed. The per-channel key formats' append_kv tests
+# (AppendKvChannelGpu: sequences of appends with rejects, a long prompt, rows past the capacity, graph replays) each run
+# a few configurations drawn from the seed, printed as "[   CASE   ] Suite.Name <configuration> seed=...
+# TESSERA_SEED=..." lines; their *AllConfigs twins run every configuration once per ctest and are not in the list. The
+# large grids (DecodeGpu.Grid, SpeculativeTokens, GroupedGemmGpu.ShapeGrid, PermuteGpu.ShapeGrid,
+# AppendKvChannelGpu.*AllConfigs, ...) spend seconds per run in the references and run once per ctest; pass a filter to
+# stress them with fewer seeds.
 set -uo pipefail
 
 build=${1:?usage: tools/stress.sh BUILD_DIR [NUM_SEEDS] [GTEST_FILTER]}
@@ -40,6 +41,7 @@ default_tests=(
   'AppendKvChannelGpu.RowsPastTheCapacityThenReject'
   'AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
+  'PrefillGpu.RandomConfiguration'
   'FusedGateGpu.CudaGraphCaptureAndReplay'
   'FusedGateGpu.ExactTiesGoToTheLowerIndex'
   'FusedGateGpu.NearTies'

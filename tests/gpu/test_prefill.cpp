@@ -223,5 +223,32 @@ TEST_F(PrefillGpu, GroupsWindowsSoftcap) {
   }
 }
 
+// One configuration drawn from the seed (for the stress step: every seed a different shape): 1-4 sequences of 0-300
+// queries over as many or more keys, any head dim, dtype, GQA ratio of {1, 2, 4, 5, 8}, causal or not, a window or a
+// softcap now and then.
+TEST_F(PrefillGpu, RandomConfiguration) {
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  PrefillCase c;
+  c.D = 64 << below(3);
+  c.fp16 = below(2) == 1;
+  const int groups[] = {1, 2, 4, 5, 8};
+  c.HKV = 1 + below(3);
+  c.HQ = c.HKV * groups[below(5)];
+  c.params.causal = below(3) != 0;
+  c.params.window = below(4) == 0 ? 1 + below(200) : 0;
+  c.params.softcap = below(5) == 0 ? 10.0f : 0.0f;
+  const int B = 1 + below(4);
+  for (int b = 0; b < B; ++b) {
+    const int sq = below(6) == 0 ? 0 : below(301);
+    c.sq.push_back(sq);
+    c.sk.push_back(c.params.causal ? sq + below(200) : below(401));
+  }
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  const Check r = run_case(c, seed);
+  EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+}
+
 }  // namespace
 }  // namespace tessera::attention
