@@ -22,34 +22,25 @@ RS_KINDS = (
 )
 
 
-def emit_rs_def(out, name, suffix, imms, n):
+def emit_def(out, name, suffix, imms, n, a_regs=False):
+    """One wrapper: A from shared memory (desc_a), or from four 32-bit registers (a_regs)."""
     regs = n // 2
     dlist = ", ".join(f"%{i}" for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
-    b, s = regs + 4, regs + 5
-    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}(float (&d)[{regs}], const uint32_t (&a)[4], "
+    if a_regs:
+        a_param, b, s = "const uint32_t (&a)[4]", regs + 4, regs + 5
+        a_ops = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        ins = '"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d)'
+    else:
+        a_param, a_ops, b, s = "uint64_t desc_a", f"%{regs}", regs + 1, regs + 2
+        ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
+    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}(float (&d)[{regs}], {a_param}, "
               f"uint64_t desc_b, int scale_d) {{\n")
     out.write("  asm volatile(\n")
     out.write('      "{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(s) + ', 0;\\n"\n')
-    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, {{{a}}}, %{b}, p, {imms};\\n}}\\n"\n')
+    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, {a_ops}, %{b}, p, {imms};\\n}}\\n"\n')
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     out.write(f"      : {outs}\n")
-    out.write('      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));\n')
-    out.write("}\n\n")
-
-
-def emit_def(out, name, suffix, imms, n):
-    regs = n // 2
-    dlist = ", ".join(f"%{i}" for i in range(regs))
-    a, b, s = regs, regs + 1, regs + 2
-    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}(float (&d)[{regs}], uint64_t desc_a, "
-              f"uint64_t desc_b, int scale_d) {{\n")
-    out.write("  asm volatile(\n")
-    out.write('      "{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(s) + ', 0;\\n"\n')
-    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, %{a}, %{b}, p, {imms};\\n}}\\n"\n')
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
-    out.write(f"      : {outs}\n")
-    out.write('      : "l"(desc_a), "l"(desc_b), "r"(scale_d));\n')
+    out.write(f"      : {ins});\n")
     out.write("}\n\n")
 
 
@@ -70,7 +61,7 @@ def main():
         for name, suffix, imms in KINDS:
             emit_def(out, name, suffix, imms, n)
         for name, suffix, imms in RS_KINDS:
-            emit_rs_def(out, name, suffix, imms, n)
+            emit_def(out, name, suffix, imms, n, a_regs=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// Device-side numeric helpers: element loads as fp32, order-preserving float keys, fp8 packing.
+// Device-side numeric helpers: element loads as fp32, order-preserving float keys, 16-bit pair and fp8 packing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -31,6 +31,19 @@ __device__ __forceinline__ float key_value(uint32_t k) {
   return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k);
 }
 inline constexpr uint32_t kNoCandidate = 0;
+
+// Two floats to one 32-bit register of two fp16 (kFP16) or bf16 values, round to nearest even; lo in the low half
+// (the layout of an mma fragment register).
+template <bool kFP16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kFP16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
 
 // Eight floats to eight saturated fp8 e4m3 bytes (round to nearest even).
 __device__ __forceinline__ uint2 pack_fp8x8_e4m3(const float (&v)[8]) {

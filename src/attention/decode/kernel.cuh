@@ -23,6 +23,7 @@
 #include "attention/decode/config.h"
 #include "attention/decode/kv_format.cuh"
 #include "attention/decode/problem.h"
+#include "common/numeric.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
@@ -75,16 +76,7 @@ struct DecodeLayout {
   static constexpr int kBytes = kCfg.smem_bytes;  // with kDecodeSmemAlign of slack for aligning the base
 };
 
-template <bool kFP16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kFP16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
+using ::tessera::detail::pack2;
 
 // Writes o[b, i, h, d] in q's dtype and, from the d = 0 thread, lse[b, i, h] (natural log; lse2 is in the log2
 // domain, -inf when nothing was attended). Shared by the single-split epilogue and the merge kernel.

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/numeric.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/smem.cuh"
@@ -51,6 +52,8 @@ struct PrefillTile {
   static constexpr int kBytes = 1024 + kBarOff + (1 + 3 * kStages) * 8;  // with 1024 bytes to align the base
 };
 
+using ::tessera::detail::pack2;
+
 struct PrefillArgs {
   // 3-D maps of q, k and v over (D, tokens, heads), boxes of (64 elements, rows, 1) with the 128-byte swizzle:
   // q boxes of kPrefillBlockM rows, k and v boxes of kBlockN rows.
@@ -69,17 +72,6 @@ struct PrefillArgs {
   int window = 0;
   bool causal = false;
 };
-
-template <bool kFP16>
-__device__ __forceinline__ uint32_t prefill_pack2(float lo, float hi) {
-  if constexpr (kFP16) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
 
 template <int kD, bool kFP16>
 __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __grid_constant__ PrefillArgs a) {
@@ -238,10 +230,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     uint32_t p_frag[kBlockN / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      p_frag[kk][0] = prefill_pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
-      p_frag[kk][1] = prefill_pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
-      p_frag[kk][2] = prefill_pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
-      p_frag[kk][3] = prefill_pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+      p_frag[kk][0] = pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
+      p_frag[kk][1] = pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+      p_frag[kk][2] = pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+      p_frag[kk][3] = pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
     }
 
     // O += P V: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms, 2048 bytes).
@@ -282,7 +274,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
                                                  h * a.o_stride_head);
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j)
-      orow[4 * j + c] = prefill_pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
+      orow[4 * j + c] = pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
     if (a.lse != nullptr && c == 0)
       a.lse[tok * a.lse_stride_token + h * a.lse_stride_head] =
           lse2[hr] == -INFINITY ? -INFINITY : lse2[hr] * 0.69314718055994531f;
