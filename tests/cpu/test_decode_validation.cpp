@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention/decode/problem.h"
+#include "attention/prefill/problem.h"
 #include "common/gpu_util.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
@@ -870,6 +871,140 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
         v.mutate(a);
         expect_reaches_device_checks([&] { call_append(a); });
       }
+}
+
+// ---- prefill (the launcher's validation; the public op follows: docs/perf/prefill.md) ----------------------------
+
+constexpr const char* kPrefill = "tessera::attention::prefill";
+constexpr int64_t kTotalQ = 10, kTotalK = 12;
+
+struct PrefillArgs {
+  TensorView q, k, v, cu_q, cu_k, o;
+  std::optional<TensorView> lse;
+  int64_t max_seqlen_q = 7;
+  PrefillParams params;
+};
+
+PrefillArgs make_prefill() {
+  Buffers& b = buffers();
+  PrefillArgs a;
+  a.q = view(b.q.data(), DType::kBF16, {kTotalQ, kHQ, kD});
+  a.k = view(b.k.data(), DType::kBF16, {kTotalK, kHKV, kD});
+  a.v = view(b.v.data(), DType::kBF16, {kTotalK, kHKV, kD});
+  a.cu_q = view(b.seqlens.data(), DType::kInt32, {kB + 1});
+  a.cu_k = view(b.positions.data(), DType::kInt32, {kB + 1});
+  a.o = view(b.o.data(), DType::kBF16, {kTotalQ, kHQ, kD});
+  a.lse = view(b.lse.data(), DType::kFP32, {kTotalQ, kHQ});
+  return a;
+}
+
+void call_prefill(const PrefillArgs& a) {
+  (void)check_prefill(kPrefill, a.q, a.k, a.v, a.cu_q, a.cu_k, a.max_seqlen_q, a.o, a.lse, a.params);
+}
+
+TEST(PrefillValidation, ValidArgumentsReachTheDeviceChecks) {
+  expect_reaches_device_checks([] { call_prefill(make_prefill()); });
+  for (int64_t d : {64, 256}) {
+    PrefillArgs a = make_prefill();
+    a.q = view(a.q.data, DType::kFP16, {kTotalQ, kHQ, d});
+    a.k = view(a.k.data, DType::kFP16, {kTotalK, 1, d});
+    a.v = view(a.v.data, DType::kFP16, {kTotalK, 1, d});
+    a.o = view(a.o.data, DType::kFP16, {kTotalQ, kHQ, d});
+    a.lse.reset();
+    a.params.causal = true;
+    a.params.window = 5;
+    a.params.softcap = 30.0f;
+    expect_reaches_device_checks([&] { call_prefill(a); });
+  }
+}
+
+TEST(PrefillValidation, EachRuleNamesItsArgument) {
+  struct Case {
+    const char* arg;
+    std::vector<std::string> says;
+    std::function<void(PrefillArgs&)> mutate;
+  };
+  const auto strided = [](TensorView t, std::initializer_list<int64_t> strides) {
+    std::copy(strides.begin(), strides.end(), t.strides);
+    return t;
+  };
+  const std::vector<Case> cases = {
+      {"q", {"bf16"}, [](PrefillArgs& a) { a.q.dtype = DType::kFP32; }},
+      {"q", {"rank 3"}, [](PrefillArgs& a) { a.q = view(a.q.data, DType::kBF16, {kTotalQ, kHQ * kD}); }},
+      {"q", {"64, 128 or 256"}, [](PrefillArgs& a) { a.q = view(a.q.data, DType::kBF16, {kTotalQ, kHQ, 96}); }},
+      {"q", {"multiple of 16 bytes"},
+       [&](PrefillArgs& a) { a.q = strided(a.q, {kHQ * kD + 4, kD, 1}); }},
+      {"q", {"16-byte aligned"}, [](PrefillArgs& a) { a.q.data = shift(a.q.data, 8); }},
+      {"k", {"dtype of 'q'"}, [](PrefillArgs& a) { a.k.dtype = DType::kFP16; }},
+      {"k", {"divides"}, [](PrefillArgs& a) { a.k = view(a.k.data, DType::kBF16, {kTotalK, 3, kD}); }},
+      {"k", {"head dim of q"}, [](PrefillArgs& a) { a.k = view(a.k.data, DType::kBF16, {kTotalK, kHKV, 64}); }},
+      {"v", {"the shape of k"}, [](PrefillArgs& a) { a.v = view(a.v.data, DType::kBF16, {kTotalK + 1, kHKV, kD}); }},
+      {"v", {"dtype of 'q'"}, [](PrefillArgs& a) { a.v.dtype = DType::kFP16; }},
+      {"cu_seqlens_q", {"[B + 1]"}, [](PrefillArgs& a) { a.cu_q = view(a.cu_q.data, DType::kInt32, {kB + 1, 1}); }},
+      {"cu_seqlens_q", {"int32"}, [](PrefillArgs& a) { a.cu_q.dtype = DType::kFP32; }},
+      {"cu_seqlens_k", {"[B + 1]"}, [](PrefillArgs& a) { a.cu_k = view(a.cu_k.data, DType::kInt32, {kB + 2}); }},
+      {"cu_seqlens_k", {"contiguous"}, [&](PrefillArgs& a) { a.cu_k = strided(a.cu_k, {2}); }},
+      {"max_seqlen_q", {">= 0"}, [](PrefillArgs& a) { a.max_seqlen_q = -1; }},
+      {"o", {"dtype of 'q'"}, [](PrefillArgs& a) { a.o.dtype = DType::kFP16; }},
+      {"o", {"[total_q, HQ, D]"}, [](PrefillArgs& a) { a.o = view(a.o.data, DType::kBF16, {kTotalQ - 1, kHQ, kD}); }},
+      {"o", {"multiple of 4 bytes"}, [&](PrefillArgs& a) { a.o = strided(a.o, {kHQ * kD + 1, kD, 1}); }},
+      {"o", {"overlap"}, [](PrefillArgs& a) { a.o.data = a.q.data; }},
+      {"o", {"share memory"}, [&](PrefillArgs& a) { a.o = strided(a.o, {0, kD, 1}); }},
+      {"lse", {"fp32"}, [](PrefillArgs& a) { a.lse->dtype = DType::kBF16; }},
+      {"lse", {"[total_q, HQ]"}, [](PrefillArgs& a) { a.lse = view(a.lse->data, DType::kFP32, {kTotalQ, kHQ + 1}); }},
+      {"lse", {"overlap"}, [](PrefillArgs& a) { a.lse->data = a.o.data; }},
+      {"params.softmax_scale", {"finite"}, [](PrefillArgs& a) { a.params.softmax_scale = NAN; }},
+      {"params.softcap", {">= 0"}, [](PrefillArgs& a) { a.params.softcap = -1.0f; }},
+      {"params.window", {">= 0"}, [](PrefillArgs& a) { a.params.window = -3; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.arg) + ": " + c.says[0]);
+    PrefillArgs a = make_prefill();
+    c.mutate(a);
+    expect_error([&] { call_prefill(a); }, kPrefill, c.arg, c.says);
+  }
+}
+
+// With a GPU the checks complete: the problem the launcher gets (strides in elements, the resolved scale, the grid
+// bound clamped to total_q).
+TEST(PrefillValidation, ResolvedProblemOnTheDevice) {
+  TESSERA_REQUIRE_GPU();
+  test::DeviceBuffer<uint8_t> mem(std::size_t{8} << 20);
+  const auto at = [&](int64_t mib) { return static_cast<void*>(mem.get() + (mib << 20)); };
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  const auto dview = [&](void* p, DType t, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(p, t, shape, device);
+  };
+  TensorView q = dview(at(0), DType::kFP16, {kTotalQ, kHQ, kD});
+  q.strides[0] = kHQ * kD + 64;  // padded rows
+  const TensorView k = dview(at(1), DType::kFP16, {kTotalK, kHKV, kD});
+  const TensorView v = dview(at(2), DType::kFP16, {kTotalK, kHKV, kD});
+  const TensorView cu_q = dview(at(3), DType::kInt32, {kB + 1});
+  const TensorView cu_k = dview(at(4), DType::kInt32, {kB + 1});
+  const TensorView o = dview(at(5), DType::kFP16, {kTotalQ, kHQ, kD});
+  TensorView lse = dview(at(6), DType::kFP32, {kTotalQ, kHQ});
+  lse.strides[0] = 1;  // [HQ][total_q] in memory
+  lse.strides[1] = kTotalQ;
+  PrefillParams params;
+  params.causal = true;
+  const PrefillProblem p = check_prefill(kPrefill, q, k, v, cu_q, cu_k, 1000, o, lse, params);
+  EXPECT_EQ(p.batch, kB);
+  EXPECT_EQ(p.num_q_heads, kHQ);
+  EXPECT_EQ(p.num_kv_heads, kHKV);
+  EXPECT_EQ(p.head_dim, kD);
+  EXPECT_TRUE(p.fp16);
+  EXPECT_EQ(p.q_stride_token, kHQ * kD + 64);
+  EXPECT_EQ(p.q_stride_head, kD);
+  EXPECT_EQ(p.k_stride_token, kHKV * kD);
+  EXPECT_EQ(p.lse_stride_token, 1);
+  EXPECT_EQ(p.lse_stride_head, kTotalQ);
+  EXPECT_EQ(p.total_q, kTotalQ);
+  EXPECT_EQ(p.total_k, kTotalK);
+  EXPECT_EQ(p.max_seqlen_q, kTotalQ);
+  EXPECT_FLOAT_EQ(p.softmax_scale, 1.0f / std::sqrt(128.0f));
+  EXPECT_TRUE(p.causal);
+  EXPECT_EQ(p.cu_seqlens_q, static_cast<const int32_t*>(cu_q.data));
 }
 
 // ---- what the rules produce -----------------------------------------------------------------------------------

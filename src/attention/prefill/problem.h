@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
+
+#include "tessera/tensor.h"
 
 namespace tessera::attention::detail {
 
@@ -34,6 +37,24 @@ struct PrefillProblem {
   int window = 0;
   bool causal = false;
 };
+
+// The parameters of a prefill call (to become the public PrefillParams with the op).
+struct PrefillParams {
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
+  float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
+  int window = 0;              // > 0: a query attends to the keys j with p - j < window only
+  bool causal = false;         // bottom-right aligned: query i of Sq attends to keys j <= Sk - Sq + i
+};
+
+// Validation (check.cpp): every rule on shapes, dtypes, layouts, memory overlap and params, then the devices; throws
+// tessera::Error naming `op` and the argument. q [total_q, HQ, D], k and v [total_k, HKV, D] bf16|fp16 (one dtype),
+// unit stride along D, other strides multiples of 16 bytes, 16-byte aligned; D in {64, 128, 256}; HQ a multiple of
+// HKV. cu_seqlens_q / cu_seqlens_k int32 [B + 1], contiguous (device values are not read). max_seqlen_q >= 0: the
+// host's bound on every sequence's query count (rows past it are not computed). o like q (strides multiples of 4
+// bytes); lse fp32 [total_q, HQ] (any strides) or none.
+PrefillProblem check_prefill(const char* op, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int64_t max_seqlen_q,
+                             const TensorView& o, const std::optional<TensorView>& lse, const PrefillParams& params);
 
 void launch_prefill(const PrefillProblem& problem, cudaStream_t stream);
 

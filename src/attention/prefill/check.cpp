@@ -1,0 +1,141 @@
+// Prefill: argument validation and the PrefillProblem the launcher consumes. Every rule runs before any device
+// query; the device checks come last so that machines without a GPU can test the others.
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "attention/check_util.h"
+#include "attention/prefill/problem.h"
+
+namespace tessera::attention::detail {
+
+namespace {
+
+constexpr int64_t kMaxRows = INT32_MAX;      // token indices are int32 on the device
+constexpr int64_t kMaxGridDim = 65535;       // heads and sequences are grid dims y and z
+
+// q, k, v: [rows, heads, D] of `dtype`, rows as whole 16-byte vectors (TMA), strides within the map's limit.
+void check_rows(const ArgCheck& check, const TensorView& t, const char* arg, const char* what) {
+  if (t.rank != 3) check.fail(arg, "must have rank 3 (" + std::string(what) + "), got rank " + str(t.rank));
+  check_layout(check, t, arg, true, kVectorBytes, kVectorBytes);
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d < 2; ++d)
+    if (t.strides[d] * elem >= kMaxTmaStrideBytes)
+      check.fail(arg, "must have strides below 2^40 bytes, got " + str(t.strides[d]) + " in dim " + str(d));
+  if (t.shape[0] > kMaxRows) check.fail(arg, "must have at most 2^31 - 1 rows, got " + str(t.shape[0]));
+}
+
+// cu_seqlens: int32 [B + 1], contiguous.
+void check_cu_seqlens(const ArgCheck& check, const TensorView& t, const char* arg, int64_t entries) {
+  check.dtype(t, arg, {DType::kInt32});
+  check_shape(check, t, arg, {entries}, "[B + 1]");
+  check.contiguous(t, arg);
+  check_layout(check, t, arg, true, 0, 4);
+}
+
+}  // namespace
+
+PrefillProblem check_prefill(const char* op, const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
+                             const TensorView& cu_q_in, const TensorView& cu_k_in, int64_t max_seqlen_q,
+                             const TensorView& o_in, const std::optional<TensorView>& lse_in,
+                             const PrefillParams& params) {
+  const ArgCheck check(op);
+  const TensorView q = normalized(q_in), k = normalized(k_in), v = normalized(v_in);
+
+  // ---- q, k, v
+  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
+  check_rows(check, q, "q", "[total_q, HQ, D]");
+  const int64_t total_q = q.shape[0], HQ = q.shape[1], D = q.shape[2];
+  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) of 64, 128 or 256, got " + str(D));
+  if (HQ < 1 || HQ > kMaxGridDim) check.fail("q", "must have 1 to 65535 heads (dim 1), got " + str(HQ));
+  check.same_dtype(q, "q", k, "k");
+  check_rows(check, k, "k", "[total_k, HKV, D]");
+  const int64_t total_k = k.shape[0], HKV = k.shape[1];
+  if (k.shape[2] != D) check.fail("k", "must have the head dim of q (" + str(D) + "), got " + str(k.shape[2]));
+  if (HKV < 1 || HQ % HKV != 0)
+    check.fail("k", "must have a number of heads (dim 1) that divides q's " + str(HQ) + ", got " + str(HKV));
+  check.same_dtype(q, "q", v, "v");
+  check_shape(check, v, "v", {total_k, HKV, D}, "[total_k, HKV, D] (the shape of k)");
+  check_rows(check, v, "v", "[total_k, HKV, D]");
+
+  // ---- lengths
+  const int64_t entries = cu_q_in.rank == 1 ? cu_q_in.shape[0] : -1;
+  const TensorView cu_q = normalized(cu_q_in), cu_k = normalized(cu_k_in);
+  if (entries < 1) check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in.shape_str());
+  check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
+  check_cu_seqlens(check, cu_k, "cu_seqlens_k", entries);
+  const int64_t B = entries - 1;
+  if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
+  if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+
+  // ---- outputs
+  const TensorView o = normalized(o_in);
+  check.same_dtype(q, "q", o, "o");
+  check_shape(check, o, "o", {total_q, HQ, D}, "[total_q, HQ, D] (the shape of q)");
+  check_layout(check, o, "o", true, 4, 4);  // written as pairs of 16-bit values
+  check_no_self_overlap(check, o, "o");
+  std::optional<TensorView> lse;
+  if (lse_in) {
+    lse = normalized(*lse_in);
+    check.dtype(*lse, "lse", {DType::kFP32});
+    check_shape(check, *lse, "lse", {total_q, HQ}, "[total_q, HQ]");
+    check_layout(check, *lse, "lse", false, 0, 4);
+    check_no_self_overlap(check, *lse, "lse");
+  }
+  std::vector<Named> inputs = {{&q_in, "q"}, {&k_in, "k"}, {&v_in, "v"}, {&cu_q_in, "cu_seqlens_q"},
+                               {&cu_k_in, "cu_seqlens_k"}};
+  std::vector<Named> outputs = {{&o_in, "o"}};
+  if (lse_in) outputs.push_back({&*lse_in, "lse"});
+  check_outputs_apart(check, inputs, outputs);
+
+  // ---- params
+  if (!std::isfinite(params.softmax_scale))
+    check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
+                                           std::to_string(params.softmax_scale));
+  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
+    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
+  if (params.window < 0) check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+
+  // ---- device checks last: everything above runs without a GPU
+  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
+  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+
+  PrefillProblem p;
+  p.batch = static_cast<int>(B);
+  p.num_q_heads = static_cast<int>(HQ);
+  p.num_kv_heads = static_cast<int>(HKV);
+  p.head_dim = static_cast<int>(D);
+  p.fp16 = q.dtype == DType::kFP16;
+  p.q = q.data;
+  p.q_stride_token = q.strides[0];
+  p.q_stride_head = q.strides[1];
+  p.k = k.data;
+  p.k_stride_token = k.strides[0];
+  p.k_stride_head = k.strides[1];
+  p.v = v.data;
+  p.v_stride_token = v.strides[0];
+  p.v_stride_head = v.strides[1];
+  p.o = o.data;
+  p.o_stride_token = o.strides[0];
+  p.o_stride_head = o.strides[1];
+  if (lse) {
+    p.lse = static_cast<float*>(lse->data);
+    p.lse_stride_token = lse->strides[0];
+    p.lse_stride_head = lse->strides[1];
+  }
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
+  p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data);
+  p.total_q = total_q;
+  p.total_k = total_k;
+  p.max_seqlen_q = static_cast<int>(max_seqlen_q < total_q ? max_seqlen_q : total_q);  // no sequence has more
+  p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale
+                                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.softcap = params.softcap;
+  p.window = params.window;
+  p.causal = params.causal;
+  return p;
+}
+
+}  // namespace tessera::attention::detail
