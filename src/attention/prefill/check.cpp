@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention/check_util.h"
@@ -108,23 +109,17 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   p.num_kv_heads = static_cast<int>(HKV);
   p.head_dim = static_cast<int>(D);
   p.fp16 = q.dtype == DType::kFP16;
-  p.q = q.data;
-  p.q_stride_token = q.strides[0];
-  p.q_stride_head = q.strides[1];
-  p.k = k.data;
-  p.k_stride_token = k.strides[0];
-  p.k_stride_head = k.strides[1];
-  p.v = v.data;
-  p.v_stride_token = v.strides[0];
-  p.v_stride_head = v.strides[1];
-  p.o = o.data;
-  p.o_stride_token = o.strides[0];
-  p.o_stride_head = o.strides[1];
-  if (lse) {
-    p.lse = static_cast<float*>(lse->data);
-    p.lse_stride_token = lse->strides[0];
-    p.lse_stride_head = lse->strides[1];
-  }
+  // A [rows, heads, ...] view's data and its (token, head) strides in elements.
+  const auto take = [](const TensorView& t, auto*& data, int64_t& stride_token, int64_t& stride_head) {
+    data = static_cast<std::remove_reference_t<decltype(data)>>(t.data);
+    stride_token = t.strides[0];
+    stride_head = t.strides[1];
+  };
+  take(q, p.q, p.q_stride_token, p.q_stride_head);
+  take(k, p.k, p.k_stride_token, p.k_stride_head);
+  take(v, p.v, p.v_stride_token, p.v_stride_head);
+  take(o, p.o, p.o_stride_token, p.o_stride_head);
+  if (lse) take(*lse, p.lse, p.lse_stride_token, p.lse_stride_head);
   p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
   p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data);
   p.total_q = total_q;
