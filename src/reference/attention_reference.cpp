@@ -441,7 +441,8 @@ PrefillRef prefill_reference(const std::vector<double>& q, const std::vector<dou
   };
   const int64_t total_q = check_cu(cu_seqlens_q, "cu_seqlens_q"), total_k = check_cu(cu_seqlens_k, "cu_seqlens_k");
   require(static_cast<int64_t>(q.size()) == total_q * HQ * D, fn,
-          "q must hold total_q·HQ·D = " + std::to_string(total_q * HQ * D) + " values, got " + std::to_string(q.size()));
+          "q must hold total_q·HQ·D = " + std::to_string(total_q * HQ * D) + " values, got " +
+              std::to_string(q.size()));
   require(static_cast<int64_t>(k.size()) == total_k * HKV * D && k.size() == v.size(), fn,
           "k and v must hold total_k·HKV·D = " + std::to_string(total_k * HKV * D) + " values, got " +
               std::to_string(k.size()) + " and " + std::to_string(v.size()));

@@ -10,15 +10,15 @@
 namespace tessera::attention {
 namespace detail {
 
-// Split count from shapes only (the device lengths are unknown on the host). Each CTA costs its share of the
-// capacity plus a fixed start-up. An SM runs its CTAs in rounds of the kernel's resident CTAs per SM (config.h).
-// Over 8-bit and 4-bit rows, which are partly instruction-bound, the CTAs of a round run side by side: a round costs
-// one CTA, plus part of a start-up for each further CTA in it. Over 16-bit rows one CTA already pulls an SM's share of DRAM bandwidth, so co-resident CTAs only share
-// it: the SM's cost is the sum of its CTAs. The busiest SM (ceil(CTAs / SMs) CTAs) sets the time; a split run pays
-// the merge. (Measured on an H200, bf16 B=128 T=8192 HQ8 HKV1: 126.8 µs at 1 split (128 CTAs), 130.1 at 2 and
-// 137.8 at 3; bf16 B=32: 39.9 at 4 splits, 42.7 at 6, where some SMs hold one CTA more. 8-bit rows keep the rounds
-// model: one split per CTA slot is 6 % slower for fp8 at B=512.) Sequences shorter than the capacity only make the
-// splits finish early.
+// Split count from shapes only (the device lengths are unknown on the host). Each CTA costs its share of the capacity
+// plus a fixed start-up. An SM runs its CTAs in rounds of the kernel's resident CTAs per SM (config.h). Over 8-bit and
+// 4-bit rows, which are partly instruction-bound, the CTAs of a round run side by side: a round costs one CTA, plus
+// part of a start-up for each further CTA in it. Over 16-bit rows one CTA already pulls an SM's share of DRAM
+// bandwidth, so co-resident CTAs only share it: the SM's cost is the sum of its CTAs. The busiest SM (ceil(CTAs / SMs)
+// CTAs) sets the time; a split run pays the merge. (Measured on an H200, bf16 B=128 T=8192 HQ8 HKV1: 126.8 µs at 1
+// split (128 CTAs), 130.1 at 2 and 137.8 at 3; bf16 B=32: 39.9 at 4 splits, 42.7 at 6, where some SMs hold one CTA
+// more. 8-bit rows keep the rounds model: one split per CTA slot is 6 % slower for fp8 at B=512.) Sequences shorter
+// than the capacity only make the splits finish early.
 int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
                       KVFormat format, int64_t head_dim) {
   constexpr double kStartupTokens = 128.0;  // fixed cost of a CTA, in tokens of one KV head

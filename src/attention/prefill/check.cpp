@@ -97,7 +97,8 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
                                            std::to_string(params.softmax_scale));
   if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
     check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
-  if (params.window < 0) check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  if (params.window < 0)
+    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
 
   // ---- device checks last: everything above runs without a GPU
   for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
