@@ -48,8 +48,8 @@ struct PrefillTile {
   static constexpr int kQChunkBytes = kPrefillBlockM * 128;        // one column block of Q
   static constexpr int kKVChunkBytes = kBlockN * 128;              // one column block of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;                 // K then V
-  static constexpr int kBarOff = kQBytes + kStages * kStageBytes;  // q_full, then k_full, v_full, empty per stage
-  static constexpr int kBytes = 1024 + kBarOff + (1 + 3 * kStages) * 8;  // with 1024 bytes to align the base
+  static constexpr int kBarOff = kQBytes + kStages * kStageBytes;  // q_full, then k_full, v_full, empty_k, empty_v
+  static constexpr int kBytes = 1024 + kBarOff + (1 + 4 * kStages) * 8;  // with 1024 bytes to align the base
 };
 
 using ::tessera::detail::pack2;
@@ -64,7 +64,7 @@ struct PrefillArgs {
   int64_t lse_stride_token = 0, lse_stride_head = 0;
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
-  int num_q_heads = 0;
+  int64_t total_q = 0;  // rows of q and o: a token outside [0, total_q) (a wrong cu_seqlens_q) is never written
   int group = 0;  // HQ / HKV
   int num_m_blocks = 0;
   float scale_log2 = 0.0f;  // softmax_scale · log2(e) (no softcap), or softmax_scale / softcap (softcap)
@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = bars + 1 + kStages;
-  uint64_t* empty = bars + 1 + 2 * kStages;
+  uint64_t* empty_k = bars + 1 + 2 * kStages;
+  uint64_t* empty_v = bars + 1 + 3 * kStages;
 
   // Late query tiles first: under a causal mask they attend to the most keys.
   const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
@@ -108,7 +109,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     for (int s = 0; s < kStages; ++s) {
       ptx::mbarrier_init(&k_full[s], 1);
       ptx::mbarrier_init(&v_full[s], 1);
-      ptx::mbarrier_init(&empty[s], 2);  // one arrival per consumer warpgroup
+      ptx::mbarrier_init(&empty_k[s], 2);  // one arrival per consumer warpgroup
+      ptx::mbarrier_init(&empty_v[s], 2);
     }
     ptx::fence_mbarrier_init();
   }
@@ -125,7 +127,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       ptx::tma_load_3d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h);
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
       const int stage = it % kStages;
-      if (it >= kStages) ptx::mbarrier_wait_parity(&empty[stage], ((it / kStages) & 1) ^ 1);
+      const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
+      if (it >= kStages) ptx::mbarrier_wait_parity(&empty_k[stage], empty_parity);
       uint8_t* k_dst = ring + stage * Tile::kStageBytes;
       uint8_t* v_dst = k_dst + Tile::kKVBytes;
       const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
@@ -133,6 +136,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
         ptx::tma_load_3d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh);
+      if (it >= kStages) ptx::mbarrier_wait_parity(&empty_v[stage], empty_parity);
       ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
@@ -147,23 +151,28 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
   const int pos0 = pos_first + row0;             // their positions
+  const bool wg_leader = threadIdx.x % 128 == 0;
   float o_acc[kORegs];
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) o_acc[i] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
+  float s_acc[kSRegs];
+  uint32_t p_frag[kBlockN / 16][4];  // P of the previous key tile as A fragments, k-steps of 16 keys
 
-  ptx::mbarrier_wait_parity(q_full, 0);
+  // Turns (FA3's ping-pong): a warpgroup issues its GEMMs only in its turn, between a sync on its own named barrier
+  // and an arrival on the other's, so one warpgroup's softmax runs while the other's GEMMs hold the tensor cores.
+  // Warpgroup 0 takes the first turn. Turn t issues S of key tile t and P·V of tile t - 1, so the softmax of tile t
+  // also overlaps P·V of tile t - 1 inside the warpgroup: n_tiles + 1 turns each (the first without P·V, the last
+  // without S, peeled so that every wgmma sits on a non-divergent path). Warpgroup 1's last arrival, which nobody
+  // would wait for, is skipped so both barriers end the CTA empty.
+  const int n_tiles = n_hi - n_lo;
+  const int my_turn = 1 + cw, other_turn = 2 - cw;
   const uint8_t* q_rows = q_tile + cw * 64 * 128;  // this warpgroup's 64 rows of every column block
 
-  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-    const int stage = it % kStages;
-    const uint32_t parity = (it / kStages) & 1;
-    const uint8_t* k_tile = ring + stage * Tile::kStageBytes;
-    const uint8_t* v_tile = k_tile + Tile::kKVBytes;
-
-    // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each).
-    float s_acc[kSRegs];
-    ptx::mbarrier_wait_parity(&k_full[stage], parity);
+  // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each), one commit group.
+  auto issue_s = [&](int t) {
+    const uint8_t* k_tile = ring + (t % kStages) * Tile::kStageBytes;
+    ptx::mbarrier_wait_parity(&k_full[t % kStages], (t / kStages) & 1);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -175,49 +184,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         ptx::Wgmma<kBlockN>::mma_bf16(s_acc, da, db, ks > 0);
     }
     ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_registers(s_acc);
-
-    // Logits in the log2 domain; keys outside a row's range become -inf where the tile crosses a boundary.
-    // s_acc[4j + e]: row row0 + 8 (e >> 1), key n·kBlockN + 8j + 2c + (e & 1).
-    const int key0 = n * kBlockN;
-    const bool crosses = key0 + kBlockN > sk || (a.causal && key0 + kBlockN - 1 > pos_first) ||
-                         (a.window > 0 && key0 < pos_last - a.window + 1);
-#pragma unroll
-    for (int i = 0; i < kSRegs; ++i) {
-      float x = s_acc[i] * a.scale_log2;
-      if (a.softcap_log2 > 0.0f) x = a.softcap_log2 * tanhf(x);
-      if (crosses) {
-        const int key = key0 + 8 * (i / 4) + 2 * c + (i & 1);
-        const int pos = pos0 + 8 * ((i >> 1) & 1);
-        const bool ok = key < sk && (!a.causal || key <= pos) && (a.window <= 0 || pos - key < a.window);
-        x = ok ? x : -INFINITY;
-      }
-      s_acc[i] = x;
-    }
-    float alpha[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) mx = fmaxf(mx, fmaxf(s_acc[4 * j + 2 * hr], s_acc[4 * j + 2 * hr + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[hr], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row without keys so far keeps zero weight
-      alpha[hr] = ptx::ex2_approx_ftz(m_run[hr] - base);
-      m_run[hr] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kSRegs / 4; ++j) {
-        const float p0 = ptx::ex2_approx_ftz(s_acc[4 * j + 2 * hr] - base);
-        const float p1 = ptx::ex2_approx_ftz(s_acc[4 * j + 2 * hr + 1] - base);
-        s_acc[4 * j + 2 * hr] = p0;
-        s_acc[4 * j + 2 * hr + 1] = p1;
-        sum += p0 + p1;
-      }
-      l_run[hr] = l_run[hr] * alpha[hr] + sum;
-    }
+  };
+  // O = alpha · O + P V of tile t: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms,
+  // 2048 bytes), one commit group.
+  auto issue_pv = [&](int t) {
+    const uint8_t* v_tile = ring + (t % kStages) * Tile::kStageBytes + Tile::kKVBytes;
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j) {
       o_acc[4 * j] *= alpha[0];
@@ -225,19 +196,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       o_acc[4 * j + 2] *= alpha[1];
       o_acc[4 * j + 3] *= alpha[1];
     }
-
-    // P as the A fragments of k-steps of 16 keys: step kk takes S's n8 blocks 2kk (columns 0-7) and 2kk + 1.
-    uint32_t p_frag[kBlockN / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      p_frag[kk][0] = pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
-      p_frag[kk][1] = pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
-      p_frag[kk][2] = pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
-      p_frag[kk][3] = pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
-    }
-
-    // O += P V: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms, 2048 bytes).
-    ptx::mbarrier_wait_parity(&v_full[stage], parity);
+    ptx::mbarrier_wait_parity(&v_full[t % kStages], (t / kStages) & 1);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -248,11 +207,112 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         ptx::Wgmma<kD>::mma_bf16_rs_tb(o_acc, p_frag[kk], db, 1);
     }
     ptx::wgmma_commit_group();
+  };
+  // The stage of tile t has been read by this warpgroup's wgmma: one arrival per warpgroup.
+  auto release = [&](uint64_t* bars_of_kind, int t) {
+    __syncwarp();
+    if (wg_leader) ptx::mbarrier_arrive(&bars_of_kind[t % kStages]);
+  };
+  // The online softmax of tile t on S (in place, becoming P), in the log2 domain; sets alpha, m_run, l_run.
+  auto softmax = [&](int t) {
+    // Without softcap S stays raw and the scale folds into the exponent's FMA: p = 2^(S·mul − m).
+    float mul = a.scale_log2;
+    if (a.softcap_log2 > 0.0f) {
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) s_acc[i] = a.softcap_log2 * ptx::tanh_ex2(s_acc[i] * a.scale_log2);
+      mul = 1.0f;
+    }
+    // Keys outside a row's range become -inf where the tile crosses a boundary.
+    // s_acc[4j + e]: row row0 + 8 (e >> 1), key n·kBlockN + 8j + 2c + (e & 1).
+    const int key0 = (n_lo + t) * kBlockN;
+    const bool crosses = key0 + kBlockN > sk || (a.causal && key0 + kBlockN - 1 > pos_first) ||
+                         (a.window > 0 && key0 < pos_last - a.window + 1);
+    if (crosses) {
+#pragma unroll
+      for (int i = 0; i < kSRegs; ++i) {
+        const int key = key0 + 8 * (i / 4) + 2 * c + (i & 1);
+        const int pos = pos0 + 8 * ((i >> 1) & 1);
+        // Bitwise, not short-circuit: no branch per element.
+        const bool ok = (key < sk) & (!a.causal | (key <= pos)) & ((a.window <= 0) | (pos - key < a.window));
+        s_acc[i] = ok ? s_acc[i] : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      // Two independent chains each for the row max and the row sum.
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; j += 2) {
+        mx0 = fmaxf(mx0, fmaxf(s_acc[4 * j + 2 * hr], s_acc[4 * j + 2 * hr + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s_acc[4 * j + 4 + 2 * hr], s_acc[4 * j + 4 + 2 * hr + 1]));
+      }
+      float mx = fmaxf(mx0, mx1);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[hr], mx * mul);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row without keys so far keeps zero weight
+      alpha[hr] = ptx::ex2_approx_ftz(m_run[hr] - base);
+      m_run[hr] = m_new;
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSRegs / 4; ++j) {
+        const float p0 = ptx::ex2_approx_ftz(fmaf(s_acc[4 * j + 2 * hr], mul, -base));
+        const float p1 = ptx::ex2_approx_ftz(fmaf(s_acc[4 * j + 2 * hr + 1], mul, -base));
+        s_acc[4 * j + 2 * hr] = p0;
+        s_acc[4 * j + 2 * hr + 1] = p1;
+        if (j % 2 == 0)
+          sum0 += p0 + p1;
+        else
+          sum1 += p0 + p1;
+      }
+      l_run[hr] = l_run[hr] * alpha[hr] + (sum0 + sum1);
+    }
+  };
+  // P as the A fragments of k-steps of 16 keys: step kk takes S's n8 blocks 2kk (columns 0-7) and 2kk + 1.
+  auto convert_p = [&]() {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      p_frag[kk][0] = pack2<kFP16>(s_acc[8 * kk], s_acc[8 * kk + 1]);
+      p_frag[kk][1] = pack2<kFP16>(s_acc[8 * kk + 2], s_acc[8 * kk + 3]);
+      p_frag[kk][2] = pack2<kFP16>(s_acc[8 * kk + 4], s_acc[8 * kk + 5]);
+      p_frag[kk][3] = pack2<kFP16>(s_acc[8 * kk + 6], s_acc[8 * kk + 7]);
+    }
+  };
+
+  if (n_tiles > 0) {
+    if (cw == 1) ptx::named_barrier_arrive(1, 256);
+    ptx::mbarrier_wait_parity(q_full, 0);
+    // Turn 0: S of tile 0 only.
+    ptx::named_barrier_sync(my_turn, 256);
+    issue_s(0);
+    ptx::named_barrier_arrive(other_turn, 256);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(s_acc);
+    release(empty_k, 0);
+    softmax(0);
+    convert_p();
+    // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1.
+    for (int t = 1; t < n_tiles; ++t) {
+      ptx::named_barrier_sync(my_turn, 256);
+      issue_s(t);
+      issue_pv(t - 1);
+      ptx::named_barrier_arrive(other_turn, 256);
+      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_fence_registers(s_acc);
+      release(empty_k, t);
+      softmax(t);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_registers(o_acc);
+      release(empty_v, t - 1);
+      convert_p();
+    }
+    // Turn n_tiles: P·V of the last tile.
+    ptx::named_barrier_sync(my_turn, 256);
+    issue_pv(n_tiles - 1);
+    if (cw == 0) ptx::named_barrier_arrive(other_turn, 256);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_registers(o_acc);
-    // The stage's K and V have been read by this warpgroup's wgmma: one arrival per warpgroup releases it.
-    __syncwarp();
-    if (threadIdx.x % 128 == 0) ptx::mbarrier_arrive(&empty[stage]);
+    release(empty_v, n_tiles - 1);
   }
 
   // ---- epilogue: o = O / l in q's dtype, lse = (m + log2 l) · ln 2 -----------------------------------------------
@@ -268,8 +328,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int qi = m_block * kPrefillBlockM + row0 + 8 * hr;  // query index in the sequence
-    if (qi >= sq) continue;
-    const int64_t tok = q0 + qi;
+    const int64_t tok = static_cast<int64_t>(q0) + qi;
+    if (qi >= sq || tok < 0 || tok >= a.total_q) continue;
     uint32_t* orow = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.o) + tok * a.o_stride_token +
                                                  h * a.o_stride_head);
 #pragma unroll

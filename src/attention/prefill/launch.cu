@@ -67,7 +67,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.lse_stride_head = pb.lse_stride_head;
   a.cu_seqlens_q = pb.cu_seqlens_q;
   a.cu_seqlens_k = pb.cu_seqlens_k;
-  a.num_q_heads = pb.num_q_heads;
+  a.total_q = pb.total_q;
   a.group = pb.num_q_heads / pb.num_kv_heads;
   a.num_m_blocks = (pb.max_seqlen_q + kPrefillBlockM - 1) / kPrefillBlockM;
   constexpr float kLog2e = 1.4426950408889634f;
