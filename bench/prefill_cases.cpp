@@ -19,11 +19,12 @@
 #include <string>
 #include <vector>
 
-#include "attention/prefill/problem.h"
+#include "tessera/attention.h"
 #include "common/host_numeric.h"
 #include "device_random.h"
 #include "harness.h"
 #include "reference/attention_reference.h"
+#include "tessera/attention.h"
 
 namespace tessera::bench {
 namespace {
@@ -44,12 +45,14 @@ struct PrefillShape {
 
 class PrefillCase final : public CaseInstance {
  public:
-  PrefillCase(const DeviceContext& ctx, const std::string& op, const PrefillShape& sh) : sh_(sh), op_(op) {
+  PrefillCase(const DeviceContext& ctx, const std::string& op, const PrefillShape& sh)
+      : sh_(sh), op_(op), device_(ctx.device) {
     const int64_t T = sh.total();
     std::vector<int32_t> cu = {0};
     for (int32_t l : sh.lengths) cu.push_back(cu.back() + l);
     cu_ = cu;
     cu_dev_ = upload_new(cu);
+    max_seqlen_q_ = *std::max_element(sh.lengths.begin(), sh.lengths.end());
     sets_ = rotating_sets(ctx, sh.bytes());
     o_.allocate(T * sh.hq * sh.d * 2);
     for (int s = 0; s < sets_; ++s) {
@@ -67,7 +70,19 @@ class PrefillCase final : public CaseInstance {
 
   int num_sets() const override { return sets_; }
 
-  void run(cudaStream_t stream, int set) override { attention::detail::launch_prefill(problem(set), stream); }
+  // The public entry point, validation included (as a user calls it).
+  void run(cudaStream_t stream, int set) override {
+    const Set& s = sets_data_[set];
+    const int64_t T = sh_.total(), B = static_cast<int64_t>(sh_.lengths.size());
+    attention::PrefillParams params;
+    params.causal = sh_.causal;
+    const auto rows = [&](const DeviceBuffer& b, int64_t heads) {
+      return TensorView::contiguous(b.get(), DType::kBF16, {T, heads, sh_.d}, device_);
+    };
+    const TensorView cu = TensorView::contiguous(cu_dev_.get(), DType::kInt32, {B + 1}, device_);
+    attention::prefill_varlen(rows(s.q, sh_.hq), rows(s.k, sh_.hkv), rows(s.v, sh_.hkv), cu, cu, max_seqlen_q_,
+                              rows(o_, sh_.hq), std::nullopt, params, stream);
+  }
 
   CheckResult check(cudaStream_t stream) override {
     const int64_t HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d;
@@ -134,34 +149,11 @@ class PrefillCase final : public CaseInstance {
     DeviceBuffer q, k, v;
   };
 
-  attention::detail::PrefillProblem problem(int set) const {
-    const Set& s = sets_data_[set];
-    attention::detail::PrefillProblem pb;
-    pb.batch = static_cast<int>(sh_.lengths.size());
-    pb.num_q_heads = sh_.hq;
-    pb.num_kv_heads = sh_.hkv;
-    pb.head_dim = sh_.d;
-    pb.q = s.q.get();
-    pb.q_stride_token = int64_t{sh_.hq} * sh_.d;
-    pb.q_stride_head = sh_.d;
-    pb.k = s.k.get();
-    pb.v = s.v.get();
-    pb.k_stride_token = pb.v_stride_token = int64_t{sh_.hkv} * sh_.d;
-    pb.k_stride_head = pb.v_stride_head = sh_.d;
-    pb.o = o_.get();
-    pb.o_stride_token = int64_t{sh_.hq} * sh_.d;
-    pb.o_stride_head = sh_.d;
-    pb.cu_seqlens_q = pb.cu_seqlens_k = cu_dev_.as<const int32_t>();
-    pb.total_q = pb.total_k = sh_.total();
-    pb.max_seqlen_q = *std::max_element(sh_.lengths.begin(), sh_.lengths.end());
-    pb.softmax_scale = 1.0f / std::sqrt(static_cast<float>(sh_.d));
-    pb.causal = sh_.causal;
-    return pb;
-  }
-
   PrefillShape sh_;
   std::string op_;
   std::vector<int32_t> cu_;
+  int max_seqlen_q_ = 0;
+  int device_ = 0;
   DeviceBuffer cu_dev_, o_;
   int sets_ = 1;
   std::vector<Set> sets_data_;

@@ -1,4 +1,4 @@
-// tessera — attention decode over a low-precision KV cache, and the cache's producer side (public).
+// tessera — attention decode over a low-precision KV cache, the cache's producer side, and prefill (public).
 //
 // decode: one new query token per sequence attends to that sequence's cached keys and values.
 //   o[b, h, :] = Σ_t softmax_t(s[b, h, t]) · V[b, t, h / G, :]      (G = HQ / HKV query heads per KV head)
@@ -11,8 +11,10 @@
 //   at position L - S + i and attends causally, to the keys t in [max(0, L - S + 1 + i - window), L - S + 1 + i).
 //   Append all S tokens' K and V first; a token with no key left (L - S + 1 + i <= 0) gets o = 0 and lse = -inf.
 // append_kv: quantizes new K/V rows (bf16/fp16) into the cache format and writes them at given positions.
+// prefill / prefill_varlen: every query of a sequence attends to that sequence's keys (below the KV cache section;
+//   docs/ops/attention_prefill.md).
 //
-// Both ops run asynchronously on the given stream, never synchronize the host (lengths and page tables are read on
+// The ops run asynchronously on the given stream, never synchronize the host (lengths and page tables are read on
 // the device only), never allocate, and can be captured in a CUDA graph. Arguments are validated before anything
 // is launched; a violation throws tessera::Error naming the op and the argument. See docs/ops/attention_decode.md.
 //
@@ -147,5 +149,40 @@ void decode(const TensorView& q, const KVCache& cache, const TensorView& cache_s
 // stream and may return before its copy lands).
 void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorView& positions, const KVCache& cache,
                cudaStream_t stream);
+
+// ---- prefill ------------------------------------------------------------------------------------------------
+// A sequence with Sq queries and Sk keys: query i sits at position p = Sk - Sq + i (bottom-right aligned, as
+// FlashAttention does) and attends to the keys j in [0, Sk) with
+//   j <= p              when causal,
+//   p - j < window      when window > 0 (window counts the query's own position, as decode's does; FlashAttention's
+//                       window_size_left is window - 1),
+//   s[i, j] = softmax_scale · q[i] · k[j] (then softcap · tanh(s / softcap) if softcap > 0), G = HQ / HKV query
+//   heads per KV head (query head h reads KV head h / G),
+//   o[i] = Σ_j softmax_j(s[i, j]) · v[j], lse[i] = log Σ_j exp(s[i, j]) (natural log), optional.
+// A query with no key (Sk = 0, or causal with p < 0) gets o = 0 and lse = -inf. No workspace, no allocation, no host
+// synchronization: both forms can be captured in a CUDA graph.
+struct PrefillParams {
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
+  float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
+  int window = 0;              // > 0: a query attends to the keys j with p - j < window only
+  bool causal = false;         // bottom-right aligned (above)
+};
+
+// Plain batch: q [B, Sq, HQ, D], k and v [B, Sk, HKV, D], bf16|fp16 (one dtype), unit stride along D, the other
+// strides multiples of 16 bytes, 16-byte aligned; D ∈ {64, 128, 256}; HQ a multiple of HKV; Sq <= Sk when causal.
+// o like q (same dtype and shape, strides multiples of 4 bytes); lse fp32 [B, Sq, HQ] (any strides) or none.
+void prefill(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& o,
+             const std::optional<TensorView>& lse, const PrefillParams& params, cudaStream_t stream);
+
+// Packed variable-length batch (the layout engines use): q [total_q, HQ, D], k and v [total_k, HKV, D] with the
+// rules above; cu_seqlens_q, cu_seqlens_k int32 [B + 1] on the device: sequence b owns q rows
+// [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and k / v rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). max_seqlen_q: a
+// host bound on every sequence's query count, used only to size the grid (query rows past it are not computed).
+// o like q, lse fp32 [total_q, HQ] or none. Device values are never read by the host, so they are not validated:
+// cu_seqlens must start at 0, not decrease and end at total_q / total_k, with Sq <= Sk for causal rows to have
+// keys. Whatever they hold, nothing outside q, k, v, o and lse is read or written.
+void prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
+                    const TensorView& cu_seqlens_k, int64_t max_seqlen_q, const TensorView& o,
+                    const std::optional<TensorView>& lse, const PrefillParams& params, cudaStream_t stream);
 
 }  // namespace tessera::attention

@@ -103,17 +103,33 @@ CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint6
 
 }  // namespace
 
-CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                                  int64_t stride1, int64_t stride2, int box_rows) {
+namespace {
+
+CUtensorMap tensor_map_sw128(int rank, const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                             int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows) {
   constexpr int64_t kBoxBytes = 128;  // one swizzle row
   const int64_t elem = element == TmaElement::kU8 ? 1 : 2;
   const CUtensorMapDataType type =
       element == TmaElement::kU8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(dim0), static_cast<cuuint64_t>(dim1),
-                              static_cast<cuuint64_t>(dim2)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem)};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows), 1};
-  return encode(type, 3, const_cast<void*>(data), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, L2Promotion::k256B);
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(dim0), static_cast<cuuint64_t>(dim1),
+                              static_cast<cuuint64_t>(dim2), static_cast<cuuint64_t>(dim3)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem),
+                                 static_cast<cuuint64_t>(stride3 * elem)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows), 1, 1};
+  return encode(type, rank, const_cast<void*>(data), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
+                L2Promotion::k256B);
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                                  int64_t stride1, int64_t stride2, int box_rows) {
+  return tensor_map_sw128(3, data, element, dim0, dim1, dim2, 1, stride1, stride2, stride2, box_rows);
+}
+
+CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
+                                  int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows) {
+  return tensor_map_sw128(4, data, element, dim0, dim1, dim2, dim3, stride1, stride2, stride3, box_rows);
 }
 
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,

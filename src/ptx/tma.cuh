@@ -24,6 +24,16 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const void* tensor_m
       : "memory");
 }
 
+// 4-D tile load, as tma_load_3d.
+__device__ __forceinline__ void tma_load_4d(void* smem_dst, const void* tensor_map, uint64_t* bar, int32_t c0,
+                                            int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(smem_u32(smem_dst)),
+      "l"(tensor_map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
 // 5-D tile load, as tma_load_3d.
 __device__ __forceinline__ void tma_load_5d(void* smem_dst, const void* tensor_map, uint64_t* bar, int32_t c0,
                                             int32_t c1, int32_t c2, int32_t c3, int32_t c4) {

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/check.h"
@@ -81,6 +82,14 @@ class DeviceBuffer {
     o.count_ = 0;
     o.staging_ = nullptr;
     o.staged_ = nullptr;
+  }
+  // Takes o's allocation; o releases the one this held.
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(count_, o.count_);
+    std::swap(staging_, o.staging_);
+    std::swap(staged_, o.staged_);
+    return *this;
   }
 
   T* get() const { return ptr_; }
@@ -178,6 +187,19 @@ class StreamGate {
 };
 
 // ---- seeds ---------------------------------------------------------------------------------------------------
+// A non-blocking stream owned by the object.
+class Stream {
+ public:
+  Stream() { TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~Stream() { (void)cudaStreamDestroy(stream_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 // Every randomized test takes its seeds from fresh_seed(), one call per data set. The run seed R is TESSERA_SEED
 // (decimal or 0x-hex) when set, otherwise drawn from std::random_device once per process; gtest repeat iteration i
 // runs with R + i. Call k (k = 0, 1, ... counted from the start of each test) of test Suite.Name returns

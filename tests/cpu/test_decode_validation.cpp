@@ -873,7 +873,7 @@ TEST(AppendValidation, AcceptedArgumentsReachTheDeviceChecks) {
       }
 }
 
-// ---- prefill (the launcher's validation; the public op follows: docs/perf/prefill.md) ----------------------------
+// ---- prefill (tessera::attention::prefill / prefill_varlen: the rules of both forms) -------------------------------
 
 constexpr const char* kPrefill = "tessera::attention::prefill";
 constexpr int64_t kTotalQ = 10, kTotalK = 12;
@@ -963,6 +963,63 @@ TEST(PrefillValidation, EachRuleNamesItsArgument) {
     c.mutate(a);
     expect_error([&] { call_prefill(a); }, kPrefill, c.arg, c.says);
   }
+}
+
+// The plain batch: q [B, Sq, HQ, D], k and v [B, Sk, HKV, D], no cu_seqlens.
+TEST(PrefillValidation, BatchedFormRules) {
+  Buffers& b = buffers();
+  struct Batched {
+    TensorView q, k, v, o;
+    std::optional<TensorView> lse;
+    std::optional<TensorView> cu_q, cu_k;
+    PrefillParams params;
+  };
+  const auto make = [&] {
+    Batched a;
+    a.q = view(b.q.data(), DType::kBF16, {2, 5, kHQ, kD});
+    a.k = view(b.k.data(), DType::kBF16, {2, 6, kHKV, kD});
+    a.v = view(b.v.data(), DType::kBF16, {2, 6, kHKV, kD});
+    a.o = view(b.o.data(), DType::kBF16, {2, 5, kHQ, kD});
+    a.lse = view(b.lse.data(), DType::kFP32, {2, 5, kHQ});
+    a.params.causal = true;
+    return a;
+  };
+  const auto call = [](const Batched& a) {
+    (void)check_prefill(kPrefill, a.q, a.k, a.v, a.cu_q, a.cu_k, 0, a.o, a.lse, a.params);
+  };
+  expect_reaches_device_checks([&] { call(make()); });
+  struct Case {
+    const char* arg;
+    std::vector<std::string> says;
+    std::function<void(Batched&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"q", {"rank 4", "[B, Sq, HQ, D]"}, [](Batched& a) { a.q = view(a.q.data, DType::kBF16, {10, kHQ, kD}); }},
+      {"q", {"Sq <= Sk when causal", "Sq 7 > Sk 6"},
+       [](Batched& a) {
+         a.q = view(a.q.data, DType::kBF16, {2, 7, kHQ, kD});
+         a.o = view(a.o.data, DType::kBF16, {2, 7, kHQ, kD});
+         a.lse = view(a.lse->data, DType::kFP32, {2, 7, kHQ});
+       }},
+      {"k", {"batch size 2"}, [](Batched& a) { a.k = view(a.k.data, DType::kBF16, {1, 6, kHKV, kD}); }},
+      {"v", {"[B, Sk, HKV, D]"}, [](Batched& a) { a.v = view(a.v.data, DType::kBF16, {2, 5, kHKV, kD}); }},
+      {"o", {"[B, Sq, HQ, D]"}, [](Batched& a) { a.o = view(a.o.data, DType::kBF16, {2, 4, kHQ, kD}); }},
+      {"lse", {"[B, Sq, HQ]"}, [](Batched& a) { a.lse = view(a.lse->data, DType::kFP32, {2, kHQ, 5}); }},
+      {"cu_seqlens_k", {"must be given with cu_seqlens_q"},
+       [&](Batched& a) { a.cu_q = view(b.seqlens.data(), DType::kInt32, {3}); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.arg) + ": " + c.says[0]);
+    Batched a = make();
+    c.mutate(a);
+    expect_error([&] { call(a); }, kPrefill, c.arg, c.says);
+  }
+  // Not causal, Sq > Sk is allowed (every query sees every key).
+  Batched a = make();
+  a.params.causal = false;
+  a.k = view(a.k.data, DType::kBF16, {2, 3, kHKV, kD});
+  a.v = view(a.v.data, DType::kBF16, {2, 3, kHKV, kD});
+  expect_reaches_device_checks([&] { call(a); });
 }
 
 // With a GPU the checks complete: the problem the launcher gets (strides in elements, the resolved scale, the grid

@@ -1,23 +1,25 @@
-// The prefill kernel (src/attention/prefill, version 1: packed variable-length bf16 / fp16 K and V) on the GPU
-// against the float64 reference (prefill_reference) on the same rounded inputs. The public op and its validation
-// come later (docs/perf/prefill.md); these tests drive the internal launcher with valid problems.
+// Prefill (include/tessera/attention.h: prefill, prefill_varlen) on the GPU against the float64 reference
+// (prefill_reference) on the same rounded inputs, through the public entry points and their validation.
 //
-// Inputs: fresh normals rounded to the 16-bit type; o and lse poisoned with NaN. Checked: relative Frobenius error of
-// o over the rows with keys <= 5e-3 (bf16 rounding of P and of o alone is ~2e-3), no such row worse than 2e-2,
-// lse within 1e-2, rows without keys exactly 0 with lse -inf, every output finite.
+// Inputs: fresh normals rounded to the 16-bit type, in separate tensors or one fused qkv buffer, packed or as a plain
+// batch; o (optionally with padded rows) and lse (optionally transposed) poisoned with NaN. Checked: relative
+// Frobenius error of o over the rows with keys <= 5e-3 (bf16 rounding of P and of o alone is ~2e-3), no such row
+// worse than 2e-2, lse within 1e-2, rows without keys exactly 0 with lse -inf, every output finite.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "attention/prefill/problem.h"
 #include "common/gpu_util.h"
 #include "common/host_numeric.h"
 #include "reference/attention_reference.h"
+#include "tessera/attention.h"
 
 namespace tessera::attention {
 namespace {
@@ -25,17 +27,23 @@ namespace {
 using reference::PrefillRef;
 using reference::PrefillRefParams;
 using reference::PrefillShape;
+using test::strided;
 
 struct PrefillCase {
   int D = 128, HQ = 8, HKV = 2;
   bool fp16 = false;
   std::vector<int32_t> sq, sk;
   PrefillRefParams params;
+  bool batched = false;     // the plain [B, S, H, D] form (every sq equal, every sk equal)
+  bool fused_qkv = false;   // q, k, v as head ranges of one [tokens, HQ + 2 HKV, D] buffer (sq == sk per sequence)
+  bool strided_out = false; // o rows padded by 8 elements per head, lse transposed ([HQ][tokens] in memory)
   std::string describe() const {
     std::string s = "D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) + " HKV=" + std::to_string(HKV) +
                     (fp16 ? " fp16" : " bf16") + (params.causal ? " causal" : "") +
                     (params.window ? " window=" + std::to_string(params.window) : "") +
-                    (params.softcap > 0 ? " softcap=" + std::to_string(params.softcap) : "") + " (sq,sk)=";
+                    (params.softcap > 0 ? " softcap=" + std::to_string(params.softcap) : "") +
+                    (batched ? " batched" : " packed") + (fused_qkv ? " fused-qkv" : "") +
+                    (strided_out ? " strided-out" : "") + " (sq,sk)=";
     for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + ")";
     return s;
   }
@@ -47,126 +55,196 @@ struct Check {
   double error = 0.0;
 };
 
-// Runs the kernel on fresh inputs and compares with the reference.
-Check run_case(const PrefillCase& c, uint64_t seed) {
-  const int B = static_cast<int>(c.sq.size());
+uint16_t round16(float x, bool fp16) { return fp16 ? host::f32_to_fp16(x) : host::f32_to_bf16(x); }
+double widen16(uint16_t bits, bool fp16) { return fp16 ? host::fp16_to_f32(bits) : host::bf16_to_f32(bits); }
+
+// Device tensors of one case: inputs uploaded in the case's layout, outputs poisoned, views of all of them.
+struct PrefillRun {
+  PrefillCase c;
   std::vector<int32_t> cu_q = {0}, cu_k = {0};
-  for (int b = 0; b < B; ++b) {
-    cu_q.push_back(cu_q.back() + c.sq[b]);
-    cu_k.push_back(cu_k.back() + c.sk[b]);
-  }
-  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  const DType dt = c.fp16 ? DType::kFP16 : DType::kBF16;
-  auto fill = [&](int64_t count, float sigma, std::vector<uint16_t>& bits, std::vector<double>& vals) {
-    bits.resize(count);
-    vals.resize(count);
-    for (int64_t i = 0; i < count; ++i) {
-      const float x = sigma * n(rng);
-      bits[i] = c.fp16 ? host::f32_to_fp16(x) : host::f32_to_bf16(x);
-      vals[i] = c.fp16 ? host::fp16_to_f32(bits[i]) : host::bf16_to_f32(bits[i]);
+  int64_t total_q = 0, total_k = 0;
+  std::vector<double> qd, kd, vd;  // packed [tokens][heads][D], the values the device sees
+  test::DeviceBuffer<uint16_t> qkv_dev, q_dev, k_dev, v_dev, o_dev;
+  test::DeviceBuffer<float> lse_dev;
+  test::DeviceBuffer<int32_t> cuq_dev, cuk_dev;
+  int64_t o_head = 0, o_token = 0, lse_head = 0, lse_token = 0;  // output strides (elements)
+  int64_t o_elems = 0, lse_elems = 0;  // what the views span; the buffers hold kGuard more, never to be written
+  int max_seqlen_bound = 0;            // > 0: the max_seqlen_q passed instead of the largest sq
+  static constexpr int64_t kGuard = 4096;
+
+  PrefillRun(const PrefillCase& cs, uint64_t seed) : c(cs) {
+    const int B = static_cast<int>(c.sq.size());
+    for (int b = 0; b < B; ++b) {
+      cu_q.push_back(cu_q.back() + c.sq[b]);
+      cu_k.push_back(cu_k.back() + c.sk[b]);
     }
-  };
-  std::vector<uint16_t> qb, kb, vb;
-  std::vector<double> qd, kd, vd;
-  fill(total_q * c.HQ * c.D, 1.0f, qb, qd);
-  fill(total_k * c.HKV * c.D, 1.5f, kb, kd);
-  fill(total_k * c.HKV * c.D, 1.0f, vb, vd);
-
-  // At least one element each, so that empty batches still have valid pointers.
-  test::DeviceBuffer<uint16_t> q_dev(std::max<size_t>(qb.size(), 1)), k_dev(std::max<size_t>(kb.size(), 8)),
-      v_dev(std::max<size_t>(vb.size(), 8)), o_dev(std::max<size_t>(qb.size(), 1));
-  test::DeviceBuffer<float> lse_dev(std::max<int64_t>(total_q * c.HQ, 1));
-  test::DeviceBuffer<int32_t> cuq_dev(cu_q), cuk_dev(cu_k);
-  if (!qb.empty()) q_dev.upload(qb);
-  if (!kb.empty()) {  // then at least D >= 64 elements: the buffers have exactly these sizes
-    k_dev.upload(kb);
-    v_dev.upload(vb);
+    total_q = cu_q.back();
+    total_k = cu_k.back();
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    auto fill = [&](int64_t count, float sigma, std::vector<uint16_t>& bits, std::vector<double>& vals) {
+      bits.resize(count);
+      vals.resize(count);
+      for (int64_t i = 0; i < count; ++i) {
+        bits[i] = round16(sigma * n(rng), c.fp16);
+        vals[i] = widen16(bits[i], c.fp16);
+      }
+    };
+    std::vector<uint16_t> qb, kb, vb;
+    fill(total_q * c.HQ * c.D, 1.0f, qb, qd);
+    fill(total_k * c.HKV * c.D, 1.5f, kb, kd);
+    fill(total_k * c.HKV * c.D, 1.0f, vb, vd);
+    if (c.fused_qkv) {
+      const int64_t heads = c.HQ + 2 * c.HKV;
+      std::vector<uint16_t> all(std::max<int64_t>(total_q * heads * c.D, 1));
+      for (int64_t t = 0; t < total_q; ++t) {
+        uint16_t* row = all.data() + t * heads * c.D;
+        std::memcpy(row, qb.data() + t * c.HQ * c.D, sizeof(uint16_t) * c.HQ * c.D);
+        std::memcpy(row + c.HQ * c.D, kb.data() + t * c.HKV * c.D, sizeof(uint16_t) * c.HKV * c.D);
+        std::memcpy(row + (c.HQ + c.HKV) * c.D, vb.data() + t * c.HKV * c.D, sizeof(uint16_t) * c.HKV * c.D);
+      }
+      qkv_dev = test::DeviceBuffer<uint16_t>(all);
+    } else {
+      // At least 8 elements each, so that empty batches still have valid, aligned pointers.
+      qb.resize(std::max<size_t>(qb.size(), 8));
+      kb.resize(std::max<size_t>(kb.size(), 8));
+      vb.resize(std::max<size_t>(vb.size(), 8));
+      q_dev = test::DeviceBuffer<uint16_t>(qb);
+      k_dev = test::DeviceBuffer<uint16_t>(kb);
+      v_dev = test::DeviceBuffer<uint16_t>(vb);
+    }
+    o_head = c.strided_out ? c.D + 8 : c.D;
+    o_token = o_head * c.HQ;
+    lse_head = c.strided_out ? std::max<int64_t>(total_q, 1) : 1;
+    lse_token = c.strided_out ? 1 : c.HQ;
+    o_elems = total_q * o_token;
+    lse_elems = total_q * c.HQ;
+    o_dev = test::DeviceBuffer<uint16_t>(o_elems + kGuard);
+    lse_dev = test::DeviceBuffer<float>(lse_elems + kGuard);
+    cuq_dev = test::DeviceBuffer<int32_t>(cu_q);
+    cuk_dev = test::DeviceBuffer<int32_t>(cu_k);
+    o_dev.poison();
+    lse_dev.poison();
   }
-  o_dev.poison();
-  lse_dev.poison();
 
-  detail::PrefillProblem pb;
-  pb.batch = B;
-  pb.num_q_heads = c.HQ;
-  pb.num_kv_heads = c.HKV;
-  pb.head_dim = c.D;
-  pb.fp16 = c.fp16;
-  pb.q = q_dev.get();
-  pb.q_stride_token = int64_t{c.HQ} * c.D;
-  pb.q_stride_head = c.D;
-  pb.k = k_dev.get();
-  pb.v = v_dev.get();
-  pb.k_stride_token = pb.v_stride_token = int64_t{c.HKV} * c.D;
-  pb.k_stride_head = pb.v_stride_head = c.D;
-  pb.o = o_dev.get();
-  pb.o_stride_token = int64_t{c.HQ} * c.D;
-  pb.o_stride_head = c.D;
-  pb.lse = lse_dev.get();
-  pb.lse_stride_token = c.HQ;
-  pb.lse_stride_head = 1;
-  pb.cu_seqlens_q = cuq_dev.get();
-  pb.cu_seqlens_k = cuk_dev.get();
-  pb.total_q = total_q;
-  pb.total_k = total_k;
-  pb.max_seqlen_q = B > 0 ? *std::max_element(c.sq.begin(), c.sq.end()) : 0;
-  pb.softmax_scale = c.params.softmax_scale != 0.0f ? c.params.softmax_scale : 1.0f / std::sqrt(float(c.D));
-  pb.softcap = c.params.softcap;
-  pb.window = c.params.window;
-  pb.causal = c.params.causal;
-  detail::launch_prefill(pb, nullptr);
-  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> o = o_dev.download();
-  const std::vector<float> lse = lse_dev.download();
+  // Views of rows x heads x D starting at `base` with the token stride `tok` (packed, or [B, S, ...] batched).
+  TensorView rows(void* base, DType dt, int64_t tokens, int heads, int64_t tok, int64_t head) const {
+    if (!c.batched) return strided(base, dt, {tokens, heads, c.D}, {tok, head, 1});
+    const int64_t B = static_cast<int64_t>(c.sq.size()), S = B > 0 ? tokens / B : 0;
+    return strided(base, dt, {B, S, heads, c.D}, {S * tok, tok, head, 1});
+  }
+  TensorView q_view() const {
+    const DType dt = c.fp16 ? DType::kFP16 : DType::kBF16;
+    if (c.fused_qkv) return rows(qkv_dev.get(), dt, total_q, c.HQ, int64_t{c.HQ + 2 * c.HKV} * c.D, c.D);
+    return rows(q_dev.get(), dt, total_q, c.HQ, int64_t{c.HQ} * c.D, c.D);
+  }
+  TensorView kv_view(bool is_v) const {
+    const DType dt = c.fp16 ? DType::kFP16 : DType::kBF16;
+    if (c.fused_qkv)
+      return rows(qkv_dev.get() + (c.HQ + (is_v ? c.HKV : 0)) * c.D, dt, total_k, c.HKV,
+                  int64_t{c.HQ + 2 * c.HKV} * c.D, c.D);
+    return rows(is_v ? v_dev.get() : k_dev.get(), dt, total_k, c.HKV, int64_t{c.HKV} * c.D, c.D);
+  }
+  TensorView o_view() const {
+    return rows(o_dev.get(), c.fp16 ? DType::kFP16 : DType::kBF16, total_q, c.HQ, o_token, o_head);
+  }
+  TensorView lse_view() const {
+    if (!c.batched) return strided(lse_dev.get(), DType::kFP32, {total_q, c.HQ}, {lse_token, lse_head});
+    const int64_t B = static_cast<int64_t>(c.sq.size()), S = B > 0 ? total_q / B : 0;
+    return strided(lse_dev.get(), DType::kFP32, {B, S, c.HQ}, {S * lse_token, lse_token, lse_head});
+  }
+  PrefillParams params() const {
+    PrefillParams p;
+    p.softmax_scale = c.params.softmax_scale;
+    p.softcap = c.params.softcap;
+    p.window = c.params.window;
+    p.causal = c.params.causal;
+    return p;
+  }
+  int max_seqlen_q() const {
+    if (max_seqlen_bound > 0) return max_seqlen_bound;
+    return c.sq.empty() ? 0 : *std::max_element(c.sq.begin(), c.sq.end());
+  }
+  // The guard elements past the views still hold the poison (0xFF bytes).
+  bool guards_intact() const {
+    const std::vector<uint16_t> o = o_dev.download();
+    const std::vector<float> lse = lse_dev.download();
+    for (int64_t i = o_elems; i < o_elems + kGuard; ++i)
+      if (o[i] != 0xFFFF) return false;
+    for (int64_t i = lse_elems; i < lse_elems + kGuard; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &lse[i], 4);
+      if (bits != 0xFFFFFFFFu) return false;
+    }
+    return true;
+  }
 
-  const PrefillRef ref =
-      reference::prefill_reference(qd, kd, vd, cu_q, cu_k, PrefillShape{B, c.HQ, c.HKV, c.D}, c.params);
-  Check r;
-  double err2 = 0.0, ref2 = 0.0;
-  auto fail = [&](const std::string& m) {
-    if (r.ok) r.message = m;
-    r.ok = false;
-  };
-  for (int64_t t = 0; t < total_q; ++t) {
-    const bool empty = ref.end[t] <= ref.begin[t];
-    for (int h = 0; h < c.HQ; ++h) {
-      const int64_t row = t * c.HQ + h;
-      double row_err2 = 0.0, row_ref2 = 0.0;
-      for (int d = 0; d < c.D; ++d) {
-        const uint16_t bits = o[row * c.D + d];
-        const double got = c.fp16 ? host::fp16_to_f32(bits) : host::bf16_to_f32(bits);
-        const double want = ref.o[row * c.D + d];
-        if (!std::isfinite(got)) {
-          fail("o(token " + std::to_string(t) + ", head " + std::to_string(h) + ", " + std::to_string(d) +
-               ") is not finite");
+  void launch(cudaStream_t stream) const {
+    if (c.batched)
+      prefill(q_view(), kv_view(false), kv_view(true), o_view(), lse_view(), params(), stream);
+    else
+      prefill_varlen(q_view(), kv_view(false), kv_view(true), strided(cuq_dev.get(), DType::kInt32,
+                     {static_cast<int64_t>(cu_q.size())}, {1}), strided(cuk_dev.get(), DType::kInt32,
+                     {static_cast<int64_t>(cu_k.size())}, {1}), max_seqlen_q(), o_view(), lse_view(), params(),
+                     stream);
+  }
+
+  // Compares the outputs on the device with the reference.
+  Check compare() const {
+    const std::vector<uint16_t> o = o_dev.download();
+    const std::vector<float> lse = lse_dev.download();
+    const int B = static_cast<int>(c.sq.size());
+    const PrefillRef ref =
+        reference::prefill_reference(qd, kd, vd, cu_q, cu_k, PrefillShape{B, c.HQ, c.HKV, c.D}, c.params);
+    Check r;
+    double err2 = 0.0, ref2 = 0.0;
+    auto fail = [&](const std::string& m) {
+      if (r.ok) r.message = m;
+      r.ok = false;
+    };
+    for (int64_t t = 0; t < total_q; ++t) {
+      const bool empty = ref.end[t] <= ref.begin[t];
+      for (int h = 0; h < c.HQ; ++h) {
+        const int64_t row = t * c.HQ + h;
+        const std::string where = "(token " + std::to_string(t) + ", head " + std::to_string(h) + ")";
+        double row_err2 = 0.0, row_ref2 = 0.0;
+        for (int d = 0; d < c.D; ++d) {
+          const double got = widen16(o[t * o_token + h * o_head + d], c.fp16);
+          const double want = ref.o[row * c.D + d];
+          if (!std::isfinite(got)) {
+            fail("o" + where + "[" + std::to_string(d) + "] is not finite");
+            continue;
+          }
+          if (empty && got != 0.0) fail("o" + where + " has no keys but is not 0");
+          row_err2 += (got - want) * (got - want);
+          row_ref2 += want * want;
+        }
+        const float l = lse[t * lse_token + h * lse_head];
+        if (empty) {
+          if (!(std::isinf(l) && l < 0)) fail("lse" + where + " has no keys but is " + std::to_string(l));
           continue;
         }
-        if (empty && got != 0.0)
-          fail("o(token " + std::to_string(t) + ", head " + std::to_string(h) + ") has no keys but is not 0");
-        row_err2 += (got - want) * (got - want);
-        row_ref2 += want * want;
+        err2 += row_err2;
+        ref2 += row_ref2;
+        const double row_err = std::sqrt(row_err2 / std::max(row_ref2, 1e-30));
+        if (row_err > 2e-2) fail("row " + where + " relative error " + std::to_string(row_err));
+        if (!(std::fabs(l - ref.lse[row]) <= 1e-2))
+          fail("lse" + where + " = " + std::to_string(l) + ", expected " + std::to_string(ref.lse[row]));
       }
-      if (empty) {
-        if (!(std::isinf(lse[row]) && lse[row] < 0))
-          fail("lse(token " + std::to_string(t) + ", head " + std::to_string(h) + ") has no keys but is " +
-               std::to_string(lse[row]));
-        continue;
-      }
-      err2 += row_err2;
-      ref2 += row_ref2;
-      const double row_err = std::sqrt(row_err2 / std::max(row_ref2, 1e-30));
-      if (row_err > 2e-2)
-        fail("row (token " + std::to_string(t) + ", head " + std::to_string(h) + ") relative error " +
-             std::to_string(row_err));
-      if (!(std::fabs(lse[row] - ref.lse[row]) <= 1e-2))
-        fail("lse(token " + std::to_string(t) + ", head " + std::to_string(h) + ") = " + std::to_string(lse[row]) +
-             ", expected " + std::to_string(ref.lse[row]));
     }
+    r.error = ref2 > 0.0 ? std::sqrt(err2 / ref2) : 0.0;
+    if (r.error > 5e-3) fail("relative Frobenius error " + std::to_string(r.error) + " > 5e-3");
+    if (!guards_intact()) fail("an output was written past its view");
+    return r;
   }
-  r.error = ref2 > 0.0 ? std::sqrt(err2 / ref2) : 0.0;
-  if (r.error > 5e-3) fail("relative Frobenius error " + std::to_string(r.error) + " > 5e-3");
-  return r;
+};
+
+// Runs the op on fresh inputs and compares with the reference.
+Check run_case(const PrefillCase& c, uint64_t seed) {
+  PrefillRun run(c, seed);
+  run.launch(nullptr);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  return run.compare();
 }
 
 class PrefillGpu : public ::testing::Test {
@@ -248,6 +326,119 @@ TEST_F(PrefillGpu, RandomConfiguration) {
   SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
   const Check r = run_case(c, seed);
   EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+}
+
+// The plain batch ([B, S, H, D]), q / k / v as head ranges of one fused buffer, padded o rows and a transposed lse.
+TEST_F(PrefillGpu, BatchedFusedAndStridedLayouts) {
+  struct L {
+    int D, S_q, S_k;
+    bool batched, fused, strided_out, causal;
+  };
+  const L grid[] = {{64, 77, 77, true, true, false, true},    {128, 1, 1, true, false, true, false},
+                    {128, 50, 300, true, false, false, true}, {256, 130, 130, true, true, true, true},
+                    {128, 200, 200, false, true, true, true}, {64, 0, 40, true, false, false, false}};
+  for (const L& l : grid) {
+    PrefillCase c;
+    c.D = l.D;
+    c.HQ = 8;
+    c.HKV = 2;
+    c.sq = {l.S_q, l.S_q, l.S_q};
+    c.sk = {l.S_k, l.S_k, l.S_k};
+    c.batched = l.batched;
+    c.fused_qkv = l.fused;
+    c.strided_out = l.strided_out;
+    c.params.causal = l.causal;
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+    const Check r = run_case(c, seed);
+    EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+  }
+}
+
+// One capture of prefill_varlen, replayed with new sequence lengths (the same totals, a max_seqlen_q bound) each
+// time; every replay matches the reference of its lengths. Two runs of one problem are bitwise equal.
+TEST_F(PrefillGpu, GraphReplayWithNewLengthsAndDeterminism) {
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed ^ 0x51ed270b27e5c3a1ull);
+  PrefillCase c;
+  c.D = 128;
+  c.HQ = 8;
+  c.HKV = 2;
+  c.sq = {100, 100, 100, 100};
+  c.sk = {150, 150, 150, 150};
+  c.params.causal = true;
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  PrefillRun run(c, seed);
+  run.max_seqlen_bound = 400;
+  test::Stream stream;
+  test::CapturedGraph graph(stream.get(), [&] { run.launch(stream.get()); });
+  for (int round = 0; round < 4; ++round) {
+    // Random cut points of 400 queries and 600 keys into 4 sequences, sq <= sk each (causal).
+    std::vector<int32_t> sq(4), sk(4);
+    int left_q = 400, left_k = 600;
+    for (int b = 0; b < 3; ++b) {
+      sq[b] = static_cast<int>(rng() % static_cast<uint64_t>(left_q + 1));
+      left_q -= sq[b];
+      const int extra = static_cast<int>(rng() % static_cast<uint64_t>(std::max(left_k - sq[b] - left_q, 0) + 1));
+      sk[b] = sq[b] + extra;
+      left_k -= sk[b];
+    }
+    sq[3] = left_q;
+    sk[3] = left_k;
+    run.c.sq = sq;
+    run.c.sk = sk;
+    run.cu_q = {0};
+    run.cu_k = {0};
+    for (int b = 0; b < 4; ++b) {
+      run.cu_q.push_back(run.cu_q.back() + sq[b]);
+      run.cu_k.push_back(run.cu_k.back() + sk[b]);
+    }
+    run.cuq_dev.upload(run.cu_q);
+    run.cuk_dev.upload(run.cu_k);
+    run.o_dev.poison();
+    run.lse_dev.poison();
+    graph.replay(stream.get());
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    const Check r = run.compare();
+    EXPECT_TRUE(r.ok) << "round " << round << ": " << r.message << " (error " << r.error << ")";
+    if (round == 3) {
+      const std::vector<uint16_t> first = run.o_dev.download();
+      const std::vector<float> first_lse = run.lse_dev.download();
+      run.o_dev.poison();
+      graph.replay(stream.get());
+      TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+      EXPECT_TRUE(run.o_dev.download() == first) << "a second run of the same problem differs";
+      const std::vector<float> again = run.lse_dev.download();
+      EXPECT_EQ(std::memcmp(again.data(), first_lse.data(), again.size() * 4), 0) << "lse differs between runs";
+    }
+  }
+}
+
+// Device lengths that break the contract (past the totals, decreasing, negative) compute garbage but never write
+// outside o and lse (the guards behind them stay poisoned) nor read outside q, k and v (compute-sanitizer).
+TEST_F(PrefillGpu, WrongDeviceLengthsStayInBounds) {
+  const uint64_t seed = test::fresh_seed();
+  PrefillCase c;
+  c.D = 64;
+  c.HQ = 4;
+  c.HKV = 2;
+  c.sq = {100, 100, 56};
+  c.sk = {100, 100, 56};
+  c.params.causal = true;
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  PrefillRun run(c, seed);
+  run.max_seqlen_bound = 1000;
+  const std::vector<std::vector<int32_t>> bad = {
+      {0, 200, 700, 900}, {0, 250, 100, 256}, {-300, 0, 128, 256}, {0, 100, 200, 1 << 30}};
+  for (const auto& cu : bad) {
+    run.cuq_dev.upload(cu);
+    run.cuk_dev.upload(cu);
+    run.o_dev.poison();
+    run.lse_dev.poison();
+    run.launch(nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(run.guards_intact()) << "cu_seqlens " << cu[0] << "," << cu[1] << "," << cu[2] << "," << cu[3];
+  }
 }
 
 }  // namespace

@@ -17,15 +17,17 @@ namespace {
 constexpr int64_t kMaxRows = INT32_MAX;      // token indices are int32 on the device
 constexpr int64_t kMaxGridDim = 65535;       // heads and sequences are grid dims y and z
 
-// q, k, v: [rows, heads, D] of `dtype`, rows as whole 16-byte vectors (TMA), strides within the map's limit.
-void check_rows(const ArgCheck& check, const TensorView& t, const char* arg, const char* what) {
-  if (t.rank != 3) check.fail(arg, "must have rank 3 (" + std::string(what) + "), got rank " + str(t.rank));
+// q, k, v: [rows, heads, D] (packed) or [B, rows, heads, D] (batch) of one dtype, rows as whole 16-byte vectors
+// (TMA), strides within the map's limit.
+void check_rows(const ArgCheck& check, const TensorView& t, const char* arg, int rank, const char* what) {
+  if (t.rank != rank) check.fail(arg, "must have rank " + str(rank) + " (" + what + "), got rank " + str(t.rank));
   check_layout(check, t, arg, true, kVectorBytes, kVectorBytes);
   const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  for (int d = 0; d < 2; ++d)
+  for (int d = 0; d < rank - 1; ++d)
     if (t.strides[d] * elem >= kMaxTmaStrideBytes)
       check.fail(arg, "must have strides below 2^40 bytes, got " + str(t.strides[d]) + " in dim " + str(d));
-  if (t.shape[0] > kMaxRows) check.fail(arg, "must have at most 2^31 - 1 rows, got " + str(t.shape[0]));
+  if (t.shape[rank - 3] > kMaxRows)
+    check.fail(arg, "must have at most 2^31 - 1 rows, got " + str(t.shape[rank - 3]));
 }
 
 // cu_seqlens: int32 [B + 1], contiguous.
@@ -39,54 +41,88 @@ void check_cu_seqlens(const ArgCheck& check, const TensorView& t, const char* ar
 }  // namespace
 
 PrefillProblem check_prefill(const char* op, const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
-                             const TensorView& cu_q_in, const TensorView& cu_k_in, int64_t max_seqlen_q,
-                             const TensorView& o_in, const std::optional<TensorView>& lse_in,
+                             const std::optional<TensorView>& cu_q_in, const std::optional<TensorView>& cu_k_in,
+                             int64_t max_seqlen_q, const TensorView& o_in, const std::optional<TensorView>& lse_in,
                              const PrefillParams& params) {
   const ArgCheck check(op);
+  const bool packed = cu_q_in.has_value() || cu_k_in.has_value();
+  if (packed && !cu_q_in) check.fail("cu_seqlens_q", "must be given with cu_seqlens_k");
+  if (packed && !cu_k_in) check.fail("cu_seqlens_k", "must be given with cu_seqlens_q");
+  const int rank = packed ? 3 : 4, t0 = rank - 3;  // t0: the token dim
   const TensorView q = normalized(q_in), k = normalized(k_in), v = normalized(v_in);
 
   // ---- q, k, v
   check.dtype(q, "q", {DType::kBF16, DType::kFP16});
-  check_rows(check, q, "q", "[total_q, HQ, D]");
-  const int64_t total_q = q.shape[0], HQ = q.shape[1], D = q.shape[2];
-  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) of 64, 128 or 256, got " + str(D));
-  if (HQ < 1 || HQ > kMaxGridDim) check.fail("q", "must have 1 to 65535 heads (dim 1), got " + str(HQ));
+  check_rows(check, q, "q", rank, packed ? "[total_q, HQ, D]" : "[B, Sq, HQ, D]");
+  const int64_t rows_q = q.shape[t0], HQ = q.shape[t0 + 1], D = q.shape[t0 + 2];
+  if (!supported_head_dim(D))
+    check.fail("q", "must have head dim D (dim " + str(t0 + 2) + ") of 64, 128 or 256, got " + str(D));
+  if (HQ < 1 || HQ > kMaxGridDim)
+    check.fail("q", "must have 1 to 65535 heads (dim " + str(t0 + 1) + "), got " + str(HQ));
   check.same_dtype(q, "q", k, "k");
-  check_rows(check, k, "k", "[total_k, HKV, D]");
-  const int64_t total_k = k.shape[0], HKV = k.shape[1];
-  if (k.shape[2] != D) check.fail("k", "must have the head dim of q (" + str(D) + "), got " + str(k.shape[2]));
+  check_rows(check, k, "k", rank, packed ? "[total_k, HKV, D]" : "[B, Sk, HKV, D]");
+  const int64_t rows_k = k.shape[t0], HKV = k.shape[t0 + 1];
+  if (k.shape[t0 + 2] != D)
+    check.fail("k", "must have the head dim of q (" + str(D) + "), got " + str(k.shape[t0 + 2]));
   if (HKV < 1 || HQ % HKV != 0)
-    check.fail("k", "must have a number of heads (dim 1) that divides q's " + str(HQ) + ", got " + str(HKV));
+    check.fail("k", "must have a number of heads (dim " + str(t0 + 1) + ") that divides q's " + str(HQ) + ", got " +
+                        str(HKV));
   check.same_dtype(q, "q", v, "v");
-  check_shape(check, v, "v", {total_k, HKV, D}, "[total_k, HKV, D] (the shape of k)");
-  check_rows(check, v, "v", "[total_k, HKV, D]");
+  int64_t B = 0;
+  if (packed) {
+    check_shape(check, v, "v", {rows_k, HKV, D}, "[total_k, HKV, D] (the shape of k)");
+  } else {
+    B = q.shape[0];
+    if (k.shape[0] != B) check.fail("k", "must have q's batch size " + str(B) + " (dim 0), got " + str(k.shape[0]));
+    check_shape(check, v, "v", {B, rows_k, HKV, D}, "[B, Sk, HKV, D] (the shape of k)");
+  }
+  check_rows(check, v, "v", rank, packed ? "[total_k, HKV, D]" : "[B, Sk, HKV, D]");
 
   // ---- lengths
-  const int64_t entries = cu_q_in.rank == 1 ? cu_q_in.shape[0] : -1;
-  const TensorView cu_q = normalized(cu_q_in), cu_k = normalized(cu_k_in);
-  if (entries < 1) check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in.shape_str());
-  check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
-  check_cu_seqlens(check, cu_k, "cu_seqlens_k", entries);
-  const int64_t B = entries - 1;
-  if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
-  if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+  TensorView cu_q{}, cu_k{};
+  if (packed) {
+    const int64_t entries = cu_q_in->rank == 1 ? cu_q_in->shape[0] : -1;
+    cu_q = normalized(*cu_q_in);
+    cu_k = normalized(*cu_k_in);
+    if (entries < 1)
+      check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in->shape_str());
+    check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
+    check_cu_seqlens(check, cu_k, "cu_seqlens_k", entries);
+    B = entries - 1;
+    if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
+    if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+  } else {
+    if (B > kMaxGridDim) check.fail("q", "must have a batch of at most 65535 sequences, got " + str(B));
+    if (params.causal && rows_q > rows_k)
+      check.fail("q", "must have Sq <= Sk when causal (bottom-right aligned: early queries would see no key), got "
+                      "Sq " + str(rows_q) + " > Sk " + str(rows_k));
+  }
 
   // ---- outputs
   const TensorView o = normalized(o_in);
   check.same_dtype(q, "q", o, "o");
-  check_shape(check, o, "o", {total_q, HQ, D}, "[total_q, HQ, D] (the shape of q)");
+  if (packed)
+    check_shape(check, o, "o", {rows_q, HQ, D}, "[total_q, HQ, D] (the shape of q)");
+  else
+    check_shape(check, o, "o", {B, rows_q, HQ, D}, "[B, Sq, HQ, D] (the shape of q)");
   check_layout(check, o, "o", true, 4, 4);  // written as pairs of 16-bit values
   check_no_self_overlap(check, o, "o");
   std::optional<TensorView> lse;
   if (lse_in) {
     lse = normalized(*lse_in);
     check.dtype(*lse, "lse", {DType::kFP32});
-    check_shape(check, *lse, "lse", {total_q, HQ}, "[total_q, HQ]");
+    if (packed)
+      check_shape(check, *lse, "lse", {rows_q, HQ}, "[total_q, HQ]");
+    else
+      check_shape(check, *lse, "lse", {B, rows_q, HQ}, "[B, Sq, HQ]");
     check_layout(check, *lse, "lse", false, 0, 4);
     check_no_self_overlap(check, *lse, "lse");
   }
-  std::vector<Named> inputs = {{&q_in, "q"}, {&k_in, "k"}, {&v_in, "v"}, {&cu_q_in, "cu_seqlens_q"},
-                               {&cu_k_in, "cu_seqlens_k"}};
+  std::vector<Named> inputs = {{&q_in, "q"}, {&k_in, "k"}, {&v_in, "v"}};
+  if (packed) {
+    inputs.push_back({&*cu_q_in, "cu_seqlens_q"});
+    inputs.push_back({&*cu_k_in, "cu_seqlens_k"});
+  }
   std::vector<Named> outputs = {{&o_in, "o"}};
   if (lse_in) outputs.push_back({&*lse_in, "lse"});
   check_outputs_apart(check, inputs, outputs);
@@ -110,22 +146,27 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   p.num_kv_heads = static_cast<int>(HKV);
   p.head_dim = static_cast<int>(D);
   p.fp16 = q.dtype == DType::kFP16;
-  // A [rows, heads, ...] view's data and its (token, head) strides in elements.
-  const auto take = [](const TensorView& t, auto*& data, int64_t& stride_token, int64_t& stride_head) {
+  // A view's data and its (token, head, batch) strides in elements; the batch stride stays 0 when packed.
+  const auto take = [&](const TensorView& t, auto*& data, int64_t& stride_token, int64_t& stride_head,
+                        int64_t& stride_batch) {
     data = static_cast<std::remove_reference_t<decltype(data)>>(t.data);
-    stride_token = t.strides[0];
-    stride_head = t.strides[1];
+    stride_token = t.strides[t0];
+    stride_head = t.strides[t0 + 1];
+    if (!packed) stride_batch = t.strides[0];
   };
-  take(q, p.q, p.q_stride_token, p.q_stride_head);
-  take(k, p.k, p.k_stride_token, p.k_stride_head);
-  take(v, p.v, p.v_stride_token, p.v_stride_head);
-  take(o, p.o, p.o_stride_token, p.o_stride_head);
-  if (lse) take(*lse, p.lse, p.lse_stride_token, p.lse_stride_head);
-  p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
-  p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data);
-  p.total_q = total_q;
-  p.total_k = total_k;
-  p.max_seqlen_q = static_cast<int>(max_seqlen_q < total_q ? max_seqlen_q : total_q);  // no sequence has more
+  take(q, p.q, p.q_stride_token, p.q_stride_head, p.q_stride_batch);
+  take(k, p.k, p.k_stride_token, p.k_stride_head, p.k_stride_batch);
+  take(v, p.v, p.v_stride_token, p.v_stride_head, p.v_stride_batch);
+  take(o, p.o, p.o_stride_token, p.o_stride_head, p.o_stride_batch);
+  if (lse) take(*lse, p.lse, p.lse_stride_token, p.lse_stride_head, p.lse_stride_batch);
+  if (packed) {
+    p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
+    p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data);
+  }
+  p.total_q = rows_q;
+  p.total_k = rows_k;
+  // No sequence has more queries than q has rows; the plain batch has exactly Sq.
+  p.max_seqlen_q = static_cast<int>(packed && max_seqlen_q < rows_q ? max_seqlen_q : rows_q);
   p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale
                                                  : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
   p.softcap = params.softcap;

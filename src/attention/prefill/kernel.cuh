@@ -55,16 +55,18 @@ struct PrefillTile {
 using ::tessera::detail::pack2;
 
 struct PrefillArgs {
-  // 3-D maps of q, k and v over (D, tokens, heads), boxes of (64 elements, rows, 1) with the 128-byte swizzle:
-  // q boxes of kPrefillBlockM rows, k and v boxes of kBlockN rows.
+  // 4-D maps of q, k and v over (D, tokens, heads, batch), boxes of (64 elements, rows, 1, 1) with the 128-byte
+  // swizzle: q boxes of kPrefillBlockM rows, k and v boxes of kBlockN rows. Packed: a batch of one.
   CUtensorMap q_map, k_map, v_map;
   void* o = nullptr;
-  int64_t o_stride_token = 0, o_stride_head = 0;
+  int64_t o_stride_token = 0, o_stride_head = 0, o_stride_batch = 0;
   float* lse = nullptr;
-  int64_t lse_stride_token = 0, lse_stride_head = 0;
-  const int32_t* cu_seqlens_q = nullptr;
+  int64_t lse_stride_token = 0, lse_stride_head = 0, lse_stride_batch = 0;
+  const int32_t* cu_seqlens_q = nullptr;  // null: the plain batch, every sequence total_q queries and total_k keys
   const int32_t* cu_seqlens_k = nullptr;
-  int64_t total_q = 0;  // rows of q and o: a token outside [0, total_q) (a wrong cu_seqlens_q) is never written
+  // Rows of q and o per batch entry: a token outside [0, total_q) (a wrong cu_seqlens_q) is never written.
+  int64_t total_q = 0;
+  int total_k = 0;
   int group = 0;  // HQ / HKV
   int num_m_blocks = 0;
   float scale_log2 = 0.0f;  // softmax_scale · log2(e) (no softcap), or softmax_scale / softcap (softcap)
@@ -92,8 +94,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   // Late query tiles first: under a causal mask they attend to the most keys.
   const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z;
-  const int q0 = a.cu_seqlens_q[b], sq = a.cu_seqlens_q[b + 1] - q0;
-  const int k0 = a.cu_seqlens_k[b], sk = a.cu_seqlens_k[b + 1] - k0;
+  const bool packed = a.cu_seqlens_q != nullptr;
+  const int bc = packed ? 0 : b;  // the batch coordinate of the maps and outputs
+  const int q0 = packed ? a.cu_seqlens_q[b] : 0, sq = packed ? a.cu_seqlens_q[b + 1] - q0 : static_cast<int>(a.total_q);
+  const int k0 = packed ? a.cu_seqlens_k[b] : 0, sk = packed ? a.cu_seqlens_k[b + 1] - k0 : a.total_k;
   if (m_block * kPrefillBlockM >= sq) return;  // the whole CTA: no barrier has been touched
   const int kvh = h / a.group;
   // Positions (bottom-right aligned) of the tile's first and last query rows, and the key range they attend to.
@@ -124,7 +128,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
 #pragma unroll
     for (int c = 0; c < Tile::kChunks; ++c)
-      ptx::tma_load_3d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h);
+      ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h,
+                       bc);
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
       const int stage = it % kStages;
       const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
@@ -135,12 +140,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       ptx::mbarrier_arrive_expect_tx(&k_full[stage], Tile::kKVBytes);
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
-        ptx::tma_load_3d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh);
+        ptx::tma_load_4d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh, bc);
       if (it >= kStages) ptx::mbarrier_wait_parity(&empty_v[stage], empty_parity);
       ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
-        ptx::tma_load_3d(v_dst + c * Tile::kKVChunkBytes, &a.v_map, &v_full[stage], 64 * c, row, kvh);
+        ptx::tma_load_4d(v_dst + c * Tile::kKVChunkBytes, &a.v_map, &v_full[stage], 64 * c, row, kvh, bc);
     }
     return;
   }
@@ -331,12 +336,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     const int64_t tok = static_cast<int64_t>(q0) + qi;
     if (qi >= sq || tok < 0 || tok >= a.total_q) continue;
     uint32_t* orow = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.o) + tok * a.o_stride_token +
-                                                 h * a.o_stride_head);
+                                                 h * a.o_stride_head + bc * a.o_stride_batch);
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j)
       orow[4 * j + c] = pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
     if (a.lse != nullptr && c == 0)
-      a.lse[tok * a.lse_stride_token + h * a.lse_stride_head] =
+      a.lse[tok * a.lse_stride_token + h * a.lse_stride_head + bc * a.lse_stride_batch] =
           lse2[hr] == -INFINITY ? -INFINITY : lse2[hr] * 0.69314718055994531f;
   }
 }

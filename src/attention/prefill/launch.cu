@@ -51,23 +51,33 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   using ::tessera::detail::TmaElement;
   PrefillArgs a;
   const int64_t D = pb.head_dim;
-  // Maps over (D, tokens, heads); k / v with no rows (every sequence empty) get a one-row extent, never read.
-  a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, pb.q_stride_token,
-                                  pb.q_stride_head, kPrefillBlockM);
+  const bool packed = pb.cu_seqlens_q != nullptr;
+  const int64_t maps_batch = packed ? 1 : pb.batch;
+  // Maps over (D, tokens, heads, batch); packed: a batch of one, whose stride (never applied) repeats the head
+  // stride so that the driver sees a valid one. k / v with no rows (every sequence empty) get a one-row extent,
+  // never read.
+  a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, maps_batch,
+                                  pb.q_stride_token, pb.q_stride_head, packed ? pb.q_stride_head : pb.q_stride_batch,
+                                  kPrefillBlockM);
   const int64_t k_rows = pb.total_k > 0 ? pb.total_k : 1;
-  a.k_map = make_tensor_map_sw128(pb.k, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, pb.k_stride_token,
-                                  pb.k_stride_head, block_n(pb.head_dim));
-  a.v_map = make_tensor_map_sw128(pb.v, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, pb.v_stride_token,
-                                  pb.v_stride_head, block_n(pb.head_dim));
+  a.k_map = make_tensor_map_sw128(pb.k, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, maps_batch, pb.k_stride_token,
+                                  pb.k_stride_head, packed ? pb.k_stride_head : pb.k_stride_batch,
+                                  block_n(pb.head_dim));
+  a.v_map = make_tensor_map_sw128(pb.v, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, maps_batch, pb.v_stride_token,
+                                  pb.v_stride_head, packed ? pb.v_stride_head : pb.v_stride_batch,
+                                  block_n(pb.head_dim));
   a.o = pb.o;
   a.o_stride_token = pb.o_stride_token;
   a.o_stride_head = pb.o_stride_head;
+  a.o_stride_batch = pb.o_stride_batch;
   a.lse = pb.lse;
   a.lse_stride_token = pb.lse_stride_token;
   a.lse_stride_head = pb.lse_stride_head;
+  a.lse_stride_batch = pb.lse_stride_batch;
   a.cu_seqlens_q = pb.cu_seqlens_q;
   a.cu_seqlens_k = pb.cu_seqlens_k;
   a.total_q = pb.total_q;
+  a.total_k = static_cast<int>(pb.total_k);
   a.group = pb.num_q_heads / pb.num_kv_heads;
   a.num_m_blocks = (pb.max_seqlen_q + kPrefillBlockM - 1) / kPrefillBlockM;
   constexpr float kLog2e = 1.4426950408889634f;
