@@ -179,8 +179,9 @@ void prefill(const TensorView& q, const TensorView& k, const TensorView& v, cons
 // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and k / v rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]). max_seqlen_q: a
 // host bound on every sequence's query count, used only to size the grid (query rows past it are not computed).
 // o like q, lse fp32 [total_q, HQ] or none. Device values are never read by the host, so they are not validated:
-// cu_seqlens must start at 0, not decrease and end at total_q / total_k, with Sq <= Sk for causal rows to have
-// keys. Whatever they hold, nothing outside q, k, v, o and lse is read or written.
+// cu_seqlens must start at 0 and not decrease, and end at most at total_q / total_k (rows past cu_seqlens_q[B] are
+// not written: q may be sized for a graph's largest batch), with Sq <= Sk for causal rows to have keys. Whatever
+// they hold, nothing outside q, k, v, o and lse is read or written.
 void prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& cu_seqlens_q,
                     const TensorView& cu_seqlens_k, int64_t max_seqlen_q, const TensorView& o,
                     const std::optional<TensorView>& lse, const PrefillParams& params, cudaStream_t stream);
