@@ -42,6 +42,7 @@ default_tests=(
   'AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
   'PrefillGpu.RandomConfiguration'
+  'PrefillGpu.GraphReplayWithNewLengthsAndDeterminism'
   'FusedGateGpu.CudaGraphCaptureAndReplay'
   'FusedGateGpu.ExactTiesGoToTheLowerIndex'
   'FusedGateGpu.NearTies'

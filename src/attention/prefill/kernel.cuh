@@ -295,9 +295,15 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::wgmma_fence_registers(s_acc);
     release(empty_k, 0);
     softmax(0);
-    convert_p();
-    // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1.
+    // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1. An iteration ends with the softmax of tile t and
+    // starts by waiting for P·V of tile t - 2 before P of tile t - 1 takes the fragments: the wait sits behind the
+    // loop's back edge, where ptxas cannot schedule it ahead of the softmax (inside one block it does, which
+    // serializes the softmax behind P·V).
     for (int t = 1; t < n_tiles; ++t) {
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_registers(o_acc);
+      if (t >= 2) release(empty_v, t - 2);
+      convert_p();
       ptx::named_barrier_sync(my_turn, 256);
       issue_s(t);
       issue_pv(t - 1);
@@ -306,11 +312,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       ptx::wgmma_fence_registers(s_acc);
       release(empty_k, t);
       softmax(t);
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(o_acc);
-      release(empty_v, t - 1);
-      convert_p();
     }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(o_acc);
+    if (n_tiles >= 2) release(empty_v, n_tiles - 2);
+    convert_p();
     // Turn n_tiles: P·V of the last tile.
     ptx::named_barrier_sync(my_turn, 256);
     issue_pv(n_tiles - 1);
