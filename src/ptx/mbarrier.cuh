@@ -49,4 +49,21 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t par
   }
 }
 
+// The same wait for a thread that may wait long and shares its scheduler with busy warps (a TMA producer): each
+// try_wait may suspend the thread up to `suspend_ns` until the phase completes, instead of returning at once, so the
+// loop does not take issue slots from the warps that do the work (measured on prefill, docs/perf/prefill.md v4).
+__device__ __forceinline__ void mbarrier_wait_parity_suspend(uint64_t* bar, uint32_t parity,
+                                                             uint32_t suspend_ns = 1000000) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2, %3;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity), "r"(suspend_ns)
+        : "memory");
+  } while (done == 0);
+}
+
 }  // namespace tessera::ptx

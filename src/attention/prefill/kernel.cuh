@@ -33,6 +33,8 @@ inline constexpr int kPrefillBlockM = 128;  // query rows per CTA: two consumer 
 inline constexpr int kPrefillThreads = 384;
 inline constexpr int kPrefillProducerRegs = 24;
 inline constexpr int kPrefillConsumerRegs = 240;
+// log2 of the factor by which a row's running max may trail its true max before O is rescaled (P <= 2^kMaxSlack).
+inline constexpr float kMaxSlack = 8.0f;
 static_assert(kPrefillProducerRegs * 128 + kPrefillConsumerRegs * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384,
               "setmaxnreg budget exceeds the registers of the CTA");
 
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
       const int stage = it % kStages;
       const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
-      if (it >= kStages) ptx::mbarrier_wait_parity(&empty_k[stage], empty_parity);
+      if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&empty_k[stage], empty_parity);
       uint8_t* k_dst = ring + stage * Tile::kStageBytes;
       uint8_t* v_dst = k_dst + Tile::kKVBytes;
       const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
         ptx::tma_load_4d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh, bc);
-      if (it >= kStages) ptx::mbarrier_wait_parity(&empty_v[stage], empty_parity);
+      if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&empty_v[stage], empty_parity);
       ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
@@ -175,14 +177,37 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const uint8_t* q_rows = q_tile + cw * 64 * 128;  // this warpgroup's 64 rows of every column block
 
   // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each), one commit group.
+  // Descriptor bases: a tile's descriptor plus (byte offset >> 4) addresses the same layout further on (the start
+  // address field holds address >> 4; shared memory stays below 2^18 bytes, so the sum never carries out of it).
+  // D 256 (128 accumulator registers for O) keeps no bases in registers: ptxas spills them there; it computes each
+  // descriptor from its address instead.
+  constexpr bool kHoist = kD != 256;
+  const uint64_t q_desc = ptx::wgmma_desc_k_major_sw128(q_rows);
+  const uint64_t k_desc = ptx::wgmma_desc_k_major_sw128(ring);
+  const uint64_t v_desc = ptx::wgmma_desc_mn_major_sw128(ring + Tile::kKVBytes, Tile::kKVChunkBytes);
+  // The descriptors of Q's k-step ks, of K's k-step ks in stage `stage`, and of V's k-step kk in stage `stage`.
+  auto desc_q = [&](int ks) {
+    if constexpr (kHoist) return q_desc + (ks / 4) * (Tile::kQChunkBytes >> 4) + 2 * (ks % 4);
+    return ptx::wgmma_desc_k_major_sw128(q_rows + (ks / 4) * Tile::kQChunkBytes) + 2 * (ks % 4);
+  };
+  auto desc_k = [&](int stage, int ks) {
+    if constexpr (kHoist)
+      return k_desc + static_cast<uint64_t>(stage * (Tile::kStageBytes >> 4)) + (ks / 4) * (Tile::kKVChunkBytes >> 4) +
+             2 * (ks % 4);
+    return ptx::wgmma_desc_k_major_sw128(ring + stage * Tile::kStageBytes + (ks / 4) * Tile::kKVChunkBytes) +
+           2 * (ks % 4);
+  };
+  auto desc_v = [&](int stage, int kk) {
+    if constexpr (kHoist) return v_desc + static_cast<uint64_t>(stage * (Tile::kStageBytes >> 4)) + kk * (2048 >> 4);
+    return ptx::wgmma_desc_mn_major_sw128(ring + stage * Tile::kStageBytes + Tile::kKVBytes + kk * 2048,
+                                          Tile::kKVChunkBytes);
+  };
   auto issue_s = [&](int t) {
-    const uint8_t* k_tile = ring + (t % kStages) * Tile::kStageBytes;
     ptx::mbarrier_wait_parity(&k_full[t % kStages], (t / kStages) & 1);
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      const uint64_t da = ptx::wgmma_desc_k_major_sw128(q_rows + (ks / 4) * Tile::kQChunkBytes) + 2 * (ks % 4);
-      const uint64_t db = ptx::wgmma_desc_k_major_sw128(k_tile + (ks / 4) * Tile::kKVChunkBytes) + 2 * (ks % 4);
+      const uint64_t da = desc_q(ks), db = desc_k(t % kStages, ks);
       if constexpr (kFP16)
         ptx::Wgmma<kBlockN>::mma_f16(s_acc, da, db, ks > 0);
       else
@@ -193,19 +218,20 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   // O = alpha · O + P V of tile t: V's rows are the keys (K of this product), 16 per step (two 8-row swizzle atoms,
   // 2048 bytes), one commit group.
   auto issue_pv = [&](int t) {
-    const uint8_t* v_tile = ring + (t % kStages) * Tile::kStageBytes + Tile::kKVBytes;
+    if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {  // per warp: its 16 rows
 #pragma unroll
-    for (int j = 0; j < kORegs / 4; ++j) {
-      o_acc[4 * j] *= alpha[0];
-      o_acc[4 * j + 1] *= alpha[0];
-      o_acc[4 * j + 2] *= alpha[1];
-      o_acc[4 * j + 3] *= alpha[1];
+      for (int j = 0; j < kORegs / 4; ++j) {
+        o_acc[4 * j] *= alpha[0];
+        o_acc[4 * j + 1] *= alpha[0];
+        o_acc[4 * j + 2] *= alpha[1];
+        o_acc[4 * j + 3] *= alpha[1];
+      }
     }
     ptx::mbarrier_wait_parity(&v_full[t % kStages], (t / kStages) & 1);
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t db = ptx::wgmma_desc_mn_major_sw128(v_tile + kk * 2048, Tile::kKVChunkBytes);
+      const uint64_t db = desc_v(t % kStages, kk);
       if constexpr (kFP16)
         ptx::Wgmma<kD>::mma_f16_rs_tb(o_acc, p_frag[kk], db, 1);
       else
@@ -244,32 +270,32 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     }
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      // Two independent chains each for the row max and the row sum.
-      float mx0 = -INFINITY, mx1 = -INFINITY;
+      // Four independent chains each for the row max and the row sum (the chains' latency, not the ALU, bounds them).
+      float mx4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < kSRegs / 4; j += 2) {
-        mx0 = fmaxf(mx0, fmaxf(s_acc[4 * j + 2 * hr], s_acc[4 * j + 2 * hr + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s_acc[4 * j + 4 + 2 * hr], s_acc[4 * j + 4 + 2 * hr + 1]));
-      }
-      float mx = fmaxf(mx0, mx1);
+      for (int j = 0; j < kSRegs / 4; ++j)
+        mx4[j % 4] = fmaxf(mx4[j % 4], fmaxf(s_acc[4 * j + 2 * hr], s_acc[4 * j + 2 * hr + 1]));
+      float mx = fmaxf(fmaxf(mx4[0], mx4[1]), fmaxf(mx4[2], mx4[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m_run[hr], mx * mul);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // a row without keys so far keeps zero weight
-      alpha[hr] = ptx::ex2_approx_ftz(m_run[hr] - base);
-      m_run[hr] = m_new;
-      float sum0 = 0.0f, sum1 = 0.0f;
+      // The running max moves only when the tile's max exceeds it by more than kMaxSlack (FlashAttention-4's
+      // conditional rescale): P stays below 2^kMaxSlack, O and l stay relative to the same (stale) max, so the result
+      // is unchanged, and most tiles then leave O unscaled (alpha 1). -inf + slack is -inf: a row's first keys move it.
+      const float m_tile = mx * mul;
+      const bool grow = m_tile > m_run[hr] + kMaxSlack;
+      alpha[hr] = grow ? ptx::ex2_approx_ftz(m_run[hr] - m_tile) : 1.0f;
+      m_run[hr] = grow ? m_tile : m_run[hr];
+      const float base = m_run[hr] == -INFINITY ? 0.0f : m_run[hr];  // a row without keys so far keeps zero weight
+      float sum4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int j = 0; j < kSRegs / 4; ++j) {
         const float p0 = ptx::ex2_approx_ftz(fmaf(s_acc[4 * j + 2 * hr], mul, -base));
         const float p1 = ptx::ex2_approx_ftz(fmaf(s_acc[4 * j + 2 * hr + 1], mul, -base));
         s_acc[4 * j + 2 * hr] = p0;
         s_acc[4 * j + 2 * hr + 1] = p1;
-        if (j % 2 == 0)
-          sum0 += p0 + p1;
-        else
-          sum1 += p0 + p1;
+        sum4[j % 4] += p0 + p1;
       }
+      const float sum0 = sum4[0] + sum4[1], sum1 = sum4[2] + sum4[3];
       l_run[hr] = l_run[hr] * alpha[hr] + (sum0 + sum1);
     }
   };
