@@ -43,6 +43,7 @@ default_tests=(
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
   'PrefillGpu.RandomConfiguration'
   'PrefillGpu.GraphReplayWithNewLengthsAndDeterminism'
+  'PrefillCacheGpu.GroupsWindowsSoftcapAndRandomConfiguration'
   'FusedGateGpu.CudaGraphCaptureAndReplay'
   'FusedGateGpu.ExactTiesGoToTheLowerIndex'
   'FusedGateGpu.NearTies'

@@ -367,6 +367,51 @@ void append_kv(const py::object& k_new, const py::object& v_new, const py::objec
   ta::append_kv(k_new_v, v_new_v, positions_v, cache, as_stream(stream));
 }
 
+// ---- attention prefill ----------------------------------------------------------------------------------------
+// Preallocated out (and lse, or None); no workspace. cu_seqlens_q / cu_seqlens_k are read on the device only.
+
+ta::PrefillParams prefill_params(float softmax_scale, float softcap, int window, bool causal) {
+  ta::PrefillParams params;
+  params.softmax_scale = softmax_scale;
+  params.softcap = softcap;
+  params.window = window;
+  params.causal = causal;
+  return params;
+}
+
+void attention_prefill(const py::object& q, const py::object& k, const py::object& v, const py::object& out,
+                       const py::object& lse, float softmax_scale, float softcap, int window, bool causal,
+                       std::uintptr_t stream) {
+  constexpr const char* op = "tessera.attention_prefill";
+  const ta::PrefillParams params = prefill_params(softmax_scale, softcap, window, causal);
+  const TensorView q_v = view_of(q, op, "q");
+  const TensorView k_v = view_of(k, op, "k");
+  const TensorView v_v = view_of(v, op, "v");
+  const TensorView out_v = view_of(out, op, "out");
+  const std::optional<TensorView> lse_v = optional_view_of(lse, op, "lse");
+
+  py::gil_scoped_release no_gil;
+  ta::prefill(q_v, k_v, v_v, out_v, lse_v, params, as_stream(stream));
+}
+
+void attention_prefill_varlen(const py::object& q, const py::object& k, const py::object& v,
+                              const py::object& cu_seqlens_q, const py::object& cu_seqlens_k, int64_t max_seqlen_q,
+                              const py::object& out, const py::object& lse, float softmax_scale, float softcap,
+                              int window, bool causal, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.attention_prefill_varlen";
+  const ta::PrefillParams params = prefill_params(softmax_scale, softcap, window, causal);
+  const TensorView q_v = view_of(q, op, "q");
+  const TensorView k_v = view_of(k, op, "k");
+  const TensorView v_v = view_of(v, op, "v");
+  const TensorView cu_q_v = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+  const TensorView cu_k_v = view_of(cu_seqlens_k, op, "cu_seqlens_k");
+  const TensorView out_v = view_of(out, op, "out");
+  const std::optional<TensorView> lse_v = optional_view_of(lse, op, "lse");
+
+  py::gil_scoped_release no_gil;
+  ta::prefill_varlen(q_v, k_v, v_v, cu_q_v, cu_k_v, max_seqlen_q, out_v, lse_v, params, as_stream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -468,4 +513,19 @@ PYBIND11_MODULE(_C, m) {
         "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots). "
         "k_residual: [B, 64, HKV, D] in k_new's dtype, required for 'int8_kchannel' / 'int4_kchannel' (read and "
         "written: the 16-bit keys of the last two blocks written), None otherwise.");
+
+  m.def("attention_prefill", &attention_prefill, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+        py::arg("lse"), py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("causal"),
+        py::arg("stream"),
+        "Prefill attention over a plain batch into preallocated out [B, Sq, HQ, D] (and lse fp32 [B, Sq, HQ], or "
+        "None): q [B, Sq, HQ, D], k and v [B, Sk, HKV, D], bf16 | fp16. causal is bottom-right aligned; window "
+        "counts the query's own position (0: off); softmax_scale 0 = 1/sqrt(D); softcap 0: off. No workspace.");
+
+  m.def("attention_prefill_varlen", &attention_prefill_varlen, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"), py::arg("out"), py::arg("lse"),
+        py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("causal"), py::arg("stream"),
+        "Prefill attention over a packed variable-length batch into preallocated out [total_q, HQ, D] (and lse "
+        "fp32 [total_q, HQ], or None): q [total_q, HQ, D], k and v [total_k, HKV, D], cu_seqlens_q / cu_seqlens_k "
+        "int32 [B + 1] on the device (read there only, not validated); max_seqlen_q bounds every sequence's "
+        "queries. Parameters as attention_prefill.");
 }

@@ -383,6 +383,56 @@ void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tenso
   }
 }
 
+// ---- attention prefill -------------------------------------------------------------------------------------------
+// Both forms write out (and lse) and nothing else: no workspace, so nothing is allocated here. The sequence lengths
+// of the varlen form (cu_seqlens_q / _k) are device values, read on the device only.
+
+ta::PrefillParams prefill_params(const char* op, double softmax_scale, double softcap, int64_t window, bool causal) {
+  ta::PrefillParams params;
+  params.softmax_scale = static_cast<float>(softmax_scale);
+  params.softcap = static_cast<float>(softcap);
+  params.window = narrow(window, op, "window");
+  params.causal = causal;
+  return params;
+}
+
+void attention_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                       const std::optional<at::Tensor>& lse, double softmax_scale, double softcap, int64_t window,
+                       bool causal) {
+  constexpr const char* op = "tessera.attention_prefill";
+  {
+    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+    const c10::Device device = device_of(q, op, "q");
+    const TensorView qv = view_of(q, op, "q");
+    const TensorView kv = view_of(k, op, "k");
+    const TensorView vv = view_of(v, op, "v");
+    const TensorView ov = view_of(out, op, "out");
+    const auto lv = optional_view_of(lse, op, "lse");
+    run_on(device, [&](cudaStream_t s) { ta::prefill(qv, kv, vv, ov, lv, params, s); });
+  }
+}
+
+void attention_prefill_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                              const at::Tensor& out, const std::optional<at::Tensor>& lse, double softmax_scale,
+                              double softcap, int64_t window, bool causal) {
+  constexpr const char* op = "tessera.attention_prefill_varlen";
+  {
+    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+    const c10::Device device = device_of(q, op, "q");
+    const TensorView qv = view_of(q, op, "q");
+    const TensorView kv = view_of(k, op, "k");
+    const TensorView vv = view_of(v, op, "v");
+    const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+    const TensorView ckv = view_of(cu_seqlens_k, op, "cu_seqlens_k");
+    const TensorView ov = view_of(out, op, "out");
+    const auto lv = optional_view_of(lse, op, "lse");
+    run_on(device, [&](cudaStream_t s) {
+      ta::prefill_varlen(qv, kv, vv, cqv, ckv, max_seqlen_q, ov, lv, params, s);
+    });
+  }
+}
+
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
 // Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
 // direct path, which names them as argument errors.
@@ -615,6 +665,65 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
   return {o, m};
 }
 
+// tessera.prefill / tessera.prefill_varlen's eager calls in one crossing: out (shaped like q) and lse (q's shape
+// without D, fp32, when return_lse) are allocated here when not given, on q's device and current stream, as the
+// torch layer's traced path allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Return (out, lse
+// or None).
+void attention_prefill_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
+                                int64_t window, bool causal);
+void attention_prefill_varlen_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                       int64_t max_seqlen_q, const at::Tensor& out,
+                                       const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
+                                       int64_t window, bool causal);
+
+// The outputs of a prefill call: the given ones, else out like q and (return_lse) an fp32 lse of q's leading dims.
+std::pair<at::Tensor, std::optional<at::Tensor>> prefill_outputs(const at::Tensor& q,
+                                                                 const std::optional<at::Tensor>& out,
+                                                                 const std::optional<at::Tensor>& lse,
+                                                                 bool return_lse) {
+  const at::Tensor o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
+  std::optional<at::Tensor> m = lse;
+  if (!m.has_value() && return_lse) {
+    const auto sizes = q.sizes();
+    m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
+  }
+  return {o, m};
+}
+
+std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_eager(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& out,
+    const std::optional<at::Tensor>& lse, bool return_lse, std::optional<double> softmax_scale, double softcap,
+    int64_t window, bool causal) {
+  constexpr const char* op = "tessera.prefill";
+  no_symbolic_sizes({&q});
+  // Checks before anything is allocated: the scalar arguments, then q's device and rank, as the torch layer does.
+  at_least(window, 0, op, "window");
+  if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+  rank_is(q, 4, "[B, Sq, HQ, D]", op, "q");
+  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  attention_prefill_dispatch(q, k, v, o, m, softmax_scale.value_or(0.0), softcap, window, causal);
+  return {o, m};
+}
+
+std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_varlen_eager(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, const std::optional<at::Tensor>& out,
+    const std::optional<at::Tensor>& lse, bool return_lse, std::optional<double> softmax_scale, double softcap,
+    int64_t window, bool causal) {
+  constexpr const char* op = "tessera.prefill_varlen";
+  no_symbolic_sizes({&q});
+  at_least(max_seqlen_q, 0, op, "max_seqlen_q");
+  at_least(window, 0, op, "window");
+  if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+  rank_is(q, 3, "[total_q, HQ, D]", op, "q");
+  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  attention_prefill_varlen_dispatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, o, m,
+                                    softmax_scale.value_or(0.0), softcap, window, causal);
+  return {o, m};
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -658,7 +767,7 @@ struct Entry<Fn> {
 // their argument names (k_residual, added last, defaults to None there as in their schemas).
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
-  X(grouped_gemm_bf16_masked)
+  X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen)
 #define TESSERA_TORCH_OPS(X) TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv)
 
 #define TESSERA_OP_NAME(name)                       \
@@ -716,6 +825,21 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                    workspace, format, softmax_scale, softcap, window, num_splits, k_residual);
 }
 
+void attention_prefill_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
+                                int64_t window, bool causal) {
+  Entry<&attention_prefill>::python(q, k, v, out, lse, softmax_scale, softcap, window, causal);
+}
+
+void attention_prefill_varlen_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                       int64_t max_seqlen_q, const at::Tensor& out,
+                                       const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
+                                       int64_t window, bool causal) {
+  Entry<&attention_prefill_varlen>::python(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse,
+                                           softmax_scale, softcap, window, causal);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -743,6 +867,9 @@ PYBIND11_MODULE(_torch_C, m) {
         arg("v_cache"), arg("k_scale"), arg("v_scale"), arg("block_table"), arg("format"),
         arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_prefill_eager", &attention_prefill_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_prefill_varlen_eager", &attention_prefill_varlen_eager,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());

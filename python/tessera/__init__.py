@@ -1,4 +1,4 @@
-"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs and attention decode, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -9,6 +9,7 @@
 
     tessera.append_kv(k_new, v_new, positions, k_cache, v_cache, format="int8", k_scale=ks, v_scale=vs)
     o = tessera.attention_decode(q, k_cache, v_cache, seqlens, format="int8", k_scale=ks, v_scale=vs)
+    o = tessera.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=True)
 
 The ops live in tessera.moe, tessera.gemm and tessera.attention and are re-exported here. They take torch
 tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and workspace=) to write
@@ -43,6 +44,8 @@ from .attention import (
     attention_decode,
     decode_workspace_size,
     dequantize_kv,
+    prefill,
+    prefill_varlen,
 )
 from .gemm import (
     grouped_gemm_bf16,
@@ -82,6 +85,8 @@ __all__ = [
     "permute",
     "permute_capacity_rows",
     "permute_workspace_bytes",
+    "prefill",
+    "prefill_varlen",
     "unpermute_reduce",
     "version",
 ]

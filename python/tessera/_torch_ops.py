@@ -56,6 +56,13 @@ OPS = {
         "append_kv(Tensor k_new, Tensor v_new, Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor(c!)? k_scale, Tensor(d!)? v_scale, Tensor? block_table, str format, "
         "Tensor(e!)? k_residual=None) -> ()"),
+    "attention_prefill": (
+        "attention_prefill(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, float softmax_scale, "
+        "float softcap, int window, bool causal) -> ()"),
+    "attention_prefill_varlen": (
+        "attention_prefill_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, Tensor(a!) out, Tensor(b!)? lse, float softmax_scale, float softcap, int window, "
+        "bool causal) -> ()"),
 }
 
 

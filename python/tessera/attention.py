@@ -1,8 +1,13 @@
-"""tessera.attention — attention decode over a low-precision KV cache, and the cache's producer (append_kv).
+"""tessera.attention — attention prefill, and decode over a low-precision KV cache with its producer (append_kv).
 
-Thin wrappers over the PyTorch operators torch.ops.tessera.attention_decode / append_kv (the C++ library,
-include/tessera/attention.h; user doc docs/ops/attention_decode.md).
+Thin wrappers over the PyTorch operators torch.ops.tessera.attention_prefill / attention_prefill_varlen /
+attention_decode / append_kv (the C++ library, include/tessera/attention.h; user docs docs/ops/attention_prefill.md
+and docs/ops/attention_decode.md).
 
+* ``prefill`` / ``prefill_varlen``: every query of a prompt attends to its sequence's keys and values (bf16/fp16,
+  D in {64, 128, 256}, GQA, causal bottom-right aligned, sliding window, softcap, lse), over a plain batch
+  q [B, Sq, HQ, D] or a packed variable-length batch q [total_q, HQ, D] with int32 cu_seqlens on the device (the
+  layout engines use). No workspace.
 * ``attention_decode``: one new query token per sequence (or up to 8, causal) attends to its cached keys and values
   (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
   'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
@@ -17,26 +22,28 @@ include/tessera/attention.h; user doc docs/ops/attention_decode.md).
 Like tessera.moe and tessera.gemm, the ops accept torch tensors (or ``__dlpack__`` producers), run
 asynchronously on the current CUDA stream of q's (k_new's) device unless ``stream=`` is given, never synchronize,
 and raise ValueError naming the op and the argument for invalid arguments (messages from the C++ validation use
-the names of the C++ API: the KVCache fields, ``o`` for out), and RuntimeError for CUDA or device errors. fp8
-caches may be torch.float8_e4m3fn or torch.uint8 (the e4m3 bytes). Integer-format caches are torch.uint8 (int4: two
-codes per byte, last dim D/2).
+the names of the C++ API: the KVCache fields, ``o`` for out, ``params.softcap`` ...), and RuntimeError for CUDA or
+device errors. fp8 caches may be torch.float8_e4m3fn or torch.uint8 (the e4m3 bytes). Integer-format caches are
+torch.uint8 (int4: two codes per byte, last dim D/2).
 
 append_kv, attention_decode and decode_workspace_size take ``k_residual=`` (None by default): the per-channel key
 formats' 16-bit key residual, which append_kv requires for them (and updates), attention_decode and
 decode_workspace_size accept and do not read, and the other formats refuse. The rules are the C++ validation's
 (messages name 'cache.k_residual'); this layer only passes the tensor on.
 
-attention_decode allocates out and lse with torch when they are not given, and the operator allocates the
-workspace (through torch's caching allocator, on the stream it runs on) when none is given and the split needs one.
-Both are safe under torch.cuda.graph capture (torch's graph memory pool) and torch.compile. To capture with no
-allocation at all, pass preallocated ``out`` (and ``lse``) and a ``workspace`` of ``decode_workspace_size(...)``
-bytes; the size never depends on the sequence lengths, so one workspace serves every replay.
+prefill, prefill_varlen and attention_decode allocate out and lse with torch when they are not given, and
+attention_decode's operator allocates the workspace (through torch's caching allocator, on the stream it runs on)
+when none is given and the split needs one. Both are safe under torch.cuda.graph capture (torch's graph memory pool)
+and torch.compile. To capture with no allocation at all, pass preallocated ``out`` (and ``lse``), and for decode a
+``workspace`` of ``decode_workspace_size(...)`` bytes; the size never depends on the sequence lengths, so one
+workspace serves every replay. prefill needs no workspace, and prefill_varlen's lengths (cu_seqlens) are read on the
+device only: a captured call replays with whatever lengths the buffers hold.
 """
 
 from . import _C
 from ._dlpack import (FP8_DTYPES, SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg,
                       to_capsule, torch_module, torch_ops)
-from .moe import _choice, _int
+from .moe import _choice, _int, _rank
 
 __all__ = [
     "FORMATS",
@@ -44,6 +51,8 @@ __all__ = [
     "attention_decode",
     "decode_workspace_size",
     "dequantize_kv",
+    "prefill",
+    "prefill_varlen",
 ]
 
 FORMATS = ("native", "fp8", "int8", "int4", "int4_group32", "int8_kchannel", "int4_kchannel")
@@ -287,6 +296,116 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     else:
         launch(stream_arg(op, stream, k_new.device),
                lambda: ops.append_kv(k_new, v_new, positions, *cache, format, k_residual))
+
+
+# ---- prefill ----------------------------------------------------------------------------------------------------
+
+
+def _prefill_params(op, softmax_scale, softcap, window, causal):
+    """(softmax_scale, softcap, window, causal) as the operators take them; None softmax_scale = 0 = 1/sqrt(D)."""
+    scale = 0.0 if softmax_scale is None else _float(op, "softmax_scale", softmax_scale)
+    return scale, _float(op, "softcap", softcap), _int(op, "window", window, 0), bool(causal)
+
+
+def _prefill_query(op, q, rank, what):
+    """q as a CUDA torch tensor of the form's rank (checked before anything is allocated), and its device."""
+    torch = torch_module()
+    q = as_tensor(q, op, "q")
+    device = cuda_device_of(q, op, "q")
+    _rank(op, "q", q, rank, what)
+    return torch, q, device
+
+
+def _prefill_run(torch, op, device, q, out, lse, return_lse, stream, call):
+    """Allocates out (like q) and lse (fp32, q's shape without D) when not given, then call(o, lse); returns out, or
+    (out, lse) when return_lse."""
+    if out is not None:
+        out = as_tensor(out, op, "out")
+    lse = as_optional_tensor(lse, op, "lse")
+
+    def run():
+        o = out if out is not None else torch.empty(q.shape, dtype=q.dtype, device=device)
+        m = lse
+        if m is None and return_lse:
+            m = torch.empty(q.shape[:-1], dtype=torch.float32, device=device)
+        call(o, m)
+        return (o, m) if return_lse else o
+
+    return run() if stream is None else launch(stream_arg(op, stream, device), run)
+
+
+def prefill(q, k, v, *, causal=False, softmax_scale=0.0, softcap=0.0, window=0, out=None, lse=None,
+            return_lse=False, stream=None):
+    """Prefill attention over a plain batch: every query of a sequence attends to that sequence's keys.
+
+    Sequence b has Sq queries and Sk keys; query i sits at position p = Sk - Sq + i (bottom-right aligned, as
+    FlashAttention does) and attends to the keys j in [0, Sk) with j <= p when causal, and p - j < window when
+    window > 0 (the window counts the query's own position: FlashAttention's window_size_left is window - 1):
+        s[i, j] = softmax_scale * q[i] . k[j]       (then softcap * tanh(s / softcap) if softcap > 0)
+        o[i] = sum_j softmax_j(s[i, j]) v[j],        lse[i] = log sum_j exp(s[i, j])   (natural log)
+    Query head h reads KV head h // (HQ / HKV) (GQA). A query with no key (Sk = 0, or causal with p < 0, which the
+    Sq <= Sk rule below excludes) gets o = 0 and lse = -inf.
+
+    q              [B, Sq, HQ, D] bf16 | fp16; unit stride along D, other strides multiples of 16 bytes, 16-byte
+                   aligned; D in {64, 128, 256}; HQ a multiple of HKV.
+    k, v           [B, Sk, HKV, D], q's dtype, the same rules (e.g. head ranges of one fused qkv buffer).
+    causal         bottom-right aligned; needs Sq <= Sk.
+    softmax_scale  0 (or None): 1/sqrt(D).   softcap  0: off.   window  0: every key.
+    out            [B, Sq, HQ, D] of q's dtype (strides multiples of 4 bytes) to write into (default: allocated).
+    lse            fp32 [B, Sq, HQ] (any strides) to write log-sum-exp into; allocated when return_lse and None.
+    stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
+    Returns out, or (out, lse) when return_lse. Allocates nothing else (no workspace) and never synchronizes.
+    """
+    # The eager fast path (_dlpack.eager); the checked path below converts DLPack producers or names the argument.
+    res = eager(stream, "attention_prefill_eager", q, k, v, out, lse, return_lse, softmax_scale, softcap, window,
+                causal)
+    if res is not SKIPPED:
+        return res if return_lse else res[0]
+    op = "tessera.prefill"
+    params = _prefill_params(op, softmax_scale, softcap, window, causal)
+    torch, q, device = _prefill_query(op, q, 4, "[B, Sq, HQ, D]")
+    k = as_tensor(k, op, "k")
+    v = as_tensor(v, op, "v")
+    ops = torch_ops()
+    return _prefill_run(torch, op, device, q, out, lse, return_lse, stream,
+                        lambda o, m: ops.attention_prefill(q, k, v, o, m, *params))
+
+
+def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal=False, softmax_scale=0.0,
+                   softcap=0.0, window=0, out=None, lse=None, return_lse=False, stream=None):
+    """Prefill attention over a packed variable-length batch (the layout engines use); semantics as prefill.
+
+    q              [total_q, HQ, D] bf16 | fp16 (rules as prefill's q).
+    k, v           [total_k, HKV, D], q's dtype.
+    cu_seqlens_q, cu_seqlens_k  int32 [B + 1] on the device: sequence b owns q rows [cu_seqlens_q[b],
+                   cu_seqlens_q[b + 1]) and k / v rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]).
+    max_seqlen_q   a host bound (int >= 0) on every sequence's query count; it only sizes the grid (query rows past
+                   it are not computed).
+    causal, softmax_scale, softcap, window, stream  as prefill.
+    out            [total_q, HQ, D] of q's dtype (default: allocated); lse fp32 [total_q, HQ] (any strides).
+    Returns out, or (out, lse) when return_lse.
+
+    The lengths are device values, never read by the host, so they are not validated: cu_seqlens must start at 0,
+    not decrease, and end at most at total_q / total_k (q, k, v may be sized for a CUDA graph's largest batch: rows
+    past cu_seqlens_q[B] are not written), with Sq <= Sk for the causal rows to have keys. Whatever they hold,
+    nothing outside q, k, v, out and lse is read or written.
+    """
+    res = eager(stream, "attention_prefill_varlen_eager", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out,
+                lse, return_lse, softmax_scale, softcap, window, causal)
+    if res is not SKIPPED:
+        return res if return_lse else res[0]
+    op = "tessera.prefill_varlen"
+    max_seqlen_q = _int(op, "max_seqlen_q", max_seqlen_q, 0)
+    params = _prefill_params(op, softmax_scale, softcap, window, causal)
+    torch, q, device = _prefill_query(op, q, 3, "[total_q, HQ, D]")
+    k = as_tensor(k, op, "k")
+    v = as_tensor(v, op, "v")
+    cu_seqlens_q = as_tensor(cu_seqlens_q, op, "cu_seqlens_q")
+    cu_seqlens_k = as_tensor(cu_seqlens_k, op, "cu_seqlens_k")
+    ops = torch_ops()
+    return _prefill_run(torch, op, device, q, out, lse, return_lse, stream,
+                        lambda o, m: ops.attention_prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                  o, m, *params))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------

@@ -21,6 +21,8 @@ Argument lists: ``help(tessera.dlpack.<op>)``. This module does not import torch
 from ._C import (
     append_kv,
     attention_decode,
+    attention_prefill,
+    attention_prefill_varlen,
     decode_workspace_bytes,
     fused_gate,
     grouped_gemm_bf16,
@@ -37,6 +39,8 @@ from ._C import (
 __all__ = [
     "append_kv",
     "attention_decode",
+    "attention_prefill",
+    "attention_prefill_varlen",
     "decode_workspace_bytes",
     "fused_gate",
     "grouped_gemm_bf16",

@@ -27,6 +27,16 @@ __device__ __forceinline__ void st_shared_f32(float* ptr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(ptr)), "f"(v) : "memory");
 }
 
+__device__ __forceinline__ void st_shared_zero16(void* ptr) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_u32(ptr)), "r"(0) : "memory");
+}
+
+// Makes this thread's shared-memory writes (generic proxy) visible to later asynchronous-proxy reads (wgmma operands,
+// TMA stores) once the readers are ordered after it (a barrier).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads) over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

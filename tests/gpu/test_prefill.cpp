@@ -2,9 +2,8 @@
 // (prefill_reference) on the same rounded inputs, through the public entry points and their validation.
 //
 // Inputs: fresh normals rounded to the 16-bit type, in separate tensors or one fused qkv buffer, packed or as a plain
-// batch; o (optionally with padded rows) and lse (optionally transposed) poisoned with NaN. Checked: relative
-// Frobenius error of o over the rows with keys <= 5e-3 (bf16 rounding of P and of o alone is ~2e-3), no such row
-// worse than 2e-2, lse within 1e-2, rows without keys exactly 0 with lse -inf, every output finite.
+// batch; o (optionally with padded rows) and lse (optionally transposed) poisoned with NaN; the checks of
+// prefill_test_util.h.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "common/gpu_util.h"
+#include "gpu/prefill_test_util.h"
 #include "common/host_numeric.h"
 #include "reference/attention_reference.h"
 #include "tessera/attention.h"
@@ -24,6 +24,10 @@
 namespace tessera::attention {
 namespace {
 
+using prefilltest::Check;
+using prefilltest::compare_outputs;
+using prefilltest::round16;
+using prefilltest::widen16;
 using reference::PrefillRef;
 using reference::PrefillRefParams;
 using reference::PrefillShape;
@@ -49,14 +53,6 @@ struct PrefillCase {
   }
 };
 
-struct Check {
-  bool ok = true;
-  std::string message;
-  double error = 0.0;
-};
-
-uint16_t round16(float x, bool fp16) { return fp16 ? host::f32_to_fp16(x) : host::f32_to_bf16(x); }
-double widen16(uint16_t bits, bool fp16) { return fp16 ? host::fp16_to_f32(bits) : host::bf16_to_f32(bits); }
 
 // Device tensors of one case: inputs uploaded in the case's layout, outputs poisoned, views of all of them.
 struct PrefillRun {
@@ -191,50 +187,12 @@ struct PrefillRun {
 
   // Compares the outputs on the device with the reference.
   Check compare() const {
-    const std::vector<uint16_t> o = o_dev.download();
-    const std::vector<float> lse = lse_dev.download();
     const int B = static_cast<int>(c.sq.size());
     const PrefillRef ref =
         reference::prefill_reference(qd, kd, vd, cu_q, cu_k, PrefillShape{B, c.HQ, c.HKV, c.D}, c.params);
-    Check r;
-    double err2 = 0.0, ref2 = 0.0;
-    auto fail = [&](const std::string& m) {
-      if (r.ok) r.message = m;
-      r.ok = false;
-    };
-    for (int64_t t = 0; t < total_q; ++t) {
-      const bool empty = ref.end[t] <= ref.begin[t];
-      for (int h = 0; h < c.HQ; ++h) {
-        const int64_t row = t * c.HQ + h;
-        const std::string where = "(token " + std::to_string(t) + ", head " + std::to_string(h) + ")";
-        double row_err2 = 0.0, row_ref2 = 0.0;
-        for (int d = 0; d < c.D; ++d) {
-          const double got = widen16(o[t * o_token + h * o_head + d], c.fp16);
-          const double want = ref.o[row * c.D + d];
-          if (!std::isfinite(got)) {
-            fail("o" + where + "[" + std::to_string(d) + "] is not finite");
-            continue;
-          }
-          if (empty && got != 0.0) fail("o" + where + " has no keys but is not 0");
-          row_err2 += (got - want) * (got - want);
-          row_ref2 += want * want;
-        }
-        const float l = lse[t * lse_token + h * lse_head];
-        if (empty) {
-          if (!(std::isinf(l) && l < 0)) fail("lse" + where + " has no keys but is " + std::to_string(l));
-          continue;
-        }
-        err2 += row_err2;
-        ref2 += row_ref2;
-        const double row_err = std::sqrt(row_err2 / std::max(row_ref2, 1e-30));
-        if (row_err > 2e-2) fail("row " + where + " relative error " + std::to_string(row_err));
-        if (!(std::fabs(l - ref.lse[row]) <= 1e-2))
-          fail("lse" + where + " = " + std::to_string(l) + ", expected " + std::to_string(ref.lse[row]));
-      }
-    }
-    r.error = ref2 > 0.0 ? std::sqrt(err2 / ref2) : 0.0;
-    if (r.error > 5e-3) fail("relative Frobenius error " + std::to_string(r.error) + " > 5e-3");
-    if (!guards_intact()) fail("an output was written past its view");
+    Check r = compare_outputs(o_dev.download(), o_token, o_head, lse_dev.download(), lse_token, lse_head, ref,
+                              total_q, c.HQ, c.D, c.fp16);
+    if (!guards_intact()) r.fail("an output was written past its view");
     return r;
   }
 };

@@ -106,6 +106,8 @@ def test_every_op_is_registered_with_its_mutations():
         "grouped_gemm_bf16_masked": {"y", "workspace"},
         "attention_decode": {"out", "lse", "workspace"},
         "append_kv": {"k_cache", "v_cache", "k_scale", "v_scale", "k_residual"},
+        "attention_prefill": {"out", "lse"},
+        "attention_prefill_varlen": {"out", "lse"},
     }
     assert set(_torch_ops.OPS) == set(written)
     for name, expected in written.items():

@@ -45,15 +45,6 @@ bool is_int4(KVFormat f) {
 }
 bool is_integer(KVFormat f) { return f == KVFormat::kInt8 || f == KVFormat::kInt8KChannel || is_int4(f); }
 
-// The cache's tensors, by name, as they are present.
-std::vector<Named> cache_tensors(const KVCache& cache) {
-  std::vector<Named> v = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
-  if (cache.k_scale) v.push_back({&*cache.k_scale, "cache.k_scale"});
-  if (cache.v_scale) v.push_back({&*cache.v_scale, "cache.v_scale"});
-  if (cache.block_table) v.push_back({&*cache.block_table, "cache.block_table"});
-  return v;
-}
-
 // Per-channel key formats: k_scale holds (scale, offset) per channel over blocks of kKeyBlock slots, v_scale one
 // pair per row as kInt8 / kInt4 do; the two have different shapes, so each gets its own strides.
 void check_channel_scales(const ArgCheck& check, const TensorView& ksv, const TensorView& vsv, const KVCache& cache,
@@ -159,11 +150,20 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
   c.scale_stride_head = ksv.strides[2];
 }
 
+}  // namespace
+
+// The cache's tensors, by name, as they are present.
+std::vector<Named> cache_tensors(const KVCache& cache) {
+  std::vector<Named> v = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
+  if (cache.k_scale) v.push_back({&*cache.k_scale, "cache.k_scale"});
+  if (cache.v_scale) v.push_back({&*cache.v_scale, "cache.v_scale"});
+  if (cache.block_table) v.push_back({&*cache.block_table, "cache.block_table"});
+  return v;
+}
+
 void check_cache_devices(const ArgCheck& check, const KVCache& cache) {
   for (const Named& t : cache_tensors(cache)) check.on_current_device(*t.t, t.name);
 }
-
-}  // namespace
 
 CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64_t head_dim, DType native_dtype) {
   const ArgCheck check(op);

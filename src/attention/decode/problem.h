@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
+#include "attention/check_util.h"
 #include "tessera/attention.h"
 #include "tessera/tensor.h"
 
@@ -91,6 +93,9 @@ struct AppendProblem {
 // Validation (check.cpp). Each throws tessera::Error naming `op` and the argument, before any launch.
 // The cache description is shared: decode requires q's dtype for kNative caches, append requires new rows' dtype.
 CacheDesc check_cache(const char* op, const KVCache& cache, int64_t batch, int64_t head_dim, DType native_dtype);
+// The cache's tensors, by name, as they are present (for the overlap rules), and their device check.
+std::vector<Named> cache_tensors(const KVCache& cache);
+void check_cache_devices(const ArgCheck& check, const KVCache& cache);
 DecodeProblem check_decode(const char* op, const TensorView& q, const KVCache& cache, const TensorView& seqlens,
                            const TensorView& o, const std::optional<TensorView>& lse, const Workspace& workspace,
                            const DecodeParams& params);

@@ -38,6 +38,67 @@ void check_cu_seqlens(const ArgCheck& check, const TensorView& t, const char* ar
   check_layout(check, t, arg, true, 0, 4);
 }
 
+// o like q ([total_q, HQ, D] packed or [B, Sq, HQ, D]), lse fp32 [total_q, HQ] or [B, Sq, HQ]; normalized copies out.
+void check_outputs(const ArgCheck& check, const TensorView& q, const TensorView& o_in,
+                   const std::optional<TensorView>& lse_in, bool packed, int64_t B, int64_t rows_q, int64_t HQ,
+                   int64_t D, TensorView& o, std::optional<TensorView>& lse) {
+  o = normalized(o_in);
+  check.same_dtype(q, "q", o, "o");
+  if (packed)
+    check_shape(check, o, "o", {rows_q, HQ, D}, "[total_q, HQ, D] (the shape of q)");
+  else
+    check_shape(check, o, "o", {B, rows_q, HQ, D}, "[B, Sq, HQ, D] (the shape of q)");
+  check_layout(check, o, "o", true, 4, 4);  // written as pairs of 16-bit values
+  check_no_self_overlap(check, o, "o");
+  if (lse_in) {
+    lse = normalized(*lse_in);
+    check.dtype(*lse, "lse", {DType::kFP32});
+    if (packed)
+      check_shape(check, *lse, "lse", {rows_q, HQ}, "[total_q, HQ]");
+    else
+      check_shape(check, *lse, "lse", {B, rows_q, HQ}, "[B, Sq, HQ]");
+    check_layout(check, *lse, "lse", false, 0, 4);
+    check_no_self_overlap(check, *lse, "lse");
+  }
+}
+
+void check_params(const ArgCheck& check, const PrefillParams& params) {
+  if (!std::isfinite(params.softmax_scale))
+    check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
+                                           std::to_string(params.softmax_scale));
+  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
+    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
+  if (params.window < 0)
+    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+}
+
+// A view's data and its (token, head, batch) strides in elements (t0: the token dim; batch stride only if t0 > 0).
+template <typename T>
+void take(const TensorView& t, int t0, T*& data, int64_t& stride_token, int64_t& stride_head, int64_t& stride_batch) {
+  data = static_cast<T*>(t.data);
+  stride_token = t.strides[t0];
+  stride_head = t.strides[t0 + 1];
+  if (t0 > 0) stride_batch = t.strides[0];
+}
+
+// The fields every form shares: heads, dims, dtype, q / o / lse, resolved params.
+void fill_common(PrefillProblem& p, const TensorView& q, const TensorView& o, const std::optional<TensorView>& lse,
+                 int t0, int64_t B, int64_t HQ, int64_t HKV, int64_t D, const PrefillParams& params) {
+  p.batch = static_cast<int>(B);
+  p.num_q_heads = static_cast<int>(HQ);
+  p.num_kv_heads = static_cast<int>(HKV);
+  p.head_dim = static_cast<int>(D);
+  p.fp16 = q.dtype == DType::kFP16;
+  take(q, t0, p.q, p.q_stride_token, p.q_stride_head, p.q_stride_batch);
+  take(o, t0, p.o, p.o_stride_token, p.o_stride_head, p.o_stride_batch);
+  if (lse) take(*lse, t0, p.lse, p.lse_stride_token, p.lse_stride_head, p.lse_stride_batch);
+  p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale
+                                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+  p.softcap = params.softcap;
+  p.window = params.window;
+  p.causal = params.causal;
+}
+
 }  // namespace
 
 PrefillProblem check_prefill(const char* op, const TensorView& q_in, const TensorView& k_in, const TensorView& v_in,
@@ -99,25 +160,9 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   }
 
   // ---- outputs
-  const TensorView o = normalized(o_in);
-  check.same_dtype(q, "q", o, "o");
-  if (packed)
-    check_shape(check, o, "o", {rows_q, HQ, D}, "[total_q, HQ, D] (the shape of q)");
-  else
-    check_shape(check, o, "o", {B, rows_q, HQ, D}, "[B, Sq, HQ, D] (the shape of q)");
-  check_layout(check, o, "o", true, 4, 4);  // written as pairs of 16-bit values
-  check_no_self_overlap(check, o, "o");
+  TensorView o;
   std::optional<TensorView> lse;
-  if (lse_in) {
-    lse = normalized(*lse_in);
-    check.dtype(*lse, "lse", {DType::kFP32});
-    if (packed)
-      check_shape(check, *lse, "lse", {rows_q, HQ}, "[total_q, HQ]");
-    else
-      check_shape(check, *lse, "lse", {B, rows_q, HQ}, "[B, Sq, HQ]");
-    check_layout(check, *lse, "lse", false, 0, 4);
-    check_no_self_overlap(check, *lse, "lse");
-  }
+  check_outputs(check, q, o_in, lse_in, packed, B, rows_q, HQ, D, o, lse);
   std::vector<Named> inputs = {{&q_in, "q"}, {&k_in, "k"}, {&v_in, "v"}};
   if (packed) {
     inputs.push_back({&*cu_q_in, "cu_seqlens_q"});
@@ -127,38 +172,16 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   if (lse_in) outputs.push_back({&*lse_in, "lse"});
   check_outputs_apart(check, inputs, outputs);
 
-  // ---- params
-  if (!std::isfinite(params.softmax_scale))
-    check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
-                                           std::to_string(params.softmax_scale));
-  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
-    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
-  if (params.window < 0)
-    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  check_params(check, params);
 
   // ---- device checks last: everything above runs without a GPU
   for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
   for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
 
   PrefillProblem p;
-  p.batch = static_cast<int>(B);
-  p.num_q_heads = static_cast<int>(HQ);
-  p.num_kv_heads = static_cast<int>(HKV);
-  p.head_dim = static_cast<int>(D);
-  p.fp16 = q.dtype == DType::kFP16;
-  // A view's data and its (token, head, batch) strides in elements; the batch stride stays 0 when packed.
-  const auto take = [&](const TensorView& t, auto*& data, int64_t& stride_token, int64_t& stride_head,
-                        int64_t& stride_batch) {
-    data = static_cast<std::remove_reference_t<decltype(data)>>(t.data);
-    stride_token = t.strides[t0];
-    stride_head = t.strides[t0 + 1];
-    if (!packed) stride_batch = t.strides[0];
-  };
-  take(q, p.q, p.q_stride_token, p.q_stride_head, p.q_stride_batch);
-  take(k, p.k, p.k_stride_token, p.k_stride_head, p.k_stride_batch);
-  take(v, p.v, p.v_stride_token, p.v_stride_head, p.v_stride_batch);
-  take(o, p.o, p.o_stride_token, p.o_stride_head, p.o_stride_batch);
-  if (lse) take(*lse, p.lse, p.lse_stride_token, p.lse_stride_head, p.lse_stride_batch);
+  fill_common(p, q, o, lse, t0, B, HQ, HKV, D, params);
+  take(k, t0, p.k, p.k_stride_token, p.k_stride_head, p.k_stride_batch);
+  take(v, t0, p.v, p.v_stride_token, p.v_stride_head, p.v_stride_batch);
   if (packed) {
     p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.data);
@@ -167,11 +190,68 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   p.total_k = rows_k;
   // No sequence has more queries than q has rows; the plain batch has exactly Sq.
   p.max_seqlen_q = static_cast<int>(packed && max_seqlen_q < rows_q ? max_seqlen_q : rows_q);
-  p.softmax_scale = params.softmax_scale != 0.0f ? params.softmax_scale
-                                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
-  p.softcap = params.softcap;
-  p.window = params.window;
-  p.causal = params.causal;
+  return p;
+}
+
+PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const TensorView& cu_q_in,
+                                   int64_t max_seqlen_q, const KVCache& cache, const TensorView& seqlens_in,
+                                   const TensorView& o_in, const std::optional<TensorView>& lse_in,
+                                   const PrefillParams& params) {
+  const ArgCheck check(op);
+  const TensorView q = normalized(q_in);
+
+  // ---- q, lengths
+  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
+  check_rows(check, q, "q", 3, "[total_q, HQ, D]");
+  const int64_t rows_q = q.shape[0], HQ = q.shape[1], D = q.shape[2];
+  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) of 64, 128 or 256, got " + str(D));
+  if (HQ < 1 || HQ > kMaxGridDim) check.fail("q", "must have 1 to 65535 heads (dim 1), got " + str(HQ));
+  const int64_t entries = cu_q_in.rank == 1 ? cu_q_in.shape[0] : -1;
+  const TensorView cu_q = normalized(cu_q_in);
+  if (entries < 1) check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in.shape_str());
+  check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
+  const int64_t B = entries - 1;
+  if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
+  if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+
+  // ---- the cache (decode's rules), then what prefill reads of it
+  const CacheDesc c = check_cache(op, cache, B, D, q.dtype);
+  if (c.format != KVFormat::kNative)
+    check.fail("cache.format", std::string("must be kNative for prefill_with_cache so far (the quantized formats are "
+                                           "not implemented there yet), got ") + kv_format_name(c.format));
+  const int64_t HKV = c.num_kv_heads;
+  if (HQ % HKV != 0)
+    check.fail("q", "must have a number of heads (dim 1, " + str(HQ) + ") that is a multiple of the cache's KV "
+                    "heads (" + str(HKV) + ", cache.k dim 2)");
+  if (c.capacity > kMaxRows) check.fail("cache.k", "must hold at most 2^31 - 1 tokens per sequence");
+  const TensorView seqlens = normalized(seqlens_in);
+  check_lengths(check, seqlens, "cache_seqlens", B);
+
+  // ---- outputs, memory, params
+  TensorView o;
+  std::optional<TensorView> lse;
+  check_outputs(check, q, o_in, lse_in, true, B, rows_q, HQ, D, o, lse);
+  std::vector<Named> inputs = cache_tensors(cache);
+  inputs.push_back({&q_in, "q"});
+  inputs.push_back({&cu_q_in, "cu_seqlens_q"});
+  inputs.push_back({&seqlens_in, "cache_seqlens"});
+  std::vector<Named> outputs = {{&o_in, "o"}};
+  if (lse_in) outputs.push_back({&*lse_in, "lse"});
+  check_outputs_apart(check, inputs, outputs);
+  check_params(check, params);
+
+  // ---- device checks last
+  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
+  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+
+  PrefillProblem p;
+  fill_common(p, q, o, lse, 0, B, HQ, HKV, D, params);
+  p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.data);
+  p.cache_seqlens = static_cast<const int32_t*>(seqlens.data);
+  p.cache = c;
+  p.total_q = rows_q;
+  p.total_k = c.capacity;
+  p.max_seqlen_q = static_cast<int>(max_seqlen_q < rows_q ? max_seqlen_q : rows_q);
   return p;
 }
 

@@ -66,6 +66,12 @@ struct PrefillArgs {
   int64_t lse_stride_token = 0, lse_stride_head = 0, lse_stride_batch = 0;
   const int32_t* cu_seqlens_q = nullptr;  // null: the plain batch, every sequence total_q queries and total_k keys
   const int32_t* cu_seqlens_k = nullptr;
+  // K / V from the decode cache: L = min(cache_seqlens[b], total_k = capacity) keys. Contiguous: the maps span
+  // (D, capacity, HKV, B); paged (block_table non-null): (D, page_size, HKV, num_pages), boxes of page_rows rows.
+  const int32_t* cache_seqlens = nullptr;
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int max_pages = 0, log2_page_size = 0, page_rows = 0;
   // Rows of q and o per batch entry: a token outside [0, total_q) (a wrong cu_seqlens_q) is never written.
   int64_t total_q = 0;
   int total_k = 0;
@@ -97,9 +103,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
   const int h = blockIdx.y, b = blockIdx.z;
   const bool packed = a.cu_seqlens_q != nullptr;
-  const int bc = packed ? 0 : b;  // the batch coordinate of the maps and outputs
+  const int bc = packed ? 0 : b;  // the batch coordinate of q's map and of the outputs
   const int q0 = packed ? a.cu_seqlens_q[b] : 0, sq = packed ? a.cu_seqlens_q[b + 1] - q0 : static_cast<int>(a.total_q);
-  const int k0 = packed ? a.cu_seqlens_k[b] : 0, sk = packed ? a.cu_seqlens_k[b + 1] - k0 : a.total_k;
+  // Keys: rows k0 .. k0 + sk - 1 of batch entry kb of the k / v maps (the cache: of sequence b, or its pages).
+  int k0 = 0, sk = a.total_k, kb = b;
+  if (a.cache_seqlens != nullptr) {
+    sk = min(max(a.cache_seqlens[b], 0), a.total_k);  // total_k: the cache's capacity
+  } else if (a.cu_seqlens_k != nullptr) {
+    k0 = a.cu_seqlens_k[b];
+    sk = a.cu_seqlens_k[b + 1] - k0;
+    kb = 0;
+  }
   if (m_block * kPrefillBlockM >= sq) return;  // the whole CTA: no barrier has been touched
   const int kvh = h / a.group;
   // Positions (bottom-right aligned) of the tile's first and last query rows, and the key range they attend to.
@@ -132,6 +146,25 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     for (int c = 0; c < Tile::kChunks; ++c)
       ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h,
                        bc);
+    // A K or V tile of kBlockN rows from `row` on: one box per 64 columns, or with a paged cache one box per page
+    // piece (page_rows rows, a multiple of 8: the pieces land where one box would have put them, 128-byte swizzle
+    // included). Rows past the block table's pages get page -1, which TMA fills with zeros (masked anyway).
+    const auto load_kv = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int row) {
+      if (a.block_table == nullptr) {
+#pragma unroll
+        for (int c = 0; c < Tile::kChunks; ++c)
+          ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes, map, bar, 64 * c, row, kvh, kb);
+        return;
+      }
+      for (int r = 0; r < kBlockN; r += a.page_rows) {
+        const int key = row + r, page_index = key >> a.log2_page_size;
+        const int page = page_index < a.max_pages ? __ldg(a.block_table + b * a.block_table_stride + page_index) : -1;
+        const int slot = key & ((1 << a.log2_page_size) - 1);
+#pragma unroll
+        for (int c = 0; c < Tile::kChunks; ++c)
+          ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes + r * 128, map, bar, 64 * c, slot, kvh, page);
+      }
+    };
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
       const int stage = it % kStages;
       const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
@@ -140,14 +173,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       uint8_t* v_dst = k_dst + Tile::kKVBytes;
       const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
       ptx::mbarrier_arrive_expect_tx(&k_full[stage], Tile::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < Tile::kChunks; ++c)
-        ptx::tma_load_4d(k_dst + c * Tile::kKVChunkBytes, &a.k_map, &k_full[stage], 64 * c, row, kvh, bc);
+      load_kv(&a.k_map, k_dst, &k_full[stage], row);
       if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&empty_v[stage], empty_parity);
       ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
-#pragma unroll
-      for (int c = 0; c < Tile::kChunks; ++c)
-        ptx::tma_load_4d(v_dst + c * Tile::kKVChunkBytes, &a.v_map, &v_full[stage], 64 * c, row, kvh, bc);
+      load_kv(&a.v_map, v_dst, &v_full[stage], row);
     }
     return;
   }
@@ -343,8 +372,22 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::wgmma_fence_registers(o_acc);
     if (n_tiles >= 2) release(empty_v, n_tiles - 2);
     convert_p();
-    // Turn n_tiles: P·V of the last tile.
+    // Turn n_tiles: P·V of the last tile. Its V rows past the sequence's keys hold whatever follows them (the next
+    // sequence's rows, or never-written cache slots that may be NaN or Inf): P is 0 there, but 0 · NaN is NaN, so
+    // warpgroup 0 zeroes those rows in its turn, before warpgroup 1's (which it opens after the zeroes).
     ptx::named_barrier_sync(my_turn, 256);
+    const int tail = sk - (n_lo + n_tiles - 1) * kBlockN;  // rows of the last tile that are keys
+    if (cw == 0 && tail < kBlockN) {
+      ptx::mbarrier_wait_parity(&v_full[(n_tiles - 1) % kStages], ((n_tiles - 1) / kStages) & 1);
+      uint8_t* v_tile = ring + ((n_tiles - 1) % kStages) * Tile::kStageBytes + Tile::kKVBytes;
+      const int rows = kBlockN - tail;  // 128-byte lines per 64-column block, of 8 16-byte units each
+      for (int i = threadIdx.x % 128; i < Tile::kChunks * rows * 8; i += 128) {
+        const int unit = i % 8, line = i / 8, c = line / rows, r = tail + line % rows;
+        ptx::st_shared_zero16(v_tile + c * Tile::kKVChunkBytes + r * 128 + unit * 16);
+      }
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(3, 128);
+    }
     issue_pv(n_tiles - 1);
     if (cw == 0) ptx::named_barrier_arrive(other_turn, 256);
     ptx::wgmma_wait_group<0>();

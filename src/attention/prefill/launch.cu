@@ -1,6 +1,7 @@
 // Prefill: the launcher (tensor maps, kernel arguments, head-dim and dtype dispatch).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -54,18 +55,42 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   const bool packed = pb.cu_seqlens_q != nullptr;
   const int64_t maps_batch = packed ? 1 : pb.batch;
   // Maps over (D, tokens, heads, batch); packed: a batch of one, whose stride (never applied) repeats the head
-  // stride so that the driver sees a valid one. k / v with no rows (every sequence empty) get a one-row extent,
-  // never read.
+  // stride so that the driver sees a valid one.
   a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, maps_batch,
                                   pb.q_stride_token, pb.q_stride_head, packed ? pb.q_stride_head : pb.q_stride_batch,
                                   kPrefillBlockM);
-  const int64_t k_rows = pb.total_k > 0 ? pb.total_k : 1;
-  a.k_map = make_tensor_map_sw128(pb.k, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, maps_batch, pb.k_stride_token,
-                                  pb.k_stride_head, packed ? pb.k_stride_head : pb.k_stride_batch,
-                                  block_n(pb.head_dim));
-  a.v_map = make_tensor_map_sw128(pb.v, TmaElement::kBF16, D, k_rows, pb.num_kv_heads, maps_batch, pb.v_stride_token,
-                                  pb.v_stride_head, packed ? pb.v_stride_head : pb.v_stride_batch,
-                                  block_n(pb.head_dim));
+  const int bn = block_n(pb.head_dim);
+  if (pb.cache_seqlens != nullptr) {
+    // The decode cache's rows (kNative: q's dtype); strides in bytes there.
+    const CacheDesc& c = pb.cache;
+    const int64_t rows = c.paged ? c.page_size : c.capacity, rows_box = c.paged ? std::min(c.page_size, bn) : bn;
+    const auto cache_map = [&](const uint8_t* data) {
+      return make_tensor_map_sw128(data, TmaElement::kBF16, D, rows, c.num_kv_heads, c.num_pages, c.stride_token / 2,
+                                   c.stride_head / 2, c.stride_outer / 2, static_cast<int>(rows_box));
+    };
+    a.k_map = cache_map(c.k);
+    a.v_map = cache_map(c.v);
+    a.cache_seqlens = pb.cache_seqlens;
+    if (c.paged) {
+      a.block_table = c.block_table;
+      a.block_table_stride = c.block_table_stride;
+      a.max_pages = c.max_pages;
+      a.log2_page_size = c.log2_page_size;
+      a.page_rows = static_cast<int>(rows_box);
+    }
+  } else if (pb.total_k == 0) {
+    // No keys at all (k and v empty, perhaps null): every row gets o = 0, lse = -inf and nothing reads these maps,
+    // which span one row of q only so that the driver sees a valid address.
+    a.k_map = a.v_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, 1, 1, 1, pb.q_stride_token,
+                                              pb.q_stride_head, pb.q_stride_head, bn);
+  } else {
+    a.k_map = make_tensor_map_sw128(pb.k, TmaElement::kBF16, D, pb.total_k, pb.num_kv_heads, maps_batch,
+                                    pb.k_stride_token, pb.k_stride_head, packed ? pb.k_stride_head : pb.k_stride_batch,
+                                    bn);
+    a.v_map = make_tensor_map_sw128(pb.v, TmaElement::kBF16, D, pb.total_k, pb.num_kv_heads, maps_batch,
+                                    pb.v_stride_token, pb.v_stride_head, packed ? pb.v_stride_head : pb.v_stride_batch,
+                                    bn);
+  }
   a.o = pb.o;
   a.o_stride_token = pb.o_stride_token;
   a.o_stride_head = pb.o_stride_head;

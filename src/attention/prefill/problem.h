@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "attention/decode/problem.h"
 #include "tessera/attention.h"
 #include "tessera/tensor.h"
 
@@ -37,6 +38,9 @@ struct PrefillProblem {
   // when packed, Sq and Sk for the plain batch.
   int64_t total_q = 0, total_k = 0;
   int max_seqlen_q = 0;              // host bound on every sequence's Sq: sizes the grid only
+  // K/V from the decode cache (prefill_with_cache): cache_seqlens non-null, k / v and their strides unused.
+  const int32_t* cache_seqlens = nullptr;  // [B] on the device
+  CacheDesc cache;
   float softmax_scale = 0.0f;        // resolved (never 0)
   float softcap = 0.0f;
   int window = 0;
@@ -51,6 +55,13 @@ PrefillProblem check_prefill(const char* op, const TensorView& q, const TensorVi
                              const std::optional<TensorView>& cu_seqlens_q,
                              const std::optional<TensorView>& cu_seqlens_k, int64_t max_seqlen_q, const TensorView& o,
                              const std::optional<TensorView>& lse, const PrefillParams& params);
+
+// prefill_with_cache's rules: q, cu_seqlens_q, max_seqlen_q, o and lse as in the packed form; the cache by
+// check_cache (decode's rules, q's dtype for kNative), cache_seqlens int32 [B].
+PrefillProblem check_prefill_cache(const char* op, const TensorView& q, const TensorView& cu_seqlens_q,
+                                   int64_t max_seqlen_q, const KVCache& cache, const TensorView& cache_seqlens,
+                                   const TensorView& o, const std::optional<TensorView>& lse,
+                                   const PrefillParams& params);
 
 void launch_prefill(const PrefillProblem& problem, cudaStream_t stream);
 

@@ -1,0 +1,176 @@
+// prefill_with_cache (include/tessera/attention.h) on the GPU: chunked prefill over the decode KV cache, contiguous
+// and paged (pages in random order, page sizes 16 to 256), against the float64 reference on the cache's values.
+//
+// Each sequence's queries are its last Sq positions of L = min(cache_seqlens, capacity) cached keys. Cache slots
+// that hold no key are left as 0xFF bytes (NaN in bf16 / fp16): they must never reach the output, although the
+// kernel's last key tile covers some of them. Outputs poisoned; the checks of prefill_test_util.h.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/gpu_util.h"
+#include "gpu/kv_cache_test_util.h"
+#include "gpu/prefill_test_util.h"
+#include "reference/attention_reference.h"
+#include "tessera/attention.h"
+
+namespace tessera::attention {
+namespace {
+
+using kvtest::CacheGeom;
+using kvtest::DeviceCache;
+using kvtest::HostCache;
+using prefilltest::Check;
+using prefilltest::round16;
+using prefilltest::widen16;
+using test::strided;
+
+struct CacheCase {
+  kvtest::Fmt fmt = kvtest::kFormats[0];
+  int D = 128, HQ = 8, HKV = 2, page_size = 0;  // page_size 0: contiguous
+  int64_t capacity = 512;
+  std::vector<int32_t> sq, seqlens;  // queries per sequence; cache_seqlens (may exceed the capacity)
+  reference::PrefillRefParams params;
+  std::string describe() const {
+    std::string s = std::string(fmt.name) + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
+                    " HKV=" + std::to_string(HKV) + " cap=" + std::to_string(capacity) +
+                    (page_size ? " paged/" + std::to_string(page_size) : std::string(" contiguous")) +
+                    (params.causal ? " causal" : "") + (params.window ? " window=" + std::to_string(params.window) : "") +
+                    (params.softcap > 0 ? " softcap" : "") + " (sq,L)=";
+    for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(seqlens[b]) + ")";
+    return s;
+  }
+};
+
+Check run_cache_case(const CacheCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int B = static_cast<int>(c.sq.size());
+  const bool fp16 = c.fmt.dtype == DType::kFP16;
+  CacheGeom g;
+  g.fmt = c.fmt;
+  g.B = B;
+  g.HKV = c.HKV;
+  g.D = c.D;
+  g.paged = c.page_size > 0;
+  g.page_size = c.page_size;
+  g.capacity = c.capacity;
+  g.row_pad = 32;
+  g.finish();
+  HostCache host(g, rng, false, 0xFF);
+  // Keys and values of the L cached positions of every sequence, packed for the reference.
+  std::vector<int32_t> cu_q = {0}, cu_k = {0};
+  for (int b = 0; b < B; ++b) {
+    const int32_t L = std::min<int64_t>(c.seqlens[b], c.capacity);
+    cu_q.push_back(cu_q.back() + c.sq[b]);
+    cu_k.push_back(cu_k.back() + L);
+  }
+  const int64_t total_q = cu_q.back(), total_k = cu_k.back();
+  std::vector<double> kd(total_k * c.HKV * c.D), vd(kd.size());
+  std::vector<float> row(c.D);
+  std::vector<double> back(c.D);
+  for (int b = 0; b < B; ++b)
+    for (int64_t t = 0; t < cu_k[b + 1] - cu_k[b]; ++t)
+      for (int h = 0; h < c.HKV; ++h)
+        for (int is_v = 0; is_v < 2; ++is_v) {
+          for (float& x : row) x = round16((is_v ? 1.0f : 1.5f) * normal(rng), fp16);
+          host.put(is_v, b, t, h, row.data());
+          host.get(is_v, b, t, h, back.data());  // the values the kernel sees
+          std::copy(back.begin(), back.end(), (is_v ? vd : kd).begin() + ((cu_k[b] + t) * c.HKV + h) * c.D);
+        }
+  DeviceCache dev(host);
+  std::vector<uint16_t> qb(std::max<int64_t>(total_q * c.HQ * c.D, 8));
+  std::vector<double> qd(total_q * c.HQ * c.D);
+  for (size_t i = 0; i < qd.size(); ++i) {
+    qb[i] = round16(normal(rng), fp16);
+    qd[i] = widen16(qb[i], fp16);
+  }
+  const DType dt = fp16 ? DType::kFP16 : DType::kBF16;
+  test::DeviceBuffer<uint16_t> q_dev(qb), o_dev(qb.size());
+  test::DeviceBuffer<float> lse_dev(std::max<int64_t>(total_q * c.HQ, 1));
+  test::DeviceBuffer<int32_t> cuq_dev(cu_q), len_dev(c.seqlens);
+  o_dev.poison();
+  lse_dev.poison();
+  PrefillParams p;
+  p.causal = c.params.causal;
+  p.window = c.params.window;
+  p.softcap = c.params.softcap;
+  p.softmax_scale = c.params.softmax_scale;
+  const int max_sq = B > 0 ? *std::max_element(c.sq.begin(), c.sq.end()) : 0;
+  prefill_with_cache(strided(q_dev.get(), dt, {total_q, c.HQ, c.D}, {int64_t{c.HQ} * c.D, c.D, 1}),
+                     strided(cuq_dev.get(), DType::kInt32, {B + 1}, {1}), max_sq, dev.view,
+                     strided(len_dev.get(), DType::kInt32, {B}, {1}),
+                     strided(o_dev.get(), dt, {total_q, c.HQ, c.D}, {int64_t{c.HQ} * c.D, c.D, 1}),
+                     strided(lse_dev.get(), DType::kFP32, {total_q, c.HQ}, {c.HQ, 1}), p, nullptr);
+  TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+  const reference::PrefillRef ref = reference::prefill_reference(
+      qd, kd, vd, cu_q, cu_k, reference::PrefillShape{B, c.HQ, c.HKV, c.D}, c.params);
+  return prefilltest::compare_outputs(o_dev.download(), int64_t{c.HQ} * c.D, c.D, lse_dev.download(), c.HQ, 1, ref,
+                                      total_q, c.HQ, c.D, fp16);
+}
+
+class PrefillCacheGpu : public ::testing::Test {
+ protected:
+  void SetUp() override { TESSERA_REQUIRE_GPU(); }
+};
+
+// Contiguous and paged caches of both 16-bit types, every head dim, causal and not: chunks of new queries over
+// cached prefixes, a whole prompt (Sq = L), a decode-like single query, an empty chunk, a length past the capacity.
+TEST_F(PrefillCacheGpu, NativeContiguousAndPaged) {
+  const int pages[] = {0, 16, 64, 256};
+  for (int D : {64, 128, 256})
+    for (int pi = 0; pi < 4; ++pi)
+      for (bool causal : {true, false}) {
+        CacheCase c;
+        c.fmt = kvtest::kFormats[(D + pi) % 2];  // native bf16 / fp16
+        c.D = D;
+        c.page_size = pages[pi];
+        c.capacity = 512;
+        c.sq = {37, 1, 130, 0, 200};
+        c.seqlens = {300, 1, 130, 50, 600};  // 600: past the capacity, L = 512
+        c.params.causal = causal;
+        const uint64_t seed = test::fresh_seed();
+        SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+        const Check r = run_cache_case(c, seed);
+        EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+      }
+}
+
+// GQA ratios, windows and softcap over a paged cache; and a random configuration per seed (the stress step).
+TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
+  const uint64_t seed = test::fresh_seed();
+  std::mt19937_64 rng(seed ^ 0x2545f4914f6cdd1dull);
+  auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  for (int round = 0; round < 4; ++round) {
+    CacheCase c;
+    c.fmt = kvtest::kFormats[below(2)];
+    c.D = 64 << below(3);
+    const int groups[] = {1, 4, 5, 8, 16};
+    c.HKV = 1 + below(2);
+    c.HQ = c.HKV * groups[below(5)];
+    const int pages[] = {0, 16, 32, 64, 128, 256};
+    c.page_size = pages[below(6)];
+    c.capacity = c.page_size ? int64_t{c.page_size} * (1 + below(600 / c.page_size + 1)) : 1 + below(700);
+    const int B = 1 + below(3);
+    c.params.causal = below(3) != 0;
+    c.params.window = below(3) == 0 ? 1 + below(300) : 0;
+    c.params.softcap = below(4) == 0 ? 20.0f : 0.0f;
+    for (int b = 0; b < B; ++b) {
+      const int L = below(static_cast<int>(c.capacity) + 20);
+      c.seqlens.push_back(L);
+      const int Lc = std::min<int>(L, static_cast<int>(c.capacity));
+      c.sq.push_back(c.params.causal ? below(Lc + 1) : below(200));
+    }
+    const uint64_t case_seed = test::fresh_seed();
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(case_seed));
+    const Check r = run_cache_case(c, case_seed);
+    EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+  }
+}
+
+}  // namespace
+}  // namespace tessera::attention
