@@ -159,6 +159,137 @@ class PrefillCase final : public CaseInstance {
   std::vector<Set> sets_data_;
 };
 
+// Chunked prefill over a paged bf16 KV cache (prefill_with_cache): one sequence of `cached` tokens plus `sq` new
+// ones (already in the cache), pages of `page` tokens in a shuffled order, causal.
+struct PrefillCacheShape {
+  std::string name;
+  int hq = 32, hkv = 8, d = 128, page = 64;
+  int32_t cached = 30000, sq = 2048;
+  int32_t length() const { return cached + sq; }
+  int32_t pages() const { return (length() + page - 1) / page; }
+  double pairs() const { return double(sq) * cached + 0.5 * double(sq) * (double(sq) + 1); }
+  double bytes() const { return 2.0 * (2.0 * sq * hq * d + 2.0 * double(length()) * hkv * d); }
+};
+
+class PrefillCacheCase final : public CaseInstance {
+ public:
+  PrefillCacheCase(const DeviceContext& ctx, const std::string& op, const PrefillCacheShape& sh)
+      : sh_(sh), op_(op), device_(ctx.device) {
+    const int64_t P = sh.pages() + 3;  // a few pages no sequence uses
+    std::vector<int32_t> order(P);
+    std::iota(order.begin(), order.end(), 0);
+    Rng rng(case_seed(op, sh.name + "/pages", 0));
+    for (int64_t i = P - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int>(i + 1))]);
+    table_host_.assign(order.begin(), order.begin() + sh.pages());
+    table_ = upload_new(table_host_);
+    seqlens_ = upload_new(std::vector<int32_t>{sh.length()});
+    cu_ = upload_new(std::vector<int32_t>{0, sh.sq});
+    num_pages_ = P;
+    sets_ = rotating_sets(ctx, sh.bytes());
+    o_.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
+    gen::FloatDist dist;
+    dist.kind = gen::FloatDist::kNormal;
+    for (int s = 0; s < sets_; ++s) {
+      Rng r(case_seed(op, sh.name, s));
+      Set set;
+      set.q.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
+      gen::fill_float(set.q.get(), DType::kBF16, int64_t{sh.sq} * sh.hq * sh.d, r.next(), dist, ctx.stream);
+      for (DeviceBuffer* b : {&set.k, &set.v}) {
+        const int64_t n = P * sh.page * sh.hkv * sh.d;
+        b->allocate(n * 2);
+        gen::fill_float(b->get(), DType::kBF16, n, r.next(), dist, ctx.stream);
+      }
+      sets_data_.push_back(std::move(set));
+    }
+  }
+
+  int num_sets() const override { return sets_; }
+
+  void run(cudaStream_t stream, int set) override {
+    const Set& s = sets_data_[set];
+    attention::KVCache cache;
+    cache.format = attention::KVFormat::kNative;
+    cache.k = TensorView::contiguous(s.k.get(), DType::kBF16, {num_pages_, sh_.page, sh_.hkv, sh_.d}, device_);
+    cache.v = TensorView::contiguous(s.v.get(), DType::kBF16, {num_pages_, sh_.page, sh_.hkv, sh_.d}, device_);
+    cache.block_table = TensorView::contiguous(table_.get(), DType::kInt32, {1, sh_.pages()}, device_);
+    attention::PrefillParams params;
+    params.causal = true;
+    attention::prefill_with_cache(
+        TensorView::contiguous(s.q.get(), DType::kBF16, {sh_.sq, sh_.hq, sh_.d}, device_),
+        TensorView::contiguous(cu_.get(), DType::kInt32, {2}, device_), sh_.sq, cache,
+        TensorView::contiguous(seqlens_.get(), DType::kInt32, {1}, device_),
+        TensorView::contiguous(o_.get(), DType::kBF16, {sh_.sq, sh_.hq, sh_.d}, device_), std::nullopt, params, stream);
+  }
+
+  // Sampled query rows (the first, the last, two random) against float64 over the keys they attend to, gathered
+  // page by page through the block table.
+  CheckResult check(cudaStream_t stream) override {
+    const int64_t HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d, row = HKV * D;
+    o_.fill_async(0xFF, stream);  // NaN
+    run(stream, 0);
+    const Set& set = sets_data_[0];
+    std::vector<int32_t> rows = {0, sh_.sq - 1};
+    Rng rng(case_seed(op_, sh_.name + "/check", 0));
+    while (rows.size() < 4) rows.push_back(static_cast<int32_t>(rng.below(sh_.sq)));
+    const int32_t most = sh_.cached + *std::max_element(rows.begin(), rows.end()) + 1;
+    std::vector<double> k(most * row), v(most * row);
+    for (int32_t p = 0; p * sh_.page < most; ++p) {
+      const int64_t n = std::min<int64_t>(sh_.page, most - int64_t{p} * sh_.page) * row;
+      const int64_t first = int64_t{table_host_[p]} * sh_.page * row;
+      const auto kb = download_range<uint16_t>(set.k, first, n, stream);
+      const auto vb = download_range<uint16_t>(set.v, first, n, stream);
+      for (int64_t i = 0; i < n; ++i) {
+        k[int64_t{p} * sh_.page * row + i] = host::bf16_to_f32(kb[i]);
+        v[int64_t{p} * sh_.page * row + i] = host::bf16_to_f32(vb[i]);
+      }
+    }
+    std::vector<CheckResult> parts(rows.size());
+    std::vector<std::string> labels(rows.size());
+    for (size_t s = 0; s < rows.size(); ++s) {
+      const int32_t i = rows[s], keys = sh_.cached + i + 1;
+      std::vector<double> q(HQ * D);
+      const auto qb = download_range<uint16_t>(set.q, int64_t{i} * HQ * D, HQ * D, stream);
+      for (int64_t j = 0; j < HQ * D; ++j) q[j] = host::bf16_to_f32(qb[j]);
+      const std::vector<double> ks(k.begin(), k.begin() + int64_t{keys} * row);
+      const std::vector<double> vs(v.begin(), v.begin() + int64_t{keys} * row);
+      reference::PrefillRefParams p;
+      p.causal = true;
+      const reference::PrefillRef ref =
+          reference::prefill_reference(q, ks, vs, {0, 1}, {0, keys}, {1, sh_.hq, sh_.hkv, sh_.d}, p);
+      const auto o = download_range<uint16_t>(o_, int64_t{i} * HQ * D, HQ * D, stream);
+      double err2 = 0, ref2 = 0;
+      int64_t bad = 0;
+      for (int64_t j = 0; j < HQ * D; ++j) {
+        const double got = host::bf16_to_f32(o[j]);
+        if (!std::isfinite(got)) ++bad;
+        err2 += (got - ref.o[j]) * (got - ref.o[j]);
+        ref2 += ref.o[j] * ref.o[j];
+      }
+      CheckResult& r = parts[s];
+      r.compared = HQ * D;
+      r.error = std::sqrt(err2 / std::max(ref2, 1e-30));
+      r.ok = bad == 0 && r.error <= 5e-3;
+      labels[s] = "query " + std::to_string(i);
+      if (!r.ok) r.message = std::to_string(bad) + " non-finite, relative error " + std::to_string(r.error);
+    }
+    return merge_checks(parts, labels,
+                        std::to_string(rows.size()) + " sampled query rows (every head) within 5e-3 of float64");
+  }
+
+ private:
+  struct Set {
+    DeviceBuffer q, k, v;
+  };
+  PrefillCacheShape sh_;
+  std::string op_;
+  int device_ = 0;
+  int64_t num_pages_ = 0;
+  std::vector<int32_t> table_host_;
+  DeviceBuffer table_, seqlens_, cu_, o_;
+  int sets_ = 1;
+  std::vector<Set> sets_data_;
+};
+
 void add_prefill_cases(std::vector<CaseSpec>& cases) {
   const auto shape = [](std::string name, int hq, int hkv, int d, bool causal, std::vector<int32_t> lengths) {
     PrefillShape sh;
@@ -197,6 +328,19 @@ void add_prefill_cases(std::vector<CaseSpec>& cases) {
     };
     c.headline = sh.name == "hq32kv8/B1/S16384/causal" || sh.name == "hq32kv8/B8/S2048" ||
                  sh.name == "hq32kv8/zipf32/T65536/causal";
+    cases.push_back(std::move(c));
+  }
+  {
+    PrefillCacheShape sh;
+    sh.name = "hq32kv8/chunked/L32048/paged64/causal";
+    CaseSpec c;
+    c.op = "prefill";
+    c.name = sh.name;
+    c.bytes = sh.bytes();
+    c.flops = 4.0 * sh.hq * sh.d * sh.pairs();
+    c.setup = [op = c.op, sh](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
+      return std::make_unique<PrefillCacheCase>(ctx, op, sh);
+    };
     cases.push_back(std::move(c));
   }
 }

@@ -39,7 +39,8 @@ struct CacheCase {
     std::string s = std::string(fmt.name) + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
                     " HKV=" + std::to_string(HKV) + " cap=" + std::to_string(capacity) +
                     (page_size ? " paged/" + std::to_string(page_size) : std::string(" contiguous")) +
-                    (params.causal ? " causal" : "") + (params.window ? " window=" + std::to_string(params.window) : "") +
+                    (params.causal ? " causal" : "") +
+                    (params.window ? " window=" + std::to_string(params.window) : "") +
                     (params.softcap > 0 ? " softcap" : "") + " (sq,L)=";
     for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(seqlens[b]) + ")";
     return s;
@@ -77,7 +78,7 @@ Check run_cache_case(const CacheCase& c, uint64_t seed) {
     for (int64_t t = 0; t < cu_k[b + 1] - cu_k[b]; ++t)
       for (int h = 0; h < c.HKV; ++h)
         for (int is_v = 0; is_v < 2; ++is_v) {
-          for (float& x : row) x = round16((is_v ? 1.0f : 1.5f) * normal(rng), fp16);
+          for (float& x : row) x = kvtest::round_to(c.fmt.dtype, (is_v ? 1.0f : 1.5f) * normal(rng));
           host.put(is_v, b, t, h, row.data());
           host.get(is_v, b, t, h, back.data());  // the values the kernel sees
           std::copy(back.begin(), back.end(), (is_v ? vd : kd).begin() + ((cu_k[b] + t) * c.HKV + h) * c.D);
