@@ -130,6 +130,8 @@ def paged(fi, workspace, backend, q, k_cache, v_cache, page_list, kv_len, page_s
     assert 1 <= last <= page_size, (kv_len, pages, page_size)
     wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD", backend=backend)
     t0 = time.perf_counter()
+    # causal=True with qo_len < kv_len is bottom-right aligned in FlashInfer: query i attends keys 0 .. kv_len -
+    # qo_len + i (FA3: hopper/mainloop_mma.cuh col_limit_right; cuDNN: use_causal_mask_bottom_right; module doc)
     wrapper.plan(indptr([q.shape[0]]), indptr([pages]), page_list, torch.tensor([last], dtype=torch.int32),
                  hq, hkv, d, page_size, causal=causal,
                  q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, o_data_type=torch.bfloat16)

@@ -191,10 +191,11 @@ void prefill_varlen(const TensorView& q, const TensorView& k, const TensorView& 
 // its last Sq positions: with L = min(cache_seqlens[b], capacity) keys in the cache (cache_seqlens int32 [B] on the
 // device, the length including the new tokens, whose K and V append_kv wrote first), query i sits at position
 // L - Sq + i and attends to the cached keys by the rules above (Sk = L; causal attends to the prefix and, causally,
-// to the new tokens). o and lse as for prefill_varlen. Cache formats: kNative (rows of q's dtype) so far; the
-// quantized formats are refused with an error naming cache.format. Device values are not validated; whatever
-// cache_seqlens and the block table hold, nothing outside the tensors is read or written (pages outside
-// [0, num_pages) read as zeros).
+// to the new tokens). o and lse as for prefill_varlen. Every cache format: kNative (rows of q's dtype) runs on
+// q's tensor-core type; the quantized formats are dequantized tile by tile in shared memory to fp16 (code · scale +
+// offset in one fp16 fma; fp8 exactly, its scales applied to S and O), and q runs in fp16 for them (bf16 q saturated
+// to fp16's range). Device values are not validated; whatever cache_seqlens and the block table hold, nothing
+// outside the tensors is read or written (pages outside [0, num_pages) read as zeros).
 void prefill_with_cache(const TensorView& q, const TensorView& cu_seqlens_q, int64_t max_seqlen_q,
                         const KVCache& cache, const TensorView& cache_seqlens, const TensorView& o,
                         const std::optional<TensorView>& lse, const PrefillParams& params, cudaStream_t stream);

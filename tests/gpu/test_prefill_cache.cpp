@@ -1,5 +1,6 @@
-// prefill_with_cache (include/tessera/attention.h) on the GPU: chunked prefill over the decode KV cache, contiguous
-// and paged (pages in random order, page sizes 16 to 256), against the float64 reference on the cache's values.
+// prefill_with_cache (include/tessera/attention.h) on the GPU: chunked prefill over the decode KV cache in every
+// format, contiguous and paged (pages in random order, page sizes 16 to 256), against the float64 reference on the
+// cache's (dequantized) values.
 //
 // Each sequence's queries are its last Sq positions of L = min(cache_seqlens, capacity) cached keys. Cache slots
 // that hold no key are left as 0xFF bytes (NaN in bf16 / fp16): they must never reach the output, although the
@@ -36,7 +37,7 @@ struct CacheCase {
   std::vector<int32_t> sq, seqlens;  // queries per sequence; cache_seqlens (may exceed the capacity)
   reference::PrefillRefParams params;
   std::string describe() const {
-    std::string s = std::string(fmt.name) + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
+    std::string s = std::string(fmt.name) + (fmt.dtype == DType::kFP16 ? " q=fp16" : " q=bf16") + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
                     " HKV=" + std::to_string(HKV) + " cap=" + std::to_string(capacity) +
                     (page_size ? " paged/" + std::to_string(page_size) : std::string(" contiguous")) +
                     (params.causal ? " causal" : "") +
@@ -63,7 +64,9 @@ Check run_cache_case(const CacheCase& c, uint64_t seed) {
   g.row_pad = 32;
   g.finish();
   HostCache host(g, rng, false, 0xFF);
-  // Keys and values of the L cached positions of every sequence, packed for the reference.
+  // Keys and values of the L cached positions of every sequence ([b][t][h][D], rounded to the 16-bit type), then
+  // the cache written from them as append_kv would (per-channel keys a 32-token block at a time), and the values
+  // the kernel sees (the dequantized cache) packed for the reference.
   std::vector<int32_t> cu_q = {0}, cu_k = {0};
   for (int b = 0; b < B; ++b) {
     const int32_t L = std::min<int64_t>(c.seqlens[b], c.capacity);
@@ -71,18 +74,36 @@ Check run_cache_case(const CacheCase& c, uint64_t seed) {
     cu_k.push_back(cu_k.back() + L);
   }
   const int64_t total_q = cu_q.back(), total_k = cu_k.back();
-  std::vector<double> kd(total_k * c.HKV * c.D), vd(kd.size());
-  std::vector<float> row(c.D);
-  std::vector<double> back(c.D);
+  std::vector<float> kx(total_k * c.HKV * c.D), vx(kx.size());
+  for (size_t i = 0; i < kx.size(); ++i) {
+    kx[i] = kvtest::round_to(c.fmt.dtype, 1.5f * normal(rng));
+    vx[i] = kvtest::round_to(c.fmt.dtype, normal(rng));
+  }
+  kvtest::set_fp8_scales(host, kx, vx);
+  const auto at = [&](int b, int64_t t, int h) { return ((cu_k[b] + t) * c.HKV + h) * c.D; };
+  for (int b = 0; b < B; ++b) {
+    const int64_t L = cu_k[b + 1] - cu_k[b];
+    for (int h = 0; h < c.HKV; ++h) {
+      for (int64_t t = 0; t < L; ++t) host.put(true, b, t, h, &vx[at(b, t, h)]);
+      if (!g.k_channel) {
+        for (int64_t t = 0; t < L; ++t) host.put(false, b, t, h, &kx[at(b, t, h)]);
+        continue;
+      }
+      std::vector<float> block(static_cast<size_t>(kKeyBlock) * c.D);
+      for (int64_t t0 = 0; t0 < L; t0 += kKeyBlock) {
+        const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - t0));
+        for (int r = 0; r < n; ++r) std::copy_n(&kx[at(b, t0 + r, h)], c.D, &block[static_cast<size_t>(r) * c.D]);
+        host.put_key_block(b, t0, h, block.data(), n);
+      }
+    }
+  }
+  std::vector<double> kd(kx.size()), vd(vx.size());
   for (int b = 0; b < B; ++b)
     for (int64_t t = 0; t < cu_k[b + 1] - cu_k[b]; ++t)
-      for (int h = 0; h < c.HKV; ++h)
-        for (int is_v = 0; is_v < 2; ++is_v) {
-          for (float& x : row) x = kvtest::round_to(c.fmt.dtype, (is_v ? 1.0f : 1.5f) * normal(rng));
-          host.put(is_v, b, t, h, row.data());
-          host.get(is_v, b, t, h, back.data());  // the values the kernel sees
-          std::copy(back.begin(), back.end(), (is_v ? vd : kd).begin() + ((cu_k[b] + t) * c.HKV + h) * c.D);
-        }
+      for (int h = 0; h < c.HKV; ++h) {
+        host.get(false, b, t, h, &kd[at(b, t, h)]);
+        host.get(true, b, t, h, &vd[at(b, t, h)]);
+      }
   DeviceCache dev(host);
   std::vector<uint16_t> qb(std::max<int64_t>(total_q * c.HQ * c.D, 8));
   std::vector<double> qd(total_q * c.HQ * c.D);
@@ -141,6 +162,34 @@ TEST_F(PrefillCacheGpu, NativeContiguousAndPaged) {
       }
 }
 
+// Every decode cache format (fp8 per tensor and per head, int8, int4, int4/32, the per-channel key formats) and head
+// dim, contiguous and paged, against the dequantized cache: the kernel's fp16 dequantization and fp16 tensor-core
+// path stay within the bf16 path's tolerance of those values.
+TEST_F(PrefillCacheGpu, EveryQuantizedFormat) {
+  int i = 0;
+  for (const kvtest::Fmt& fmt : kvtest::kDecodeFormats) {
+    if (kvtest::is_native(fmt)) continue;
+    for (int D : {64, 128, 256}) {
+      CacheCase c;
+      c.fmt = fmt;
+      c.fmt.dtype = i % 2 ? DType::kFP16 : DType::kBF16;  // q's dtype: bf16 q runs converted to fp16
+      c.D = D;
+      const int pages[] = {0, 32, 64, 256};
+      c.page_size = pages[i % 4];
+      c.capacity = 512;
+      c.sq = {37, 1, 130, 0, 200};
+      c.seqlens = {300, 1, 130, 50, 600};
+      c.params.causal = i % 3 != 2;
+      c.params.softcap = i % 5 == 4 ? 30.0f : 0.0f;
+      ++i;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      const Check r = run_cache_case(c, seed);
+      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    }
+  }
+}
+
 // GQA ratios, windows and softcap over a paged cache; and a random configuration per seed (the stress step).
 TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
   const uint64_t seed = test::fresh_seed();
@@ -148,14 +197,16 @@ TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
   auto below = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   for (int round = 0; round < 4; ++round) {
     CacheCase c;
-    c.fmt = kvtest::kFormats[below(2)];
+    c.fmt = kvtest::kDecodeFormats[below(9)];
     c.D = 64 << below(3);
     const int groups[] = {1, 4, 5, 8, 16};
     c.HKV = 1 + below(2);
     c.HQ = c.HKV * groups[below(5)];
     const int pages[] = {0, 16, 32, 64, 128, 256};
     c.page_size = pages[below(6)];
+    if (kvtest::is_key_channel(c.fmt) && c.page_size == 16) c.page_size = 32;  // their 32-token key blocks
     c.capacity = c.page_size ? int64_t{c.page_size} * (1 + below(600 / c.page_size + 1)) : 1 + below(700);
+    if (kvtest::is_key_channel(c.fmt)) c.capacity = (c.capacity + 31) / 32 * 32;
     const int B = 1 + below(3);
     c.params.causal = below(3) != 0;
     c.params.window = below(3) == 0 ? 1 + below(300) : 0;

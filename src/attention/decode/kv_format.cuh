@@ -34,6 +34,8 @@
 #include "attention/decode/config.h"
 #include "tessera/attention.h"
 
+#include "attention/kv_bits.cuh"
+
 namespace tessera::attention::detail {
 
 template <KVFormat kFormat, int kHeadDim, bool kNativeFP16>
@@ -151,17 +153,6 @@ __device__ __forceinline__ int o_dim(int r, int j, int w) {
   return (r + 8 * j) * T::kVChunkElems + w;
 }
 
-__device__ __forceinline__ uint32_t fp16_bits2(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 as_half2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
-
-// (x & kMask) | bits as one lop3: with both constants as immediates the compiler emits two (a LOP3 takes one).
-template <uint32_t kMask>
-__device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t bits) {
-  uint32_t out;
-  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(out) : "r"(x), "n"(kMask), "r"(bits));
-  return out;
-}
-
 // int4 pair p of a word (bits 4p..4p+3 of each 16-bit half) as fp16 bit patterns 1024 + u_p * code, where
 // u_p = 1 for the low nibble of a byte (p even) and 16 for the high one: one lop3 per pair, one shift per two
 // pairs (x8 = x >> 8 serves p = 2, 3). Exact in fp16; the kernel divides u out of the dot products (the query's
@@ -218,12 +209,6 @@ struct KcParams {
     }
   }
 };
-
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x16) {
-  uint32_t out;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(static_cast<uint16_t>(x16)));
-  return out;
-}
 
 // Key chunk (kWords words of one row) → pairs of tensor-core values in k emit order. pair = (fp16 scale low,
 // fp16 offset high), used by the group-wise format only.

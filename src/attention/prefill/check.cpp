@@ -216,9 +216,6 @@ PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const
 
   // ---- the cache (decode's rules), then what prefill reads of it
   const CacheDesc c = check_cache(op, cache, B, D, q.dtype);
-  if (c.format != KVFormat::kNative)
-    check.fail("cache.format", std::string("must be kNative for prefill_with_cache so far (the quantized formats are "
-                                           "not implemented there yet), got ") + kv_format_name(c.format));
   const int64_t HKV = c.num_kv_heads;
   if (HQ % HKV != 0)
     check.fail("q", "must have a number of heads (dim 1, " + str(HQ) + ") that is a multiple of the cache's KV "

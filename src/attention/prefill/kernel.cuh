@@ -26,6 +26,7 @@
 #include "ptx/smem.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "attention/prefill/kv_transform.cuh"
 
 namespace tessera::attention::detail {
 
@@ -39,8 +40,9 @@ static_assert(kPrefillProducerRegs * 128 + kPrefillConsumerRegs * 256 <= (65536 
               "setmaxnreg budget exceeds the registers of the CTA");
 
 // Key tile and ring depth per head dim: S's accumulators (kBlockN / 2 registers) and O's (D / 2) must fit beside
-// each other; the ring fills what shared memory is left.
-template <int kD>
+// each other; the ring fills what shared memory is left. kQuant (K / V from a quantized cache): a staging ring of
+// raw code tiles (up to 8 bits per element) besides, which the transform warps turn into the fp16 K / V tiles.
+template <int kD, bool kQuant = false>
 struct PrefillTile {
   static constexpr int kBlockN = kD == 256 ? 64 : 128;
   static constexpr int kStages = kD == 64 ? 3 : 2;
@@ -50,9 +52,20 @@ struct PrefillTile {
   static constexpr int kQChunkBytes = kPrefillBlockM * 128;        // one column block of Q
   static constexpr int kKVChunkBytes = kBlockN * 128;              // one column block of K or V
   static constexpr int kStageBytes = 2 * kKVBytes;                 // K then V
-  static constexpr int kBarOff = kQBytes + kStages * kStageBytes;  // q_full, then k_full, v_full, empty_k, empty_v
-  static constexpr int kBytes = 1024 + kBarOff + (1 + 4 * kStages) * 8;  // with 1024 bytes to align the base
+  static constexpr int kCodeBytes = kBlockN * kD;                  // one K (or V) tile of codes, 8-bit at most
+  static constexpr int kCodeStages = kQuant ? (kD == 256 ? 1 : 2) : 0;
+  static constexpr int kCodeOff = kQBytes + kStages * kStageBytes;
+  // q_full, k_full, v_full, empty_k, empty_v; kQuant: q_ready, code_full, code_empty
+  static constexpr int kBarOff = kCodeOff + kCodeStages * 2 * kCodeBytes;
+  static constexpr int kNumBars = 1 + 4 * kStages + (kQuant ? 1 + 2 * kCodeStages : 0);
+  static constexpr int kBytes = 1024 + kBarOff + kNumBars * 8;  // with 1024 bytes to align the base
 };
+// Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes.
+template <bool kQuant>
+inline constexpr int kProducerRegs = kQuant ? 56 : kPrefillProducerRegs;
+template <bool kQuant>
+inline constexpr int kConsumerRegs = kQuant ? 224 : kPrefillConsumerRegs;
+static_assert(kProducerRegs<true> * 128 + kConsumerRegs<true> * 256 <= 65536, "setmaxnreg budget of the CTA");
 
 using ::tessera::detail::pack2;
 
@@ -72,6 +85,10 @@ struct PrefillArgs {
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;
   int max_pages = 0, log2_page_size = 0, page_rows = 0;
+  // Quantized cache (the kQuant kernel): k_map / v_map span the code rows (bytes: row_bytes, rows, HKV, outer, no
+  // swizzle); q is converted to fp16 in shared memory when it is bf16, o is written in q's dtype.
+  PrefillQuant quant;
+  bool q_bf16 = false;
   // Rows of q and o per batch entry: a token outside [0, total_q) (a wrong cu_seqlens_q) is never written.
   int64_t total_q = 0;
   int total_k = 0;
@@ -83,9 +100,78 @@ struct PrefillArgs {
   bool causal = false;
 };
 
-template <int kD, bool kFP16>
+// The quantized variant's transform warps (warps 1-3 of the producer warpgroup, 96 threads): Q to fp16 in place
+// when q is bf16 (saturated to fp16's range), then for each key tile the staged K and V codes to fp16 tiles
+// (kv_transform.cuh), each signalled on the consumers' full barriers, one arrival per warp.
+template <int kD, class Tile>
+__device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
+                                                const uint8_t* codes, uint64_t* q_full, uint64_t* q_ready,
+                                                uint64_t* k_full, uint64_t* v_full, uint64_t* empty_k,
+                                                uint64_t* empty_v, uint64_t* code_full, uint64_t* code_empty, int b,
+                                                int kvh, int sk, int n_lo, int n_hi) {
+  constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages, kUnits = kD / 16;  // 16-element units per row
+  const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
+  const auto signal = [&](uint64_t* bar) {
+    ptx::fence_proxy_async_shared();  // this thread's tile writes, before the consumers' wgmma reads them
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(bar);
+  };
+  ptx::mbarrier_wait_parity(q_full, 0);
+  if (a.q_bf16) {
+    for (int i = t; i < Tile::kQBytes / 16; i += 96) {
+      uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
+      uint4 v = *p;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float lo = fminf(fmaxf(__uint_as_float(w[k] << 16), -65504.0f), 65504.0f);
+        const float hi = fminf(fmaxf(__uint_as_float(w[k] & 0xffff0000u), -65504.0f), 65504.0f);
+        w[k] = ::tessera::detail::pack2<true>(lo, hi);
+      }
+      *p = v;
+    }
+  }
+  signal(q_ready);
+  const PrefillQuant& qt = a.quant;
+  const bool channel_keys = qt.format == static_cast<int>(KVFormat::kInt8KChannel) ||
+                            qt.format == static_cast<int>(KVFormat::kInt4KChannel);
+  const int rb = qt.row_bytes;
+  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+    const int slot_s = it % Tile::kCodeStages, stage = it % kStages;
+    ptx::mbarrier_wait_parity(&code_full[slot_s], (it / Tile::kCodeStages) & 1);
+    const uint8_t* k_codes = codes + slot_s * 2 * Tile::kCodeBytes;
+    for (int is_v = 0; is_v < 2; ++is_v) {
+      if (it >= kStages) ptx::mbarrier_wait_parity(&(is_v ? empty_v : empty_k)[stage], ((it / kStages) & 1) ^ 1);
+      uint8_t* tile = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
+      const uint8_t* src = k_codes + is_v * Tile::kCodeBytes;
+      for (int i = t; i < kBlockN * kUnits; i += 96) {
+        const int r = i / kUnits, u = i % kUnits, key = n * kBlockN + r;
+        Half16 h = zero16();
+        if (key < sk) {
+          int64_t outer = b, slot = key;
+          if (a.block_table != nullptr) {
+            outer = __ldg(a.block_table + b * a.block_table_stride + (key >> a.log2_page_size));
+            slot = key & ((1 << a.log2_page_size) - 1);
+          }
+          const bool ck = channel_keys && !is_v;
+          const uint16_t* pairs = (is_v ? qt.v_scale : qt.k_scale) + outer * qt.s_outer + slot * qt.s_token +
+                                  kvh * qt.s_head;
+          const uint16_t* kc = qt.k_scale + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
+          h = dequant16<kD>(qt.format, ck, src + r * rb, pairs, kc, u);
+        }
+        store16(tile, Tile::kKVChunkBytes, r, u, h);
+      }
+      signal(&(is_v ? v_full : k_full)[stage]);
+    }
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(&code_empty[slot_s]);
+  }
+}
+
+template <int kD, bool kFP16, bool kQuant>
 __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __grid_constant__ PrefillArgs a) {
-  using Tile = PrefillTile<kD>;
+  static_assert(kFP16 || !kQuant, "quantized caches run the fp16 tensor-core path");
+  using Tile = PrefillTile<kD, kQuant>;
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kSRegs = kBlockN / 2, kORegs = kD / 2;
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -98,6 +184,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   uint64_t* v_full = bars + 1 + kStages;
   uint64_t* empty_k = bars + 1 + 2 * kStages;
   uint64_t* empty_v = bars + 1 + 3 * kStages;
+  uint64_t* q_ready = bars + 1 + 4 * kStages;          // kQuant: Q in fp16 (the transform warps)
+  uint64_t* code_full = q_ready + 1;                   // kQuant: a staging slot's codes landed (TMA)
+  uint64_t* code_empty = code_full + Tile::kCodeStages;  // kQuant: the transform read them
+  uint8_t* codes = smem + Tile::kCodeOff;
 
   // Late query tiles first: under a causal mask they attend to the most keys.
   const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
@@ -127,10 +217,17 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_full[s], 1);
-      ptx::mbarrier_init(&v_full[s], 1);
+      ptx::mbarrier_init(&k_full[s], kQuant ? 3 : 1);  // kQuant: one arrival per transform warp
+      ptx::mbarrier_init(&v_full[s], kQuant ? 3 : 1);
       ptx::mbarrier_init(&empty_k[s], 2);  // one arrival per consumer warpgroup
       ptx::mbarrier_init(&empty_v[s], 2);
+    }
+    if constexpr (kQuant) {
+      ptx::mbarrier_init(q_ready, 3);
+      for (int s = 0; s < Tile::kCodeStages; ++s) {
+        ptx::mbarrier_init(&code_full[s], 1);
+        ptx::mbarrier_init(&code_empty[s], 3);
+      }
     }
     ptx::fence_mbarrier_init();
   }
@@ -139,55 +236,85 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ---- producer ----------------------------------------------------------------------------------------------
-    ptx::setmaxnreg_dec<kPrefillProducerRegs>();
+    ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
+    if constexpr (kQuant) {
+      if (threadIdx.x >= 32) {
+        transform_warps<kD, Tile>(a, q_tile, ring, codes, q_full, q_ready, k_full, v_full, empty_k, empty_v, code_full,
+                                  code_empty, b, kvh, sk, n_lo, n_hi);
+        return;
+      }
+    }
     if (threadIdx.x != 0) return;
     ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
 #pragma unroll
     for (int c = 0; c < Tile::kChunks; ++c)
       ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h,
                        bc);
-    // A K or V tile of kBlockN rows from `row` on: one box per 64 columns, or with a paged cache one box per page
-    // piece (page_rows rows, a multiple of 8: the pieces land where one box would have put them, 128-byte swizzle
-    // included). Rows past the block table's pages get page -1, which TMA fills with zeros (masked anyway).
-    const auto load_kv = [&](const CUtensorMap* map, uint8_t* dst, uint64_t* bar, int row) {
+    // The boxes of a kBlockN-row K or V tile from `row` on: load(r, coord, outer) for the rows r.. of the tile at
+    // row coordinate `coord` of batch entry or page `outer`: one box for the tile, or with a paged cache one per
+    // page piece (page_rows rows, a multiple of 8: the pieces land where one box would have put them, 128-byte
+    // swizzle included). Rows past the block table's pages get page -1, which TMA fills with zeros.
+    const auto for_each_box = [&](int row, auto&& load) {
       if (a.block_table == nullptr) {
-#pragma unroll
-        for (int c = 0; c < Tile::kChunks; ++c)
-          ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes, map, bar, 64 * c, row, kvh, kb);
+        load(0, row, kb);
         return;
       }
       for (int r = 0; r < kBlockN; r += a.page_rows) {
         const int key = row + r, page_index = key >> a.log2_page_size;
         const int page = page_index < a.max_pages ? __ldg(a.block_table + b * a.block_table_stride + page_index) : -1;
-        const int slot = key & ((1 << a.log2_page_size) - 1);
-#pragma unroll
-        for (int c = 0; c < Tile::kChunks; ++c)
-          ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes + r * 128, map, bar, 64 * c, slot, kvh, page);
+        load(r, key & ((1 << a.log2_page_size) - 1), page);
       }
     };
     for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-      const int stage = it % kStages;
-      const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
-      if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&empty_k[stage], empty_parity);
-      uint8_t* k_dst = ring + stage * Tile::kStageBytes;
-      uint8_t* v_dst = k_dst + Tile::kKVBytes;
       const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
-      ptx::mbarrier_arrive_expect_tx(&k_full[stage], Tile::kKVBytes);
-      load_kv(&a.k_map, k_dst, &k_full[stage], row);
-      if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&empty_v[stage], empty_parity);
-      ptx::mbarrier_arrive_expect_tx(&v_full[stage], Tile::kKVBytes);
-      load_kv(&a.v_map, v_dst, &v_full[stage], row);
+      if constexpr (kQuant) {
+        // Code tiles into the staging ring (rows of row_bytes, unswizzled), for the transform warps.
+        const int slot_s = it % Tile::kCodeStages, rb = a.quant.row_bytes;
+        if (it >= Tile::kCodeStages)
+          ptx::mbarrier_wait_parity_suspend(&code_empty[slot_s], ((it / Tile::kCodeStages) & 1) ^ 1);
+        uint8_t* k_dst = codes + slot_s * 2 * Tile::kCodeBytes;
+        uint8_t* v_dst = k_dst + Tile::kCodeBytes;
+        ptx::mbarrier_arrive_expect_tx(&code_full[slot_s], 2 * kBlockN * rb);
+        for_each_box(row, [&](int r, int coord, int outer) {
+          ptx::tma_load_4d(k_dst + r * rb, &a.k_map, &code_full[slot_s], 0, coord, kvh, outer);
+          ptx::tma_load_4d(v_dst + r * rb, &a.v_map, &code_full[slot_s], 0, coord, kvh, outer);
+        });
+      } else {
+        const int stage = it % kStages;
+        const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
+        for (int is_v = 0; is_v < 2; ++is_v) {
+          if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&(is_v ? empty_v : empty_k)[stage], empty_parity);
+          uint8_t* dst = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
+          uint64_t* bar = &(is_v ? v_full : k_full)[stage];
+          const CUtensorMap* map = is_v ? &a.v_map : &a.k_map;
+          ptx::mbarrier_arrive_expect_tx(bar, Tile::kKVBytes);
+          for_each_box(row, [&](int r, int coord, int outer) {
+#pragma unroll
+            for (int c = 0; c < Tile::kChunks; ++c)
+              ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes + r * 128, map, bar, 64 * c, coord, kvh, outer);
+          });
+        }
+      }
     }
     return;
   }
 
   // ---- consumers -----------------------------------------------------------------------------------------------
-  ptx::setmaxnreg_inc<kPrefillConsumerRegs>();
+  ptx::setmaxnreg_inc<kConsumerRegs<kQuant>>();
   const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
   const int pos0 = pos_first + row0;             // their positions
   const bool wg_leader = threadIdx.x % 128 == 0;
+  // fp8 caches: the keys' scale multiplies S, the values' multiplies O (both per tensor or per KV head).
+  float qk_scale = a.scale_log2, v_scale = 1.0f;
+  if constexpr (kQuant) {
+    if (a.quant.format == static_cast<int>(KVFormat::kFP8)) {
+      const int i = a.quant.fp8_per_head ? kvh : 0;
+      qk_scale *= a.quant.k_fp8[i];
+      v_scale = a.quant.v_fp8[i];
+    }
+  }
   float o_acc[kORegs];
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) o_acc[i] = 0.0f;
@@ -276,10 +403,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   // The online softmax of tile t on S (in place, becoming P), in the log2 domain; sets alpha, m_run, l_run.
   auto softmax = [&](int t) {
     // Without softcap S stays raw and the scale folds into the exponent's FMA: p = 2^(S·mul − m).
-    float mul = a.scale_log2;
+    float mul = qk_scale;
     if (a.softcap_log2 > 0.0f) {
 #pragma unroll
-      for (int i = 0; i < kSRegs; ++i) s_acc[i] = a.softcap_log2 * ptx::tanh_ex2(s_acc[i] * a.scale_log2);
+      for (int i = 0; i < kSRegs; ++i) s_acc[i] = a.softcap_log2 * ptx::tanh_ex2(s_acc[i] * qk_scale);
       mul = 1.0f;
     }
     // Keys outside a row's range become -inf where the tile crosses a boundary.
@@ -341,7 +468,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 
   if (n_tiles > 0) {
     if (cw == 1) ptx::named_barrier_arrive(1, 256);
-    ptx::mbarrier_wait_parity(q_full, 0);
+    ptx::mbarrier_wait_parity(kQuant ? q_ready : q_full, 0);
     // Turn 0: S of tile 0 only.
     ptx::named_barrier_sync(my_turn, 256);
     issue_s(0);
@@ -402,7 +529,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     float l = l_run[hr];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+    inv[hr] = l > 0.0f ? v_scale / l : 0.0f;
     lse2[hr] = l > 0.0f ? m_run[hr] + __log2f(l) : -INFINITY;
   }
 #pragma unroll
@@ -414,7 +541,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
                                                  h * a.o_stride_head + bc * a.o_stride_batch);
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j)
-      orow[4 * j + c] = pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
+      orow[4 * j + c] = kQuant && a.q_bf16
+                            ? pack2<false>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr])
+                            : pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
     if (a.lse != nullptr && c == 0)
       a.lse[tok * a.lse_stride_token + h * a.lse_stride_head + bc * a.lse_stride_batch] =
           lse2[hr] == -INFINITY ? -INFINITY : lse2[hr] * 0.69314718055994531f;

@@ -16,22 +16,23 @@ namespace tessera::attention::detail {
 
 namespace {
 
-template <int kD, bool kFP16>
+template <int kD, bool kFP16, bool kQuant>
 void launch_prefill_kernel(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  auto kernel = prefill_kernel<kD, kFP16>;
-  constexpr int kSmem = PrefillTile<kD>::kBytes;
+  auto kernel = prefill_kernel<kD, kFP16, kQuant>;
+  constexpr int kSmem = PrefillTile<kD, kQuant>::kBytes;
   // Raises the dynamic shared-memory limit (once per device); the answer itself is not needed.
   (void)::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kPrefillThreads, kSmem);
   kernel<<<grid, kPrefillThreads, kSmem, stream>>>(args);
   TESSERA_CHECK_LAUNCH();
 }
 
-template <bool kFP16>
+// fp16 tensor-core operands (kFP16), or bf16; kQuant: K / V from a quantized cache (fp16 operands).
+template <bool kFP16, bool kQuant>
 void launch_by_dim(const PrefillArgs& args, int head_dim, dim3 grid, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_prefill_kernel<64, kFP16>(args, grid, stream);
-    case 128: return launch_prefill_kernel<128, kFP16>(args, grid, stream);
-    case 256: return launch_prefill_kernel<256, kFP16>(args, grid, stream);
+    case 64: return launch_prefill_kernel<64, kFP16, kQuant>(args, grid, stream);
+    case 128: return launch_prefill_kernel<128, kFP16, kQuant>(args, grid, stream);
+    case 256: return launch_prefill_kernel<256, kFP16, kQuant>(args, grid, stream);
     default: throw Error("tessera::attention::prefill: no kernel for head_dim " + std::to_string(head_dim));
   }
 }
@@ -60,7 +61,44 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
                                   pb.q_stride_token, pb.q_stride_head, packed ? pb.q_stride_head : pb.q_stride_batch,
                                   kPrefillBlockM);
   const int bn = block_n(pb.head_dim);
-  if (pb.cache_seqlens != nullptr) {
+  const bool quant = pb.cache_seqlens != nullptr && pb.cache.format != KVFormat::kNative;
+  if (quant) {
+    // Code rows of the quantized cache, as bytes (no swizzle: the transform warps read them), and their scales.
+    const CacheDesc& c = pb.cache;
+    const int64_t rows = c.paged ? c.page_size : c.capacity, rows_box = c.paged ? std::min(c.page_size, bn) : bn;
+    const auto code_map = [&](const uint8_t* data) {
+      const int64_t dims[4] = {c.row_bytes, rows, c.num_kv_heads, c.num_pages};
+      const int64_t strides[3] = {c.stride_token, c.stride_head, c.stride_outer};
+      const int box[4] = {c.row_bytes, static_cast<int>(rows_box), 1, 1};
+      return ::tessera::detail::make_tensor_map_u8(data, 4, dims, strides, box, 0,
+                                                   ::tessera::detail::L2Promotion::k256B);
+    };
+    a.k_map = code_map(c.k);
+    a.v_map = code_map(c.v);
+    a.cache_seqlens = pb.cache_seqlens;
+    if (c.paged) {
+      a.block_table = c.block_table;
+      a.block_table_stride = c.block_table_stride;
+      a.max_pages = c.max_pages;
+      a.log2_page_size = c.log2_page_size;
+      a.page_rows = static_cast<int>(rows_box);
+    }
+    PrefillQuant& qt = a.quant;
+    qt.format = static_cast<int>(c.format);
+    qt.row_bytes = c.row_bytes;
+    qt.k_scale = c.k_scale;
+    qt.v_scale = c.v_scale;
+    qt.s_outer = c.scale_stride_outer;
+    qt.s_token = c.scale_stride_token;
+    qt.s_head = c.scale_stride_head;
+    qt.kc_outer = c.kc_stride_outer;
+    qt.kc_block = c.kc_stride_block;
+    qt.kc_head = c.kc_stride_head;
+    qt.k_fp8 = c.k_fp8_scale;
+    qt.v_fp8 = c.v_fp8_scale;
+    qt.fp8_per_head = c.fp8_per_head;
+    a.q_bf16 = !pb.fp16;
+  } else if (pb.cache_seqlens != nullptr) {
     // The decode cache's rows (kNative: q's dtype); strides in bytes there.
     const CacheDesc& c = pb.cache;
     const int64_t rows = c.paged ? c.page_size : c.capacity, rows_box = c.paged ? std::min(c.page_size, bn) : bn;
@@ -117,10 +155,12 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.causal = pb.causal;
   const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads),
                   static_cast<unsigned>(pb.batch));
-  if (pb.fp16)
-    launch_by_dim<true>(a, pb.head_dim, grid, stream);
+  if (quant)
+    launch_by_dim<true, true>(a, pb.head_dim, grid, stream);
+  else if (pb.fp16)
+    launch_by_dim<true, false>(a, pb.head_dim, grid, stream);
   else
-    launch_by_dim<false>(a, pb.head_dim, grid, stream);
+    launch_by_dim<false, false>(a, pb.head_dim, grid, stream);
 }
 
 }  // namespace tessera::attention::detail
