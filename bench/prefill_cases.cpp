@@ -163,12 +163,14 @@ class PrefillCase final : public CaseInstance {
 // ones (already in the cache), pages of `page` tokens in a shuffled order, causal.
 struct PrefillCacheShape {
   std::string name;
+  attention::KVFormat format = attention::KVFormat::kNative;
   int hq = 32, hkv = 8, d = 128, page = 64;
   int32_t cached = 30000, sq = 2048;
   int32_t length() const { return cached + sq; }
   int32_t pages() const { return (length() + page - 1) / page; }
   double pairs() const { return double(sq) * cached + 0.5 * double(sq) * (double(sq) + 1); }
-  double bytes() const { return 2.0 * (2.0 * sq * hq * d + 2.0 * double(length()) * hkv * d); }
+  int row_bytes() const { return reference::kv_row_bytes(format, d); }
+  double bytes() const { return 2.0 * 2.0 * sq * hq * d + 2.0 * double(length()) * hkv * row_bytes(); }
 };
 
 class PrefillCacheCase final : public CaseInstance {
@@ -189,15 +191,43 @@ class PrefillCacheCase final : public CaseInstance {
     o_.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
     gen::FloatDist dist;
     dist.kind = gen::FloatDist::kNormal;
+    using attention::KVFormat;
+    const bool native = sh.format == KVFormat::kNative, channel = attention::kv_key_per_channel(sh.format);
+    const int ng = reference::kv_num_scale_groups(sh.format, sh.d);
     for (int s = 0; s < sets_; ++s) {
       Rng r(case_seed(op, sh.name, s));
       Set set;
       set.q.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
       gen::fill_float(set.q.get(), DType::kBF16, int64_t{sh.sq} * sh.hq * sh.d, r.next(), dist, ctx.stream);
-      for (DeviceBuffer* b : {&set.k, &set.v}) {
-        const int64_t n = P * sh.page * sh.hkv * sh.d;
-        b->allocate(n * 2);
-        gen::fill_float(b->get(), DType::kBF16, n, r.next(), dist, ctx.stream);
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        DeviceBuffer& data = is_v ? set.v : set.k;
+        const int64_t rows = P * sh.page * sh.hkv;
+        if (native) {
+          data.allocate(rows * sh.d * 2);
+          gen::fill_float(data.get(), DType::kBF16, rows * sh.d, r.next(), dist, ctx.stream);
+          continue;
+        }
+        // Quantized from N(0, 1) rows (fp8: scale 3.47 / 448, the normal bound), through the block table.
+        gen::KVCacheFill fill;
+        fill.format = sh.format;
+        fill.batch = 1;
+        fill.capacity = int64_t{sh.pages()} * sh.page;
+        fill.hkv = sh.hkv;
+        fill.head_dim = sh.d;
+        fill.page_size = sh.page;
+        fill.block_table = table_.as<const int32_t>();
+        fill.head_mag.assign(sh.hkv, 1.0f);
+        fill.keys = !is_v;
+        if (sh.format == KVFormat::kFP8) fill.fp8_scale.assign(sh.hkv, 3.4641017f / 448.0f);
+        data.allocate(rows * sh.row_bytes());
+        DeviceBuffer& pairs = is_v ? set.v_pairs : set.k_pairs;
+        const int64_t pair_elems = (channel && !is_v) ? P * (sh.page / attention::kKeyBlock) * sh.hkv * 2 * sh.d
+                                   : channel          ? rows * 2
+                                                      : rows * 2 * ng;
+        if (sh.format != KVFormat::kFP8) pairs.allocate(pair_elems * 2);
+        gen::fill_kv_cache(fill, data.get(), sh.format != KVFormat::kFP8 ? pairs.as<uint16_t>() : nullptr, r.next(),
+                           ctx.stream);
+        if (sh.format == KVFormat::kFP8) (is_v ? set.v_fp8 : set.k_fp8) = upload_new(fill.fp8_scale);
       }
       sets_data_.push_back(std::move(set));
     }
@@ -207,11 +237,7 @@ class PrefillCacheCase final : public CaseInstance {
 
   void run(cudaStream_t stream, int set) override {
     const Set& s = sets_data_[set];
-    attention::KVCache cache;
-    cache.format = attention::KVFormat::kNative;
-    cache.k = TensorView::contiguous(s.k.get(), DType::kBF16, {num_pages_, sh_.page, sh_.hkv, sh_.d}, device_);
-    cache.v = TensorView::contiguous(s.v.get(), DType::kBF16, {num_pages_, sh_.page, sh_.hkv, sh_.d}, device_);
-    cache.block_table = TensorView::contiguous(table_.get(), DType::kInt32, {1, sh_.pages()}, device_);
+    const attention::KVCache cache = cache_view(s);
     attention::PrefillParams params;
     params.causal = true;
     attention::prefill_with_cache(
@@ -220,6 +246,7 @@ class PrefillCacheCase final : public CaseInstance {
         TensorView::contiguous(seqlens_.get(), DType::kInt32, {1}, device_),
         TensorView::contiguous(o_.get(), DType::kBF16, {sh_.sq, sh_.hq, sh_.d}, device_), std::nullopt, params, stream);
   }
+
 
   // Sampled query rows (the first, the last, two random) against float64 over the keys they attend to, gathered
   // page by page through the block table.
@@ -233,15 +260,44 @@ class PrefillCacheCase final : public CaseInstance {
     while (rows.size() < 4) rows.push_back(static_cast<int32_t>(rng.below(sh_.sq)));
     const int32_t most = sh_.cached + *std::max_element(rows.begin(), rows.end()) + 1;
     std::vector<double> k(most * row), v(most * row);
+    // The cache's values as the op must see them: the bf16 rows, or the rows dequantized by the reference rule.
+    using attention::KVFormat;
+    const bool native = sh_.format == KVFormat::kNative, channel = attention::kv_key_per_channel(sh_.format);
+    const int rb = native ? 2 * sh_.d : sh_.row_bytes(), ng = reference::kv_num_scale_groups(sh_.format, sh_.d);
+    const int vng = channel ? 1 : ng;
+    std::vector<float> kf8(HKV, 1.0f), vf8(HKV, 1.0f);
+    if (sh_.format == KVFormat::kFP8) {
+      kf8 = download_range<float>(set.k_fp8, 0, HKV, stream);
+      vf8 = download_range<float>(set.v_fp8, 0, HKV, stream);
+    }
     for (int32_t p = 0; p * sh_.page < most; ++p) {
-      const int64_t n = std::min<int64_t>(sh_.page, most - int64_t{p} * sh_.page) * row;
-      const int64_t first = int64_t{table_host_[p]} * sh_.page * row;
-      const auto kb = download_range<uint16_t>(set.k, first, n, stream);
-      const auto vb = download_range<uint16_t>(set.v, first, n, stream);
-      for (int64_t i = 0; i < n; ++i) {
-        k[int64_t{p} * sh_.page * row + i] = host::bf16_to_f32(kb[i]);
-        v[int64_t{p} * sh_.page * row + i] = host::bf16_to_f32(vb[i]);
+      const int64_t tokens = std::min<int64_t>(sh_.page, most - int64_t{p} * sh_.page);
+      const int64_t page = table_host_[p];
+      const auto kb = download_range<uint8_t>(set.k, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
+      const auto vb = download_range<uint8_t>(set.v, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
+      std::vector<uint16_t> kp, vp;
+      if (!native && sh_.format != KVFormat::kFP8) {
+        kp = channel ? download_range<uint16_t>(set.k_pairs, page * (sh_.page / attention::kKeyBlock) * HKV * 2 * D,
+                                                (sh_.page / attention::kKeyBlock) * HKV * 2 * D, stream)
+                     : download_range<uint16_t>(set.k_pairs, page * sh_.page * HKV * 2 * ng, tokens * HKV * 2 * ng,
+                                                stream);
+        vp = download_range<uint16_t>(set.v_pairs, page * sh_.page * HKV * 2 * vng, tokens * HKV * 2 * vng, stream);
       }
+      for (int64_t t = 0; t < tokens; ++t)
+        for (int64_t hh = 0; hh < HKV; ++hh) {
+          double* kd = &k[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
+          double* vd = &v[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
+          const uint8_t* kr = &kb[(t * HKV + hh) * rb];
+          const uint8_t* vr = &vb[(t * HKV + hh) * rb];
+          if (channel)
+            reference::dequantize_key_row(sh_.format, kr, &kp[((t / attention::kKeyBlock) * HKV + hh) * 2 * D], sh_.d,
+                                          kd);
+          else
+            reference::dequantize_kv_row(sh_.format, kr, kp.empty() ? nullptr : &kp[(t * HKV + hh) * 2 * ng], sh_.d,
+                                         DType::kBF16, kf8[hh], kd);
+          reference::dequantize_kv_row(sh_.format, vr, vp.empty() ? nullptr : &vp[(t * HKV + hh) * 2 * vng], sh_.d,
+                                       DType::kBF16, vf8[hh], vd);
+        }
     }
     std::vector<CheckResult> parts(rows.size());
     std::vector<std::string> labels(rows.size());
@@ -278,8 +334,33 @@ class PrefillCacheCase final : public CaseInstance {
 
  private:
   struct Set {
-    DeviceBuffer q, k, v;
+    DeviceBuffer q, k, v, k_pairs, v_pairs, k_fp8, v_fp8;
   };
+
+  attention::KVCache cache_view(const Set& s) const {
+    using attention::KVFormat;
+    attention::KVCache cache;
+    cache.format = sh_.format;
+    const bool native = sh_.format == KVFormat::kNative;
+    const DType dt = native ? DType::kBF16 : sh_.format == KVFormat::kFP8 ? DType::kFP8E4M3 : DType::kUInt8;
+    const int64_t last = native ? sh_.d : sh_.row_bytes();
+    cache.k = TensorView::contiguous(s.k.get(), dt, {num_pages_, sh_.page, sh_.hkv, last}, device_);
+    cache.v = TensorView::contiguous(s.v.get(), dt, {num_pages_, sh_.page, sh_.hkv, last}, device_);
+    if (sh_.format == KVFormat::kFP8) {
+      cache.k_scale = TensorView::contiguous(s.k_fp8.get(), DType::kFP32, {sh_.hkv}, device_);
+      cache.v_scale = TensorView::contiguous(s.v_fp8.get(), DType::kFP32, {sh_.hkv}, device_);
+    } else if (!native) {
+      const bool channel = attention::kv_key_per_channel(sh_.format);
+      const int64_t ng = reference::kv_num_scale_groups(sh_.format, sh_.d), blocks = sh_.page / attention::kKeyBlock;
+      const auto pairs = [&](const DeviceBuffer& b, int64_t rows, int64_t last) {
+        return TensorView::contiguous(b.get(), DType::kFP16, {num_pages_, rows, sh_.hkv, last}, device_);
+      };
+      cache.k_scale = channel ? pairs(s.k_pairs, blocks, 2 * sh_.d) : pairs(s.k_pairs, sh_.page, 2 * ng);
+      cache.v_scale = pairs(s.v_pairs, sh_.page, channel ? 2 : 2 * ng);
+    }
+    cache.block_table = TensorView::contiguous(table_.get(), DType::kInt32, {1, sh_.pages()}, device_);
+    return cache;
+  }
   PrefillCacheShape sh_;
   std::string op_;
   int device_ = 0;
@@ -330,9 +411,12 @@ void add_prefill_cases(std::vector<CaseSpec>& cases) {
                  sh.name == "hq32kv8/zipf32/T65536/causal";
     cases.push_back(std::move(c));
   }
-  {
+  for (attention::KVFormat f : {attention::KVFormat::kNative, attention::KVFormat::kFP8, attention::KVFormat::kInt8,
+                                attention::KVFormat::kInt4, attention::KVFormat::kInt4KChannel}) {
     PrefillCacheShape sh;
-    sh.name = "hq32kv8/chunked/L32048/paged64/causal";
+    sh.format = f;
+    sh.name = std::string("hq32kv8/chunked/L32048/paged64/") +
+              (f == attention::KVFormat::kNative ? "bf16" : attention::kv_format_name(f)) + "/causal";
     CaseSpec c;
     c.op = "prefill";
     c.name = sh.name;

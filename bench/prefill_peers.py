@@ -6,7 +6,7 @@ docs/perf/prefill.md; tessera's own rows come from `tessera-bench --op prefill` 
 
 Cases. The six of bench/prefill_cases.cpp (same names, HQ/HKV/D, lengths and order of the zipf32 lengths: the same
 1/rank rounding and the same SplitMix64 shuffle, seed 0x5eed), Sq = Sk per sequence, q/k/v bf16 normals; and the
-chunked-prefill case hq32kv8/chunked/L32048/paged64/causal: one sequence, 2,048 new queries over 32,048 keys (30,000
+chunked-prefill case hq32kv8/chunked/L32048/paged64/bf16/causal: one sequence, 2,048 new queries over 32,048 keys (30,000
 cached + the 2,048 new), HQ32 HKV8 D128, causal bottom-right aligned (query i at position 30,000 + i).
 FLOPs = 4·HQ·D per attended (query, key) pair, "executed-useful" as bench/prefill_cases.cpp's pairs(): per sequence
 of n queries over L keys, n·(L - n) + n(n+1)/2 when causal (n² / 2 + n / 2 when L = n), n·L when not. The chunked
