@@ -122,7 +122,7 @@ CASES = [
     Case("hq16kv2_d64/B4/S8192/causal", 16, 2, 64, True, [8192] * 4),
     Case("hq16kv2_d256/B4/S8192/causal", 16, 2, 256, True, [8192] * 4),
     Case("hq32kv8/zipf32/T65536/causal", 32, 8, 128, True, zipf_lengths()),
-    Case(f"hq32kv8/chunked/L{CHUNK_CACHED + CHUNK_NEW}/paged{CHUNK_PAGE}/causal", 32, 8, 128, True,
+    Case(f"hq32kv8/chunked/L{CHUNK_CACHED + CHUNK_NEW}/paged{CHUNK_PAGE}/bf16/causal", 32, 8, 128, True,
          [CHUNK_NEW], [CHUNK_CACHED + CHUNK_NEW], page=CHUNK_PAGE),
 ]
 
