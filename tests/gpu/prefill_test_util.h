@@ -1,8 +1,9 @@
 // Shared by the prefill GPU tests: the comparison of o and lse with the float64 reference.
 //
 // Checked: relative Frobenius error of o over the rows with keys <= 5e-3 (bf16 rounding of P and of o alone is
-// ~2e-3), no such row worse than 2e-2, lse within 1e-2, rows without keys exactly 0 with lse -inf, every output
-// finite.
+// ~2e-3), no such row worse than 2e-2, lse within 1e-2 + 1e-3 |lse| (logits round with their magnitude: the
+// quantized caches' keys enter the tensor cores as fp16, ~5e-4 relative, which reaches ~1e-2 at logits near 40),
+// rows without keys exactly 0 with lse -inf, every output finite.
 #pragma once
 
 #include <algorithm>
@@ -61,7 +62,7 @@ inline Check compare_outputs(const std::vector<uint16_t>& o, int64_t o_token, in
       ref2 += row_ref2;
       const double row_err = std::sqrt(row_err2 / std::max(row_ref2, 1e-30));
       if (row_err > 2e-2) r.fail("row " + where + " relative error " + std::to_string(row_err));
-      if (!(std::fabs(l - ref.lse[row]) <= 1e-2))
+      if (!(std::fabs(l - ref.lse[row]) <= 1e-2 + 1e-3 * std::fabs(ref.lse[row])))
         r.fail("lse" + where + " = " + std::to_string(l) + ", expected " + std::to_string(ref.lse[row]));
     }
   }

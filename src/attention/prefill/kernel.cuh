@@ -55,10 +55,18 @@ struct PrefillTile {
   static constexpr int kCodeBytes = kBlockN * kD;                  // one K (or V) tile of codes, 8-bit at most
   static constexpr int kCodeStages = kQuant ? (kD == 256 ? 1 : 2) : 0;
   static constexpr int kCodeOff = kQBytes + kStages * kStageBytes;
+  // kQuant: the scale pairs of one K or V tile's rows (up to D / 32 per row), or its 32-token blocks' channel
+  // parameters (2·D per block), staged for the conversion: 2 KiB at every head dim.
+  static constexpr int kPairBytes = kQuant ? 2048 : 0;
+  static constexpr int kPairOff = kCodeOff + kCodeStages * 2 * kCodeBytes;
   // q_full, k_full, v_full, empty_k, empty_v; kQuant: q_ready, code_full, code_empty
-  static constexpr int kBarOff = kCodeOff + kCodeStages * 2 * kCodeBytes;
+  static constexpr int kBarOff = kPairOff + kPairBytes;
   static constexpr int kNumBars = 1 + 4 * kStages + (kQuant ? 1 + 2 * kCodeStages : 0);
-  static constexpr int kBytes = 1024 + kBarOff + kNumBars * 8;  // with 1024 bytes to align the base
+  // The data start at the first 1024-byte boundary (the 128-byte swizzle's period) of the dynamic shared memory;
+  // the barriers go in the gap before it when it holds them, else after the data: 1024 bytes cover both cases.
+  static constexpr int kBytes = 1024 + kBarOff;
+  static_assert(kNumBars * 8 <= 1024, "the barriers fit in the alignment slack");
+  static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
 // Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes.
 template <bool kQuant>
@@ -105,10 +113,10 @@ struct PrefillArgs {
 // (kv_transform.cuh), each signalled on the consumers' full barriers, one arrival per warp.
 template <int kD, class Tile>
 __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
-                                                const uint8_t* codes, uint64_t* q_full, uint64_t* q_ready,
-                                                uint64_t* k_full, uint64_t* v_full, uint64_t* empty_k,
-                                                uint64_t* empty_v, uint64_t* code_full, uint64_t* code_empty, int b,
-                                                int kvh, int sk, int n_lo, int n_hi) {
+                                                const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
+                                                uint64_t* q_ready, uint64_t* k_full, uint64_t* v_full,
+                                                uint64_t* empty_k, uint64_t* empty_v, uint64_t* code_full,
+                                                uint64_t* code_empty, int b, int kvh, int sk, int n_lo, int n_hi) {
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages, kUnits = kD / 16;  // 16-element units per row
   const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
   const auto signal = [&](uint64_t* bar) {
@@ -135,33 +143,75 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
   const PrefillQuant& qt = a.quant;
   const bool channel_keys = qt.format == static_cast<int>(KVFormat::kInt8KChannel) ||
                             qt.format == static_cast<int>(KVFormat::kInt4KChannel);
-  const int rb = qt.row_bytes;
+  const bool fp8 = qt.format == static_cast<int>(KVFormat::kFP8);
+  const int rb = qt.row_bytes, ng = qt.format == static_cast<int>(KVFormat::kInt4Group32) ? kD / 32 : 1;
+  // Cache row of key `key` of this sequence: (outer, slot).
+  const auto locate = [&](int key, int64_t& outer, int64_t& slot) {
+    outer = b;
+    slot = key;
+    if (a.block_table != nullptr) {
+      outer = __ldg(a.block_table + b * a.block_table_stride + (key >> a.log2_page_size));
+      slot = key & ((1 << a.log2_page_size) - 1);
+    }
+  };
+  uint16_t* staged = reinterpret_cast<uint16_t*>(pair_smem);  // kPairBytes of pairs or channel parameters
   for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
     const int slot_s = it % Tile::kCodeStages, stage = it % kStages;
     ptx::mbarrier_wait_parity(&code_full[slot_s], (it / Tile::kCodeStages) & 1);
     const uint8_t* k_codes = codes + slot_s * 2 * Tile::kCodeBytes;
     for (int is_v = 0; is_v < 2; ++is_v) {
+      const bool ck = channel_keys && !is_v;
+      const uint16_t* scales = is_v ? qt.v_scale : qt.k_scale;
+      // Pass 1 (kPairBytes > 0): the tile's scale parameters into shared memory, each loaded once (the rows'
+      // pairs, or the 32-token blocks' channel parameters), so that the conversion reads no global memory.
+      if constexpr (Tile::kPairBytes > 0) {
+        if (ck) {
+          constexpr int kVecs = 2 * kD * 2 / 16;  // 16-byte vectors of one block's parameters
+          for (int i = t; i < kBlockN / kKeyBlock * kVecs; i += 96) {
+            const int blk = i / kVecs, key = n * kBlockN + blk * kKeyBlock;
+            if (key >= sk) continue;
+            int64_t outer, slot;
+            locate(key, outer, slot);
+            const uint16_t* src = scales + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
+            reinterpret_cast<uint4*>(staged)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i % kVecs);
+          }
+        } else if (!fp8) {
+          for (int r = t; r < kBlockN; r += 96) {
+            const int key = n * kBlockN + r;
+            if (key >= sk) continue;
+            int64_t outer, slot;
+            locate(key, outer, slot);
+            const uint32_t* src =
+                reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
+            for (int g = 0; g < ng; ++g) reinterpret_cast<uint32_t*>(staged)[r * ng + g] = __ldg(src + g);
+          }
+        }
+        ptx::named_barrier_sync(4, 96);
+      }
       if (it >= kStages) ptx::mbarrier_wait_parity(&(is_v ? empty_v : empty_k)[stage], ((it / kStages) & 1) ^ 1);
       uint8_t* tile = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
       const uint8_t* src = k_codes + is_v * Tile::kCodeBytes;
+      // Pass 2: codes to fp16, 16 elements per step.
       for (int i = t; i < kBlockN * kUnits; i += 96) {
         const int r = i / kUnits, u = i % kUnits, key = n * kBlockN + r;
         Half16 h = zero16();
         if (key < sk) {
-          int64_t outer = b, slot = key;
-          if (a.block_table != nullptr) {
-            outer = __ldg(a.block_table + b * a.block_table_stride + (key >> a.log2_page_size));
-            slot = key & ((1 << a.log2_page_size) - 1);
+          const uint16_t *pairs, *kc;
+          if constexpr (Tile::kPairBytes > 0) {
+            pairs = staged + 2 * r * ng;
+            kc = staged + (r / kKeyBlock) * 2 * kD;
+          } else {
+            int64_t outer, slot;
+            locate(key, outer, slot);
+            pairs = scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head;
+            kc = scales + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
           }
-          const bool ck = channel_keys && !is_v;
-          const uint16_t* pairs = (is_v ? qt.v_scale : qt.k_scale) + outer * qt.s_outer + slot * qt.s_token +
-                                  kvh * qt.s_head;
-          const uint16_t* kc = qt.k_scale + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
           h = dequant16<kD>(qt.format, ck, src + r * rb, pairs, kc, u);
         }
         store16(tile, Tile::kKVChunkBytes, r, u, h);
       }
       signal(&(is_v ? v_full : k_full)[stage]);
+      if constexpr (Tile::kPairBytes > 0) ptx::named_barrier_sync(4, 96);  // the pairs are read: the next pass may go
     }
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(&code_empty[slot_s]);
@@ -175,10 +225,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr int kSRegs = kBlockN / 2, kORegs = kD / 2;
   extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (ptx::smem_u32(smem_raw) & 1023)) & 1023);
+  const uint32_t pad = (1024 - (ptx::smem_u32(smem_raw) & 1023)) & 1023;
+  uint8_t* smem = smem_raw + pad;
   uint8_t* q_tile = smem;
   uint8_t* ring = smem + Tile::kQBytes;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Tile::kBarOff);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(pad >= Tile::kNumBars * 8 ? smem_raw : smem + Tile::kBarOff);
   uint64_t* q_full = bars;
   uint64_t* k_full = bars + 1;
   uint64_t* v_full = bars + 1 + kStages;
@@ -239,8 +290,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
     if constexpr (kQuant) {
       if (threadIdx.x >= 32) {
-        transform_warps<kD, Tile>(a, q_tile, ring, codes, q_full, q_ready, k_full, v_full, empty_k, empty_v, code_full,
-                                  code_empty, b, kvh, sk, n_lo, n_hi);
+        transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_full, v_full,
+                                  empty_k, empty_v, code_full, code_empty, b, kvh, sk, n_lo, n_hi);
         return;
       }
     }

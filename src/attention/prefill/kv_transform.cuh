@@ -83,7 +83,8 @@ __device__ __forceinline__ Half16 dequant16(int format, bool channel_keys, const
   // (scale, offset) per pair of elements: row-wise pairs broadcast, channel parameters as loaded.
   __half2 s[8], o[8];
   if (channel_keys) {
-    const uint4 s0 = *reinterpret_cast<const uint4*>(kc + 16 * u), s1 = *reinterpret_cast<const uint4*>(kc + 16 * u + 8);
+    const uint4 s0 = *reinterpret_cast<const uint4*>(kc + 16 * u);
+    const uint4 s1 = *reinterpret_cast<const uint4*>(kc + 16 * u + 8);
     const uint4 o0 = *reinterpret_cast<const uint4*>(kc + kD + 16 * u);
     const uint4 o1 = *reinterpret_cast<const uint4*>(kc + kD + 16 * u + 8);
     const uint32_t sw[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
