@@ -68,12 +68,18 @@ struct PrefillTile {
   static_assert(kNumBars * 8 <= 1024, "the barriers fit in the alignment slack");
   static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
-// Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes.
-template <bool kQuant>
+// Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes; at D 256 the
+// consumers' 128 O accumulators need the larger share.
+template <int kD, bool kQuant>
 inline constexpr int kProducerRegs = kQuant ? 56 : kPrefillProducerRegs;
-template <bool kQuant>
+template <int kD, bool kQuant>
 inline constexpr int kConsumerRegs = kQuant ? 224 : kPrefillConsumerRegs;
-static_assert(kProducerRegs<true> * 128 + kConsumerRegs<true> * 256 <= 65536, "setmaxnreg budget of the CTA");
+// setmaxnreg moves registers within the CTA's allocation at launch (168 per thread under __launch_bounds__(384, 1)):
+// a split past it leaves setmaxnreg.inc waiting forever.
+static_assert(kProducerRegs<128, true> * 128 + kConsumerRegs<128, true> * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384 &&
+                  kProducerRegs<256, true> * 128 + kConsumerRegs<256, true> * 256 <=
+                      (65536 / kPrefillThreads / 8 * 8) * 384,
+              "setmaxnreg budget of the CTA");
 
 using ::tessera::detail::pack2;
 
@@ -155,63 +161,84 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
     }
   };
   uint16_t* staged = reinterpret_cast<uint16_t*>(pair_smem);  // kPairBytes of pairs or channel parameters
+  constexpr int kVecs = 2 * kD * 2 / 16;  // 16-byte vectors of one 32-token block's channel parameters
+  static_assert(kBlockN <= 2 * 96 && kBlockN / kKeyBlock * kVecs <= 2 * 96, "two staged items per thread");
+  // Eight words per K or V: item k's at 4k (a vector: 4 words; a row's ng <= 4 pairs at D <= 128); at D 256 the one
+  // row item (64 rows) takes all eight (ng <= 8).
+  constexpr int kW = 8;
+  // Pass 1 of a tile, loads: this thread's items (at most two) of the K or V scale parameters: the pairs of rows
+  // t and t + 96 (ng words each), or vectors t and t + 96 of the channel parameters (4 words each).
+  const auto load_items = [&](int n, bool is_v, uint32_t (&w)[kW]) {
+    const uint16_t* scales = is_v ? qt.v_scale : qt.k_scale;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = t + 96 * k;
+      int64_t outer, slot;
+      if (channel_keys && !is_v) {
+        const int key = n * kBlockN + (i / kVecs) * kKeyBlock;
+        if (i >= kBlockN / kKeyBlock * kVecs || key >= sk) continue;
+        locate(key, outer, slot);
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(scales + outer * qt.kc_outer +
+                                                             (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head) +
+                              i % kVecs);
+        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+      } else if (!fp8) {
+        const int key = n * kBlockN + i;
+        if (i >= kBlockN || key >= sk) continue;
+        locate(key, outer, slot);
+        const uint32_t* src =
+            reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
+#pragma unroll
+        for (int g = 0; g < kW - 4 * k; ++g)
+          if (g < ng) w[4 * k + g] = __ldg(src + g);
+      }
+    }
+  };
+  // Pass 1, stores: the items into the staging buffer, laid out as pass 2 reads them.
+  const auto store_items = [&](int n, bool is_v, const uint32_t (&w)[kW]) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int i = t + 96 * k;
+      if (channel_keys && !is_v) {
+        if (i >= kBlockN / kKeyBlock * kVecs || n * kBlockN + (i / kVecs) * kKeyBlock >= sk) continue;
+        reinterpret_cast<uint4*>(staged)[i] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+      } else if (!fp8) {
+        if (i >= kBlockN || n * kBlockN + i >= sk) continue;
+#pragma unroll
+        for (int g = 0; g < kW - 4 * k; ++g)
+          if (g < ng) reinterpret_cast<uint32_t*>(staged)[i * ng + g] = w[4 * k + g];
+      }
+    }
+  };
   for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
     const int slot_s = it % Tile::kCodeStages, stage = it % kStages;
+    // The K and V parameters' global loads first, together (their latencies overlap each other and the wait).
+    uint32_t kw[kW], vw[kW];
+    load_items(n, false, kw);
+    load_items(n, true, vw);
     ptx::mbarrier_wait_parity(&code_full[slot_s], (it / Tile::kCodeStages) & 1);
     const uint8_t* k_codes = codes + slot_s * 2 * Tile::kCodeBytes;
     for (int is_v = 0; is_v < 2; ++is_v) {
       const bool ck = channel_keys && !is_v;
-      const uint16_t* scales = is_v ? qt.v_scale : qt.k_scale;
-      // Pass 1 (kPairBytes > 0): the tile's scale parameters into shared memory, each loaded once (the rows'
-      // pairs, or the 32-token blocks' channel parameters), so that the conversion reads no global memory.
-      if constexpr (Tile::kPairBytes > 0) {
-        if (ck) {
-          constexpr int kVecs = 2 * kD * 2 / 16;  // 16-byte vectors of one block's parameters
-          for (int i = t; i < kBlockN / kKeyBlock * kVecs; i += 96) {
-            const int blk = i / kVecs, key = n * kBlockN + blk * kKeyBlock;
-            if (key >= sk) continue;
-            int64_t outer, slot;
-            locate(key, outer, slot);
-            const uint16_t* src = scales + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
-            reinterpret_cast<uint4*>(staged)[i] = __ldg(reinterpret_cast<const uint4*>(src) + i % kVecs);
-          }
-        } else if (!fp8) {
-          for (int r = t; r < kBlockN; r += 96) {
-            const int key = n * kBlockN + r;
-            if (key >= sk) continue;
-            int64_t outer, slot;
-            locate(key, outer, slot);
-            const uint32_t* src =
-                reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
-            for (int g = 0; g < ng; ++g) reinterpret_cast<uint32_t*>(staged)[r * ng + g] = __ldg(src + g);
-          }
-        }
-        ptx::named_barrier_sync(4, 96);
-      }
+      if (is_v)  // (a branch, not a select: the arrays stay in registers)
+        store_items(n, true, vw);
+      else
+        store_items(n, false, kw);
+      ptx::named_barrier_sync(4, 96);
       if (it >= kStages) ptx::mbarrier_wait_parity(&(is_v ? empty_v : empty_k)[stage], ((it / kStages) & 1) ^ 1);
       uint8_t* tile = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
       const uint8_t* src = k_codes + is_v * Tile::kCodeBytes;
-      // Pass 2: codes to fp16, 16 elements per step.
+      // Pass 2: codes to fp16, 16 elements per step; the steps are independent (unrolled so their loads overlap).
+#pragma unroll 4
       for (int i = t; i < kBlockN * kUnits; i += 96) {
-        const int r = i / kUnits, u = i % kUnits, key = n * kBlockN + r;
+        const int r = i / kUnits, u = i % kUnits;
         Half16 h = zero16();
-        if (key < sk) {
-          const uint16_t *pairs, *kc;
-          if constexpr (Tile::kPairBytes > 0) {
-            pairs = staged + 2 * r * ng;
-            kc = staged + (r / kKeyBlock) * 2 * kD;
-          } else {
-            int64_t outer, slot;
-            locate(key, outer, slot);
-            pairs = scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head;
-            kc = scales + outer * qt.kc_outer + (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head;
-          }
-          h = dequant16<kD>(qt.format, ck, src + r * rb, pairs, kc, u);
-        }
+        if (n * kBlockN + r < sk)
+          h = dequant16<kD>(qt.format, ck, src + r * rb, staged + 2 * r * ng, staged + (r / kKeyBlock) * 2 * kD, u);
         store16(tile, Tile::kKVChunkBytes, r, u, h);
       }
       signal(&(is_v ? v_full : k_full)[stage]);
-      if constexpr (Tile::kPairBytes > 0) ptx::named_barrier_sync(4, 96);  // the pairs are read: the next pass may go
+      ptx::named_barrier_sync(4, 96);  // the staged parameters are read: the next pass 1 may overwrite them
     }
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(&code_empty[slot_s]);
@@ -287,7 +314,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ---- producer ----------------------------------------------------------------------------------------------
-    ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
+    ptx::setmaxnreg_dec<kProducerRegs<kD, kQuant>>();
     if constexpr (kQuant) {
       if (threadIdx.x >= 32) {
         transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_full, v_full,
@@ -351,7 +378,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   }
 
   // ---- consumers -----------------------------------------------------------------------------------------------
-  ptx::setmaxnreg_inc<kConsumerRegs<kQuant>>();
+  ptx::setmaxnreg_inc<kConsumerRegs<kD, kQuant>>();
   const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
