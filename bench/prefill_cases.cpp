@@ -371,6 +371,11 @@ class PrefillCacheCase final : public CaseInstance {
   std::vector<Set> sets_data_;
 };
 
+template <class T>
+struct CaseTag {
+  using type = T;
+};
+
 void add_prefill_cases(std::vector<CaseSpec>& cases) {
   const auto shape = [](std::string name, int hq, int hkv, int d, bool causal, std::vector<int32_t> lengths) {
     PrefillShape sh;
@@ -398,34 +403,31 @@ void add_prefill_cases(std::vector<CaseSpec>& cases) {
     for (int i = 31; i > 0; --i) std::swap(lengths[i], lengths[rng.below(i + 1)]);
     shapes.push_back(shape("hq32kv8/zipf32/T65536", 32, 8, 128, true, lengths));
   }
-  for (const PrefillShape& sh : shapes) {
+  // One case of instance type T over shape sh.
+  const auto add = [&cases](auto tag, const auto& sh, bool headline) {
+    using T = typename decltype(tag)::type;
     CaseSpec c;
     c.op = "prefill";
     c.name = sh.name;
     c.bytes = sh.bytes();
     c.flops = 4.0 * sh.hq * sh.d * sh.pairs();
     c.setup = [op = c.op, sh](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
-      return std::make_unique<PrefillCase>(ctx, op, sh);
+      return std::make_unique<T>(ctx, op, sh);
     };
-    c.headline = sh.name == "hq32kv8/B1/S16384/causal" || sh.name == "hq32kv8/B8/S2048" ||
-                 sh.name == "hq32kv8/zipf32/T65536/causal";
+    c.headline = headline;
     cases.push_back(std::move(c));
-  }
+  };
+  for (const PrefillShape& sh : shapes)
+    add(CaseTag<PrefillCase>{}, sh,
+        sh.name == "hq32kv8/B1/S16384/causal" || sh.name == "hq32kv8/B8/S2048" ||
+            sh.name == "hq32kv8/zipf32/T65536/causal");
   for (attention::KVFormat f : {attention::KVFormat::kNative, attention::KVFormat::kFP8, attention::KVFormat::kInt8,
                                 attention::KVFormat::kInt4, attention::KVFormat::kInt4KChannel}) {
     PrefillCacheShape sh;
     sh.format = f;
     sh.name = std::string("hq32kv8/chunked/L32048/paged64/") +
               (f == attention::KVFormat::kNative ? "bf16" : attention::kv_format_name(f)) + "/causal";
-    CaseSpec c;
-    c.op = "prefill";
-    c.name = sh.name;
-    c.bytes = sh.bytes();
-    c.flops = 4.0 * sh.hq * sh.d * sh.pairs();
-    c.setup = [op = c.op, sh](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
-      return std::make_unique<PrefillCacheCase>(ctx, op, sh);
-    };
-    cases.push_back(std::move(c));
+    add(CaseTag<PrefillCacheCase>{}, sh, false);
   }
 }
 

@@ -72,6 +72,18 @@ void check_params(const ArgCheck& check, const PrefillParams& params) {
     check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
 }
 
+// The rules every form ends with: outputs apart from the inputs and each other, params, then the devices.
+void check_memory_params_devices(const ArgCheck& check, const std::vector<Named>& inputs, const TensorView& o_in,
+                                 const std::optional<TensorView>& lse_in, const PrefillParams& params) {
+  std::vector<Named> outputs = {{&o_in, "o"}};
+  if (lse_in) outputs.push_back({&*lse_in, "lse"});
+  check_outputs_apart(check, inputs, outputs);
+  check_params(check, params);
+  // Device checks last: everything above runs without a GPU.
+  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
+  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+}
+
 // A view's data and its (token, head, batch) strides in elements (t0: the token dim; batch stride only if t0 > 0).
 template <typename T>
 void take(const TensorView& t, int t0, T*& data, int64_t& stride_token, int64_t& stride_head, int64_t& stride_batch) {
@@ -168,15 +180,7 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
     inputs.push_back({&*cu_q_in, "cu_seqlens_q"});
     inputs.push_back({&*cu_k_in, "cu_seqlens_k"});
   }
-  std::vector<Named> outputs = {{&o_in, "o"}};
-  if (lse_in) outputs.push_back({&*lse_in, "lse"});
-  check_outputs_apart(check, inputs, outputs);
-
-  check_params(check, params);
-
-  // ---- device checks last: everything above runs without a GPU
-  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
-  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+  check_memory_params_devices(check, inputs, o_in, lse_in, params);
 
   PrefillProblem p;
   fill_common(p, q, o, lse, t0, B, HQ, HKV, D, params);
@@ -232,14 +236,7 @@ PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const
   inputs.push_back({&q_in, "q"});
   inputs.push_back({&cu_q_in, "cu_seqlens_q"});
   inputs.push_back({&seqlens_in, "cache_seqlens"});
-  std::vector<Named> outputs = {{&o_in, "o"}};
-  if (lse_in) outputs.push_back({&*lse_in, "lse"});
-  check_outputs_apart(check, inputs, outputs);
-  check_params(check, params);
-
-  // ---- device checks last
-  for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
-  for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
+  check_memory_params_devices(check, inputs, o_in, lse_in, params);
 
   PrefillProblem p;
   fill_common(p, q, o, lse, 0, B, HQ, HKV, D, params);

@@ -62,19 +62,10 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
                                   kPrefillBlockM);
   const int bn = block_n(pb.head_dim);
   const bool quant = pb.cache_seqlens != nullptr && pb.cache.format != KVFormat::kNative;
-  if (quant) {
-    // Code rows of the quantized cache, as bytes (no swizzle: the transform warps read them), and their scales.
+  if (pb.cache_seqlens != nullptr) {
+    // The decode cache (strides in bytes there): boxes of one tile, or of one page piece when paged.
     const CacheDesc& c = pb.cache;
     const int64_t rows = c.paged ? c.page_size : c.capacity, rows_box = c.paged ? std::min(c.page_size, bn) : bn;
-    const auto code_map = [&](const uint8_t* data) {
-      const int64_t dims[4] = {c.row_bytes, rows, c.num_kv_heads, c.num_pages};
-      const int64_t strides[3] = {c.stride_token, c.stride_head, c.stride_outer};
-      const int box[4] = {c.row_bytes, static_cast<int>(rows_box), 1, 1};
-      return ::tessera::detail::make_tensor_map_u8(data, 4, dims, strides, box, 0,
-                                                   ::tessera::detail::L2Promotion::k256B);
-    };
-    a.k_map = code_map(c.k);
-    a.v_map = code_map(c.v);
     a.cache_seqlens = pb.cache_seqlens;
     if (c.paged) {
       a.block_table = c.block_table;
@@ -83,38 +74,39 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
       a.log2_page_size = c.log2_page_size;
       a.page_rows = static_cast<int>(rows_box);
     }
-    PrefillQuant& qt = a.quant;
-    qt.format = static_cast<int>(c.format);
-    qt.row_bytes = c.row_bytes;
-    qt.k_scale = c.k_scale;
-    qt.v_scale = c.v_scale;
-    qt.s_outer = c.scale_stride_outer;
-    qt.s_token = c.scale_stride_token;
-    qt.s_head = c.scale_stride_head;
-    qt.kc_outer = c.kc_stride_outer;
-    qt.kc_block = c.kc_stride_block;
-    qt.kc_head = c.kc_stride_head;
-    qt.k_fp8 = c.k_fp8_scale;
-    qt.v_fp8 = c.v_fp8_scale;
-    qt.fp8_per_head = c.fp8_per_head;
-    a.q_bf16 = !pb.fp16;
-  } else if (pb.cache_seqlens != nullptr) {
-    // The decode cache's rows (kNative: q's dtype); strides in bytes there.
-    const CacheDesc& c = pb.cache;
-    const int64_t rows = c.paged ? c.page_size : c.capacity, rows_box = c.paged ? std::min(c.page_size, bn) : bn;
-    const auto cache_map = [&](const uint8_t* data) {
-      return make_tensor_map_sw128(data, TmaElement::kBF16, D, rows, c.num_kv_heads, c.num_pages, c.stride_token / 2,
-                                   c.stride_head / 2, c.stride_outer / 2, static_cast<int>(rows_box));
-    };
-    a.k_map = cache_map(c.k);
-    a.v_map = cache_map(c.v);
-    a.cache_seqlens = pb.cache_seqlens;
-    if (c.paged) {
-      a.block_table = c.block_table;
-      a.block_table_stride = c.block_table_stride;
-      a.max_pages = c.max_pages;
-      a.log2_page_size = c.log2_page_size;
-      a.page_rows = static_cast<int>(rows_box);
+    if (!quant) {  // kNative: rows of q's dtype, swizzled as the wgmma operands
+      const auto cache_map = [&](const uint8_t* data) {
+        return make_tensor_map_sw128(data, TmaElement::kBF16, D, rows, c.num_kv_heads, c.num_pages,
+                                     c.stride_token / 2, c.stride_head / 2, c.stride_outer / 2,
+                                     static_cast<int>(rows_box));
+      };
+      a.k_map = cache_map(c.k);
+      a.v_map = cache_map(c.v);
+    } else {  // code rows as bytes (no swizzle: the transform warps read them), and their scales
+      const auto code_map = [&](const uint8_t* data) {
+        const int64_t dims[4] = {c.row_bytes, rows, c.num_kv_heads, c.num_pages};
+        const int64_t strides[3] = {c.stride_token, c.stride_head, c.stride_outer};
+        const int box[4] = {c.row_bytes, static_cast<int>(rows_box), 1, 1};
+        return ::tessera::detail::make_tensor_map_u8(data, 4, dims, strides, box, 0,
+                                                     ::tessera::detail::L2Promotion::k256B);
+      };
+      a.k_map = code_map(c.k);
+      a.v_map = code_map(c.v);
+      PrefillQuant& qt = a.quant;
+      qt.format = static_cast<int>(c.format);
+      qt.row_bytes = c.row_bytes;
+      qt.k_scale = c.k_scale;
+      qt.v_scale = c.v_scale;
+      qt.s_outer = c.scale_stride_outer;
+      qt.s_token = c.scale_stride_token;
+      qt.s_head = c.scale_stride_head;
+      qt.kc_outer = c.kc_stride_outer;
+      qt.kc_block = c.kc_stride_block;
+      qt.kc_head = c.kc_stride_head;
+      qt.k_fp8 = c.k_fp8_scale;
+      qt.v_fp8 = c.v_fp8_scale;
+      qt.fp8_per_head = c.fp8_per_head;
+      a.q_bf16 = !pb.fp16;
     }
   } else if (pb.total_k == 0) {
     // No keys at all (k and v empty, perhaps null): every row gets o = 0, lse = -inf and nothing reads these maps,
