@@ -55,17 +55,25 @@ def prebuild(cases_by_family, args):
         return f"flashinfer: no prebuild ({C.short(e)}); modules build on first use"
     if not specs:
         return None
+    return build_concurrently(specs, "JIT modules")
+
+
+def build_concurrently(specs, what, need_lock=False):
+    """Builds [(label, JitSpec)] in parallel threads; returns the note for the run (wall time, per-module times,
+    failures: a module that failed builds again, and reports its error, when its peer first uses it)."""
     t0 = time.perf_counter()
     done, failed = [], []
 
     def build(item):
         name, spec = item
         t = time.perf_counter()
-        spec.build()
+        if need_lock:
+            spec.build(need_lock=True)
+        else:
+            spec.build()
         return name, time.perf_counter() - t
 
-    print(f"[flashinfer] building {len(specs)} JIT module(s) in parallel: {', '.join(n for n, _ in specs)} ...",
-          flush=True)
+    print(f"[flashinfer] building {len(specs)} {what} in parallel: {', '.join(n for n, _ in specs)} ...", flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs)) as pool:
         futures = {pool.submit(build, item): item[0] for item in specs}
         for f in concurrent.futures.as_completed(futures):
@@ -74,7 +82,7 @@ def prebuild(cases_by_family, args):
                 done.append(f"{name} {secs:.0f} s")
             except Exception as e:  # noqa: BLE001 - the peer reports its own failure when it runs
                 failed.append(f"{futures[f]} ({C.short(e)})")
-    note = f"flashinfer: JIT modules built before timing, in parallel, {time.perf_counter() - t0:.0f} s wall: " + \
+    note = f"flashinfer: {what} built before timing, in parallel, {time.perf_counter() - t0:.0f} s wall: " + \
         ", ".join(done)
     if failed:
         note += "; failed: " + ", ".join(failed)

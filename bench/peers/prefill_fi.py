@@ -24,10 +24,10 @@ the equivalent custom mask with torch.tril(..., diagonal=kv_len - qo_len) (prefi
 passes causal as use_causal_mask_bottom_right (flashinfer/cudnn/prefill.py l. 677, 971).
 """
 
-import concurrent.futures
 import time
 
 from . import common as C
+from . import fi_jit
 
 WORKSPACE_BYTES = 128 << 20  # the wrappers' recommended float workspace
 
@@ -60,30 +60,7 @@ def prebuild(head_dims):
         return f"flashinfer: no prebuild ({C.short(e)}); the FA3 modules build on their first plan()"
     if not specs:
         return "flashinfer: the FA3 modules were already in the JIT cache"
-    print(f"[flashinfer] building {len(specs)} FA3 JIT module(s) in parallel: {', '.join(n for n, _ in specs)} ...",
-          flush=True)
-    t0 = time.perf_counter()
-    done, failed = [], []
-
-    def build(item):
-        name, spec = item
-        t = time.perf_counter()
-        spec.build(need_lock=True)
-        return name, time.perf_counter() - t
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(specs)) as pool:
-        futures = {pool.submit(build, item): item[0] for item in specs}
-        for f in concurrent.futures.as_completed(futures):
-            try:
-                name, secs = f.result()
-                done.append(f"{name} {secs:.0f} s")
-            except Exception as e:  # noqa: BLE001 - the peer's plan() reports its own failure
-                failed.append(f"{futures[f]} ({C.short(e)})")
-    note = (f"flashinfer: FA3 JIT modules built before timing, in parallel, {time.perf_counter() - t0:.0f} s wall: "
-            + ", ".join(done))
-    if failed:
-        note += "; failed: " + ", ".join(failed)
-    return note
+    return fi_jit.build_concurrently(specs, "FA3 JIT modules", need_lock=True)
 
 
 def _compiled(spec):
