@@ -433,6 +433,31 @@ void attention_prefill_varlen(const at::Tensor& q, const at::Tensor& k, const at
   }
 }
 
+// Chunked prefill over the decode KV cache: the cache arguments as attention_decode takes them (kv_cache_of), the
+// rest as attention_prefill_varlen's. cache_seqlens and the block table are device values, read on the device only.
+void attention_prefill_with_cache(const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q,
+                                  const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
+                                  const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
+                                  const at::Tensor& out, const std::optional<at::Tensor>& lse,
+                                  std::string_view format, double softmax_scale, double softcap, int64_t window,
+                                  bool causal, const std::optional<at::Tensor>& k_residual) {
+  constexpr const char* op = "tessera.attention_prefill_with_cache";
+  {
+    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+    const c10::Device device = device_of(q, op, "q");
+    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
+    const TensorView qv = view_of(q, op, "q");
+    const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+    const TensorView sv = view_of(cache_seqlens, op, "cache_seqlens");
+    const TensorView ov = view_of(out, op, "out");
+    const auto lv = optional_view_of(lse, op, "lse");
+    run_on(device, [&](cudaStream_t s) {
+      ta::prefill_with_cache(qv, cqv, max_seqlen_q, cache, sv, ov, lv, params, s);
+    });
+  }
+}
+
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
 // Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
 // direct path, which names them as argument errors.
@@ -724,6 +749,40 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_varlen_eager(
   return {o, m};
 }
 
+void attention_prefill_with_cache_dispatch(const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q,
+                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                           const std::optional<at::Tensor>& k_scale,
+                                           const std::optional<at::Tensor>& v_scale,
+                                           const std::optional<at::Tensor>& block_table,
+                                           const at::Tensor& cache_seqlens, const at::Tensor& out,
+                                           const std::optional<at::Tensor>& lse, std::string_view format,
+                                           double softmax_scale, double softcap, int64_t window, bool causal,
+                                           const std::optional<at::Tensor>& k_residual);
+
+// tessera.prefill_with_cache: the torch layer's argument order (the cache's tensors as attention_decode_eager takes
+// them, the rest as attention_prefill_varlen_eager's).
+std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_with_cache_eager(
+    const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, const at::Tensor& k_cache,
+    const at::Tensor& v_cache, const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_scale,
+    const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& block_table,
+    const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& lse, bool return_lse,
+    std::string_view format, std::optional<double> softmax_scale, double softcap, int64_t window, bool causal,
+    const std::optional<at::Tensor>& k_residual) {
+  constexpr const char* op = "tessera.prefill_with_cache";
+  no_symbolic_sizes({&q});
+  // Checks before anything is allocated: the scalar arguments, then q's device and rank, as the torch layer does.
+  (void)parse_kv_format(format, op);
+  at_least(max_seqlen_q, 0, op, "max_seqlen_q");
+  at_least(window, 0, op, "window");
+  if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
+  rank_is(q, 3, "[total_q, HQ, D]", op, "q");
+  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  attention_prefill_with_cache_dispatch(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, k_scale, v_scale,
+                                        block_table, cache_seqlens, o, m, format, softmax_scale.value_or(0.0),
+                                        softcap, window, causal, k_residual);
+  return {o, m};
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -763,12 +822,14 @@ struct Entry<Fn> {
   }
 };
 
-// The ops whose direct entries take every argument positionally; attention_decode and append_kv are bound with
-// their argument names (k_residual, added last, defaults to None there as in their schemas).
+// The ops whose direct entries take every argument positionally; attention_decode, append_kv and
+// attention_prefill_with_cache are bound with their argument names (k_residual, last, defaults to None there as in
+// their schemas).
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
   X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen)
-#define TESSERA_TORCH_OPS(X) TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv)
+#define TESSERA_TORCH_OPS(X) \
+  TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv) X(attention_prefill_with_cache)
 
 #define TESSERA_OP_NAME(name)                       \
   template <>                                       \
@@ -840,6 +901,20 @@ void attention_prefill_varlen_dispatch(const at::Tensor& q, const at::Tensor& k,
                                            softmax_scale, softcap, window, causal);
 }
 
+void attention_prefill_with_cache_dispatch(const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q,
+                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                           const std::optional<at::Tensor>& k_scale,
+                                           const std::optional<at::Tensor>& v_scale,
+                                           const std::optional<at::Tensor>& block_table,
+                                           const at::Tensor& cache_seqlens, const at::Tensor& out,
+                                           const std::optional<at::Tensor>& lse, std::string_view format,
+                                           double softmax_scale, double softcap, int64_t window, bool causal,
+                                           const std::optional<at::Tensor>& k_residual) {
+  Entry<&attention_prefill_with_cache>::python(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, k_scale, v_scale,
+                                               block_table, cache_seqlens, out, lse, format, softmax_scale, softcap,
+                                               window, causal, k_residual);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -866,9 +941,16 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("append_kv", &Entry<&append_kv>::python, arg("k_new"), arg("v_new"), arg("positions"), arg("k_cache"),
         arg("v_cache"), arg("k_scale"), arg("v_scale"), arg("block_table"), arg("format"),
         arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_prefill_with_cache", &Entry<&attention_prefill_with_cache>::python, arg("q"), arg("cu_seqlens_q"),
+        arg("max_seqlen_q"), arg("k_cache"), arg("v_cache"), arg("k_scale"), arg("v_scale"), arg("block_table"),
+        arg("cache_seqlens"), arg("out"), arg("lse"), arg("format"), arg("softmax_scale"), arg("softcap"),
+        arg("window"), arg("causal"), arg("k_residual") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_prefill_eager", &attention_prefill_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("attention_prefill_varlen_eager", &attention_prefill_varlen_eager,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("attention_prefill_with_cache_eager", &attention_prefill_with_cache_eager,
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());

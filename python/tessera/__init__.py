@@ -46,6 +46,7 @@ from .attention import (
     dequantize_kv,
     prefill,
     prefill_varlen,
+    prefill_with_cache,
 )
 from .gemm import (
     grouped_gemm_bf16,
@@ -87,6 +88,7 @@ __all__ = [
     "permute_workspace_bytes",
     "prefill",
     "prefill_varlen",
+    "prefill_with_cache",
     "unpermute_reduce",
     "version",
 ]

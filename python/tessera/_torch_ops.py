@@ -63,6 +63,11 @@ OPS = {
         "attention_prefill_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, Tensor(a!) out, Tensor(b!)? lse, float softmax_scale, float softcap, int window, "
         "bool causal) -> ()"),
+    "attention_prefill_with_cache": (
+        "attention_prefill_with_cache(Tensor q, Tensor cu_seqlens_q, int max_seqlen_q, Tensor k_cache, "
+        "Tensor v_cache, Tensor? k_scale, Tensor? v_scale, Tensor? block_table, Tensor cache_seqlens, "
+        "Tensor(a!) out, Tensor(b!)? lse, str format, float softmax_scale, float softcap, int window, bool causal, "
+        "Tensor? k_residual=None) -> ()"),
 }
 
 

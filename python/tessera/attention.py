@@ -1,13 +1,15 @@
 """tessera.attention — attention prefill, and decode over a low-precision KV cache with its producer (append_kv).
 
 Thin wrappers over the PyTorch operators torch.ops.tessera.attention_prefill / attention_prefill_varlen /
-attention_decode / append_kv (the C++ library, include/tessera/attention.h; user docs docs/ops/attention_prefill.md
-and docs/ops/attention_decode.md).
+attention_prefill_with_cache / attention_decode / append_kv (the C++ library, include/tessera/attention.h; user
+docs docs/ops/attention_prefill.md and docs/ops/attention_decode.md).
 
 * ``prefill`` / ``prefill_varlen``: every query of a prompt attends to its sequence's keys and values (bf16/fp16,
   D in {64, 128, 256}, GQA, causal bottom-right aligned, sliding window, softcap, lse), over a plain batch
   q [B, Sq, HQ, D] or a packed variable-length batch q [total_q, HQ, D] with int32 cu_seqlens on the device (the
   layout engines use). No workspace.
+* ``prefill_with_cache``: chunked prefill over the decode KV cache (every format, contiguous or paged): a packed batch
+  of new queries, each sequence's last Sq positions, attends to its cached keys and values.
 * ``attention_decode``: one new query token per sequence (or up to 8, causal) attends to its cached keys and values
   (GQA, softcap, sliding window, split-K over the sequence), for the KV formats
   'native' (bf16/fp16), 'fp8' (e4m3 + fp32 scale per tensor or per KV head), 'int8', 'int4' (fp16
@@ -31,13 +33,14 @@ formats' 16-bit key residual, which append_kv requires for them (and updates), a
 decode_workspace_size accept and do not read, and the other formats refuse. The rules are the C++ validation's
 (messages name 'cache.k_residual'); this layer only passes the tensor on.
 
-prefill, prefill_varlen and attention_decode allocate out and lse with torch when they are not given, and
-attention_decode's operator allocates the workspace (through torch's caching allocator, on the stream it runs on)
-when none is given and the split needs one. Both are safe under torch.cuda.graph capture (torch's graph memory pool)
-and torch.compile. To capture with no allocation at all, pass preallocated ``out`` (and ``lse``), and for decode a
-``workspace`` of ``decode_workspace_size(...)`` bytes; the size never depends on the sequence lengths, so one
-workspace serves every replay. prefill needs no workspace, and prefill_varlen's lengths (cu_seqlens) are read on the
-device only: a captured call replays with whatever lengths the buffers hold.
+prefill, prefill_varlen, prefill_with_cache and attention_decode allocate out and lse with torch when they are not
+given, and attention_decode's operator allocates the workspace (through torch's caching allocator, on the stream it
+runs on) when none is given and the split needs one. Both are safe under torch.cuda.graph capture (torch's graph
+memory pool) and torch.compile. To capture with no allocation at all, pass preallocated ``out`` (and ``lse``), and
+for decode a ``workspace`` of ``decode_workspace_size(...)`` bytes; the size never depends on the sequence lengths,
+so one workspace serves every replay. prefill needs no workspace, and the lengths of prefill_varlen (cu_seqlens) and
+prefill_with_cache (cu_seqlens_q, cache_seqlens) are read on the device only: a captured call replays with whatever
+lengths the buffers hold.
 """
 
 from . import _C
@@ -53,6 +56,7 @@ __all__ = [
     "dequantize_kv",
     "prefill",
     "prefill_varlen",
+    "prefill_with_cache",
 ]
 
 FORMATS = ("native", "fp8", "int8", "int4", "int4_group32", "int8_kchannel", "int4_kchannel")
@@ -406,6 +410,55 @@ def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal=
     return _prefill_run(torch, op, device, q, out, lse, return_lse, stream,
                         lambda o, m: ops.attention_prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                   o, m, *params))
+
+
+def prefill_with_cache(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_seqlens, *, format="native",
+                       k_scale=None, v_scale=None, block_table=None, k_residual=None, causal=False, softmax_scale=0.0,
+                       softcap=0.0, window=0, out=None, lse=None, return_lse=False, stream=None):
+    """Chunked prefill over the decode KV cache: the new queries of each sequence attend to its cached keys.
+
+    Sequence b has L = min(cache_seqlens[b], capacity) keys in the cache, the new tokens included (write their K and
+    V with append_kv first); its Sq = cu_seqlens_q[b + 1] - cu_seqlens_q[b] queries are its last Sq positions,
+    L - Sq .. L - 1, with prefill's semantics for Sk = L: causal attends to the whole cached prefix and, causally, to
+    the new tokens; window, softcap and softmax_scale as prefill.
+
+    q              [total_q, HQ, D] bf16 | fp16 (rules as prefill_varlen's q); HQ a multiple of the cache's HKV.
+    cu_seqlens_q   int32 [B + 1] on the device (as prefill_varlen's); B is the cache's batch.
+    max_seqlen_q   a host bound (int >= 0) on every sequence's query count; it only sizes the grid.
+    k_cache, v_cache, format, k_scale, v_scale, block_table  as in attention_decode (every format; 'native' rows of
+                   q's dtype). The quantized formats are dequantized tile by tile in shared memory to fp16, and q runs
+                   in fp16 for them (a bf16 q saturated to fp16's range); out is q's dtype.
+    k_residual     the channel formats' 16-bit key residual (see append_kv); accepted and not read here.
+    cache_seqlens  int32 [B] on the device: each sequence's length including the new tokens (lengths beyond the
+                   capacity are clamped).
+    causal, softmax_scale, softcap, window, stream  as prefill.
+    out            [total_q, HQ, D] of q's dtype (default: allocated); lse fp32 [total_q, HQ] (any strides).
+    Returns out, or (out, lse) when return_lse. Allocates nothing else (no workspace) and never synchronizes.
+
+    cu_seqlens_q, cache_seqlens and the block table are device values, never read by the host, so they are not
+    validated; whatever they hold, nothing outside the tensors is read or written (pages outside [0, num_pages)
+    read as zeros).
+    """
+    res = eager(stream, "attention_prefill_with_cache_eager", q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache,
+                cache_seqlens, k_scale, v_scale, block_table, out, lse, return_lse, format, softmax_scale, softcap,
+                window, causal, k_residual)
+    if res is not SKIPPED:
+        return res if return_lse else res[0]
+    op = "tessera.prefill_with_cache"
+    _choice(op, "format", format, FORMATS)
+    max_seqlen_q = _int(op, "max_seqlen_q", max_seqlen_q, 0)
+    params = _prefill_params(op, softmax_scale, softcap, window, causal)
+    torch, q, device = _prefill_query(op, q, 3, "[total_q, HQ, D]")
+    # The cache's dtype rules are checked by the operator (python/src/torch_ops.cpp), as for attention_decode.
+    cache = _cache_tensors(op, k_cache, v_cache, k_scale, v_scale, block_table)
+    k_residual = as_optional_tensor(k_residual, op, "k_residual")
+    cu_seqlens_q = as_tensor(cu_seqlens_q, op, "cu_seqlens_q")
+    cache_seqlens = as_tensor(cache_seqlens, op, "cache_seqlens")
+    ops = torch_ops()
+    return _prefill_run(torch, op, device, q, out, lse, return_lse, stream,
+                        lambda o, m: ops.attention_prefill_with_cache(q, cu_seqlens_q, max_seqlen_q, *cache,
+                                                                      cache_seqlens, o, m, format, *params,
+                                                                      k_residual))
 
 
 # ---- pure-torch decoding of the cache formats -----------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""Python tests for tessera.prefill / tessera.prefill_varlen (torch.ops.tessera.attention_prefill[_varlen], and the
-DLPack entries tessera.dlpack.attention_prefill[_varlen]).
+"""Python tests for tessera.prefill / tessera.prefill_varlen / tessera.prefill_with_cache
+(torch.ops.tessera.attention_prefill[_varlen|_with_cache], and the DLPack entries
+tessera.dlpack.attention_prefill[_varlen]).
 
 Semantics (include/tessera/attention.h, docs/ops/attention_prefill.md): query i of a sequence with Sq queries and
 Sk keys sits at p = Sk - Sq + i (bottom-right aligned) and attends to the keys j with j <= p (causal) and
@@ -379,6 +380,199 @@ def test_opcheck_on_meta_tensors():
     qp, kp, cu = _meta((16, 4, 64)), _meta((24, 2, 64)), _meta((3,), torch.int32)
     torch.library.opcheck(torch.ops.tessera.attention_prefill_varlen.default,
                           (qp, kp, kp, cu, cu, 8, _meta(qp.shape), None, 0.25, 5.0, 3, False))
+
+
+# ---- prefill_with_cache (chunked prefill over the decode KV cache): the same checks, without a GPU --------------
+
+CACHE_OP = "attention_prefill_with_cache"
+
+
+def test_with_cache_export_and_signature():
+    assert tessera.prefill_with_cache is tessera.attention.prefill_with_cache
+    assert "prefill_with_cache" in tessera.__all__ and "prefill_with_cache" in tessera.attention.__all__
+    params = inspect.signature(tessera.prefill_with_cache).parameters
+    assert [n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD] == [
+        "q", "cu_seqlens_q", "max_seqlen_q", "k_cache", "v_cache", "cache_seqlens"]
+    keywords = {"format": "native", "k_scale": None, "v_scale": None, "block_table": None, "k_residual": None,
+                "causal": False, "softmax_scale": 0.0, "softcap": 0.0, "window": 0, "out": None, "lse": None,
+                "return_lse": False, "stream": None}
+    for name, default in keywords.items():
+        assert params[name].kind == params[name].KEYWORD_ONLY, name
+        assert params[name].default == default, name
+
+
+def test_with_cache_bad_params():
+    # Checked before any tensor is looked at (and before torch is needed).
+    o = object()
+    with pytest.raises(ValueError, match="'format'"):
+        tessera.prefill_with_cache(o, o, 8, o, o, o, format="int2")
+    with pytest.raises(ValueError, match="'max_seqlen_q'"):
+        tessera.prefill_with_cache(o, o, -1, o, o, o)
+    with pytest.raises(TypeError, match="'max_seqlen_q'"):
+        tessera.prefill_with_cache(o, o, 2.5, o, o, o)
+    with pytest.raises(ValueError, match="'window'"):
+        tessera.prefill_with_cache(o, o, 8, o, o, o, window=-1)
+    with pytest.raises(TypeError, match="'softcap'"):
+        tessera.prefill_with_cache(o, o, 8, o, o, o, softcap="x")
+
+
+@needs_torch
+def test_with_cache_schema_marks_what_it_writes():
+    from tessera import _torch_ops
+
+    assert CACHE_OP in _torch_ops.OPS
+    schema = getattr(torch.ops.tessera, CACHE_OP).default._schema
+    assert [a.name for a in schema.arguments] == [
+        "q", "cu_seqlens_q", "max_seqlen_q", "k_cache", "v_cache", "k_scale", "v_scale", "block_table",
+        "cache_seqlens", "out", "lse", "format", "softmax_scale", "softcap", "window", "causal", "k_residual"]
+    assert len(schema.returns) == 0
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == {"out", "lse"}
+    types = {a.name: str(a.type) for a in schema.arguments}
+    assert (types["out"], types["lse"], types["k_scale"], types["block_table"], types["k_residual"]) == (
+        "Tensor", "Optional[Tensor]", "Optional[Tensor]", "Optional[Tensor]", "Optional[Tensor]")
+    assert (types["max_seqlen_q"], types["format"], types["softmax_scale"], types["softcap"], types["window"],
+            types["causal"]) == ("int", "str", "float", "float", "int", "bool")
+    k_residual = schema.arguments[-1]
+    assert k_residual.has_default_value() and k_residual.default_value is None
+
+
+@needs_torch
+def test_with_cache_kernel_and_direct_entries():
+    _needs_kernels()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tessera::{CACHE_OP}", "CUDA")
+    assert hasattr(tessera._torch_C, CACHE_OP) and hasattr(tessera._torch_C, CACHE_OP + "_eager")
+
+
+def _meta_cache(fmt="native", B=3, T=64, HKV=2, D=128, page_size=0, dtype=None):
+    """Meta cache tensors as keyword arguments of prefill_with_cache (contiguous, or paged with B * 2 pages)."""
+    lead = (B * 2, page_size) if page_size else (B, T)
+    if fmt == "native":
+        kc = _meta(lead + (HKV, D), dtype)
+        kw = dict(format=fmt)
+    else:  # 'int8': uint8 codes, fp16 (scale, offset) per row and head
+        kc = _meta(lead + (HKV, D), torch.uint8)
+        kw = dict(format=fmt, k_scale=_meta(lead + (HKV, 2), torch.float16),
+                  v_scale=_meta(lead + (HKV, 2), torch.float16))
+    if page_size:
+        kw["block_table"] = _meta((B, 2), torch.int32)
+    return kc, kc, kw
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_with_cache_meta_tensors_give_shapes(dtype):
+    _needs_kernels()
+    dt = getattr(torch, dtype)
+    HQ, D = 8, 128
+    q, cu, lengths = _meta((12, HQ, D), dt), _meta((4,), torch.int32), _meta((3,), torch.int32)
+    kc, vc, kw = _meta_cache(dtype=dt)
+    out = tessera.prefill_with_cache(q, cu, 6, kc, vc, lengths, causal=True, **kw)
+    assert out.shape == q.shape and out.dtype == dt and out.is_meta
+    kc, vc, kw = _meta_cache("int8", page_size=32)
+    out, lse = tessera.prefill_with_cache(q, cu, 6, kc, vc, lengths, window=3, return_lse=True, **kw)
+    assert out.shape == q.shape and out.dtype == dt and lse.shape == (12, HQ) and lse.dtype == torch.float32
+    given, lse_given = _meta(q.shape, dt), _meta((12, HQ), torch.float32)
+    res = tessera.prefill_with_cache(q, cu, 6, kc, vc, lengths, out=given, lse=lse_given, **kw)
+    assert res is given
+    res, got_lse = tessera.prefill_with_cache(q, cu, 6, kc, vc, lengths, lse=lse_given, return_lse=True, **kw)
+    assert got_lse is lse_given and res.shape == q.shape
+
+
+@needs_torch
+def test_with_cache_meta_argument_errors_name_the_argument():
+    _needs_kernels()
+    q3, q4, cu, lengths = _meta((10, 8, 128)), _meta((2, 5, 8, 128)), _meta((3,), torch.int32), _meta((2,),
+                                                                                                     torch.int32)
+    kc, vc, kw = _meta_cache(B=2)
+    with pytest.raises(ValueError, match=r"prefill_with_cache: 'q' must have rank 3 \[total_q, HQ, D\]"):
+        tessera.prefill_with_cache(q4, cu, 5, kc, vc, lengths, **kw)
+    with pytest.raises(ValueError, match="'max_seqlen_q' must be >= 0"):
+        tessera.prefill_with_cache(q3, cu, -1, kc, vc, lengths, **kw)
+    with pytest.raises(ValueError, match="'window' must be >= 0"):
+        tessera.prefill_with_cache(q3, cu, 5, kc, vc, lengths, window=-1, **kw)
+    with pytest.raises(ValueError, match="'format'"):
+        tessera.prefill_with_cache(q3, cu, 5, kc, vc, lengths, format="int3")
+    with pytest.raises(ValueError, match="'q' must be a CUDA tensor"):  # host tensors: named, never launched
+        tessera.prefill_with_cache(torch.zeros((10, 8, 128), dtype=torch.bfloat16), cu, 5, kc, vc, lengths, **kw)
+
+
+@needs_torch
+def test_with_cache_dispatch_modes_and_fake_tensors():
+    _needs_kernels()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with _recording_mode() as mode:
+        kc, vc, kw = _meta_cache("int8", B=1, D=64, page_size=64)
+        tessera.prefill_with_cache(_meta((4, 4, 64)), _meta((2,), torch.int32), 4, kc, vc, _meta((1,), torch.int32),
+                                   **kw)
+    assert f"tessera.{CACHE_OP}.default" in mode.calls, mode.calls
+
+    with FakeTensorMode():  # fake CUDA tensors: shapes without a GPU
+        c = dict(device="cuda", dtype=torch.float16)
+        q = torch.empty((48, 8, 256), **c)
+        kc = torch.empty((6, 64, 1, 256), **c)
+        cu = torch.empty((4,), dtype=torch.int32, device="cuda")
+        bt = torch.empty((3, 2), dtype=torch.int32, device="cuda")
+        lengths = torch.empty((3,), dtype=torch.int32, device="cuda")
+        out, lse = tessera.prefill_with_cache(q, cu, 16, kc, kc, lengths, block_table=bt, causal=True,
+                                              return_lse=True)
+        assert out.shape == q.shape and out.dtype == torch.float16 and lse.shape == (48, 8)
+        assert lse.dtype == torch.float32
+
+
+@needs_torch
+def test_with_cache_traced_by_dynamo_and_make_fx():
+    _needs_kernels()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    def attend(q, cu, kc, vc, ks, vs, bt, lengths):
+        return tessera.prefill_with_cache(q, cu, 16, kc, vc, lengths, format="int8", k_scale=ks, v_scale=vs,
+                                          block_table=bt, causal=True, softcap=30.0, return_lse=True)
+
+    class Attend(torch.nn.Module):
+        def forward(self, *args):
+            return attend(*args)
+
+    def inputs():
+        i32 = dict(dtype=torch.int32, device="cuda")
+        return (torch.empty((32, 8, 128), dtype=torch.bfloat16, device="cuda"), torch.empty((3,), **i32),
+                torch.empty((6, 64, 2, 128), dtype=torch.uint8, device="cuda"),
+                torch.empty((6, 64, 2, 128), dtype=torch.uint8, device="cuda"),
+                torch.empty((6, 64, 2, 2), dtype=torch.float16, device="cuda"),
+                torch.empty((6, 64, 2, 2), dtype=torch.float16, device="cuda"), torch.empty((2, 3), **i32),
+                torch.empty((2,), **i32))
+
+    with FakeTensorMode():
+        program = torch.export.export(Attend(), inputs(), strict=True)
+    traced = [str(n.target) for n in program.graph.nodes if "tessera" in str(n.target)]
+    assert traced == [f"tessera.{CACHE_OP}.default"], traced
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    assert [tuple(node.meta["val"].shape) for node in output.args[0]] == [(32, 8, 128), (32, 8)]
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        args = inputs()
+    graph = make_fx(attend, tracing_mode="symbolic")(*args)
+    traced = [str(n.target) for n in graph.graph.nodes if "tessera" in str(n.target)]
+    assert traced == [f"tessera.{CACHE_OP}.default"], traced
+
+
+@needs_torch
+def test_with_cache_opcheck_on_meta_tensors():
+    _needs_kernels()
+    if not hasattr(torch.library, "opcheck"):
+        pytest.skip("torch.library.opcheck needs a newer torch")
+    q, cu, lengths = _meta((16, 4, 64)), _meta((3,), torch.int32), _meta((2,), torch.int32)
+    kc = _meta((2, 32, 2, 64))
+    torch.library.opcheck(getattr(torch.ops.tessera, CACHE_OP).default,
+                          (q, cu, 8, kc, kc, None, None, None, lengths, _meta(q.shape),
+                           _meta((16, 4), torch.float32), "native", 0.0, 0.0, 0, True))
+    kq, sc, bt = _meta((5, 32, 2, 64), torch.uint8), _meta((5, 32, 2, 2), torch.float16), _meta((2, 2), torch.int32)
+    torch.library.opcheck(getattr(torch.ops.tessera, CACHE_OP).default,
+                          (q, cu, 8, kq, kq, sc, sc, bt, lengths, _meta(q.shape), None, "int8", 0.25, 5.0, 3, False,
+                           None))
 
 
 # ================================================================================================================
@@ -835,3 +1029,145 @@ def test_cuda_graph_replays_new_lengths(seed):
         check(out, lse, *reference(q, k, v, cq, ck, causal=True), cq, f"replay {round_} {sq} {sk}: ")
         assert bool(torch.isnan(out[cq[-1]:]).all() and torch.isnan(lse[cq[-1]:]).all()), \
             f"replay {round_}: rows past cu_seqlens_q[B] written"
+
+
+# ================================================================================================================
+# GPU: prefill_with_cache (chunked prefill over the decode KV cache)
+# ================================================================================================================
+# Sequence b's rows src[b, :L] sit in the cache (written directly, or by append_kv for a quantized format); its Sq
+# queries are positions L - Sq .. L - 1. The reference is prefill's over the packed rows src[b, :L] (Sk = L, bottom-
+# right aligned), which is exactly that placement. Unwritten cache memory is NaN: slots past L must not reach out.
+
+# (Sq, cache_seqlens) per sequence: one query over a long prefix, a chunk across tile edges, Sq = L (no prefix), an
+# empty chunk over a cached prefix, an empty sequence, a length past the capacity (clamped to it).
+CACHE_SQ = [1, 70, 33, 0, 0, 20]
+CACHE_LEN = [257, 200, 33, 40, 0, 400]
+CACHE_CAPACITY = 320  # a multiple of every page size below
+
+
+def cache_layout(g, B, capacity, page_size):
+    """(block_table, num_pages) of a paged layout (pages in a random order, two pages no sequence owns), or
+    (None, 0) for the contiguous one (page_size 0)."""
+    if not page_size:
+        return None, 0
+    max_pages = capacity // page_size
+    num_pages = B * max_pages + 2
+    perm = torch.randperm(num_pages, device=DEVICE, generator=g)
+    return perm[:B * max_pages].view(B, max_pages).to(torch.int32), num_pages
+
+
+def to_cache_layout(rows, block_table, num_pages, page_size, fill):
+    """rows [B, capacity, ...] in token order as the cache's memory: itself (contiguous), or [num_pages, page_size,
+    ...] with token t of sequence b in page block_table[b, t // page_size], slot t % page_size (others `fill`)."""
+    if block_table is None:
+        return rows
+    B = rows.shape[0]
+    paged = torch.full((num_pages, page_size) + tuple(rows.shape[2:]), fill, dtype=rows.dtype, device=DEVICE)
+    paged[block_table.long()] = rows.reshape(B, -1, page_size, *rows.shape[2:])
+    return paged
+
+
+def cache_queries(g, sq, lengths, capacity, HQ, D, dtype):
+    """q [sum(sq), HQ, D], cu_seqlens_q (list) and the clamped lengths L (list)."""
+    L = [min(n, capacity) for n in lengths]
+    assert all(s <= n for s, n in zip(sq, L)), "a sequence's queries are among its cached positions"
+    cu_q = _cumsum(sq)
+    return randn(g, (cu_q[-1], HQ, D), dtype), cu_q, L
+
+
+def cache_reference(q, K, V, cu_q, L, **params):
+    """The float64 reference with k / v the first L[b] rows of K[b], V[b] ([B, capacity, HKV, D])."""
+    k = torch.cat([K[b, :n] for b, n in enumerate(L)])
+    v = torch.cat([V[b, :n] for b, n in enumerate(L)])
+    return reference(q, k, v, cu_q, _cumsum(L), **params)
+
+
+def run_with_cache(q, cu_q, L, lengths, k_cache, v_cache, K, V, **kw):
+    """prefill_with_cache into poisoned out / lse (cache_seqlens = lengths), checked against cache_reference."""
+    params = {name: kw[name] for name in ("causal", "softmax_scale", "softcap", "window") if name in kw}
+    out, lse = poisoned(q.shape, q.dtype), poisoned(q.shape[:-1], torch.float32)
+    bound = max([b - a for a, b in zip(cu_q, cu_q[1:])] + [0])
+    res = tessera.prefill_with_cache(q, device_offsets(cu_q), bound, k_cache, v_cache, device_offsets(lengths),
+                                     out=out, lse=lse, **kw)
+    assert res is out
+    check(out, lse, *cache_reference(q, K, V, cu_q, L, **params), cu_q, f"{kw.get('format', 'native')} {params} ")
+    return out, lse
+
+
+CACHE_PARAMS = [dict(causal=True), dict(causal=False), dict(causal=True, window=37, softcap=30.0),
+                dict(softmax_scale=0.05, window=100)]
+
+
+@gpu
+@pytest.mark.parametrize("params", CACHE_PARAMS, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+@pytest.mark.parametrize("page_size", [0, 64], ids=["contiguous", "paged64"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_with_native_cache(dtype, D, page_size, params, seed):
+    g = _generator(seed)
+    dt = getattr(torch, dtype)
+    B, HQ, HKV, cap = len(CACHE_SQ), 8, 2, CACHE_CAPACITY
+    q, cu_q, L = cache_queries(g, CACHE_SQ, CACHE_LEN, cap, HQ, D, dt)
+    # The rows each sequence owns, NaN past its length: the cache's unwritten memory.
+    K, V = randn(g, (B, cap, HKV, D), dt, 1.5), randn(g, (B, cap, HKV, D), dt)
+    for b, n in enumerate(L):
+        K[b, n:], V[b, n:] = math.nan, math.nan
+    block_table, num_pages = cache_layout(g, B, cap, page_size)
+    k_cache = to_cache_layout(K, block_table, num_pages, page_size, math.nan)
+    v_cache = to_cache_layout(V, block_table, num_pages, page_size, math.nan)
+    run_with_cache(q, cu_q, L, CACHE_LEN, k_cache, v_cache, K, V, block_table=block_table, **params)
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [0, 32], ids=["contiguous", "paged32"])
+def test_prefill_with_int8_cache(page_size, seed):
+    # An int8 cache written by append_kv (all of max(L) rows of every sequence at position 0); the reference reads
+    # the values the cache encodes (tessera.dequantize_kv, float64): the kernel's fp16 dequantization and fp16 q stay
+    # within the bf16 tolerance of it.
+    g = _generator(seed)
+    dt = torch.bfloat16
+    B, HQ, HKV, D, cap = len(CACHE_SQ), 8, 2, 128, CACHE_CAPACITY
+    q, cu_q, L = cache_queries(g, CACHE_SQ, CACHE_LEN, cap, HQ, D, dt)
+    block_table, num_pages = cache_layout(g, B, cap, page_size)
+    lead = (num_pages, page_size) if page_size else (B, cap)
+    k_cache = torch.randint(0, 256, lead + (HKV, D), dtype=torch.uint8, device=DEVICE, generator=g)
+    v_cache = k_cache.clone()
+    k_scale = torch.full(lead + (HKV, 2), math.nan, dtype=torch.float16, device=DEVICE)
+    v_scale = k_scale.clone()
+    cache = dict(format="int8", k_scale=k_scale, v_scale=v_scale, block_table=block_table)
+    lmax = max(L)
+    k_new, v_new = randn(g, (B, lmax, HKV, D), dt, 1.5), randn(g, (B, lmax, HKV, D), dt)
+    tessera.append_kv(k_new, v_new, device_offsets([0] * B), k_cache, v_cache, **cache)
+
+    def values(codes, scales):  # [B, capacity, HKV, D] float64 in token order
+        if block_table is not None:
+            pages = block_table.long()
+            codes, scales = (t[pages].reshape(B, cap, *t.shape[2:]) for t in (codes, scales))
+        return tessera.dequantize_kv(codes, scales, "int8", D, dtype=torch.float64)
+
+    K, V = values(k_cache, k_scale), values(v_cache, v_scale)
+    for params in (dict(causal=True), dict(causal=True, window=50, softcap=20.0), dict(causal=False)):
+        run_with_cache(q, cu_q, L, CACHE_LEN, k_cache, v_cache, K, V, **cache, **params)
+
+
+@gpu
+def test_prefill_with_cache_allocates_and_matches_prefill_varlen(seed):
+    # out / lse allocated like prefill_varlen's; over a native cache holding the very rows, the result agrees with
+    # prefill_varlen's over the packed prefixes as k / v (within rounding: the two may tile differently).
+    g = _generator(seed)
+    dt = torch.float16
+    B, HQ, HKV, D, cap = 3, 8, 2, 128, 256
+    sq, lengths = [16, 100, 1], [16, 256, 90]
+    q, cu_q, L = cache_queries(g, sq, lengths, cap, HQ, D, dt)
+    K, V = randn(g, (B, cap, HKV, D), dt, 1.5), randn(g, (B, cap, HKV, D), dt)
+    cq = device_offsets(cu_q)
+    out, lse = tessera.prefill_with_cache(q, cq, 100, K, V, device_offsets(lengths), causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == dt and lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    check(out, lse, *cache_reference(q, K.double(), V.double(), cu_q, L, causal=True), cu_q)
+    k = torch.cat([K[b, :n] for b, n in enumerate(L)])
+    v = torch.cat([V[b, :n] for b, n in enumerate(L)])
+    want, want_lse = tessera.prefill_varlen(q, k, v, cq, device_offsets(_cumsum(L)), 100, causal=True,
+                                            return_lse=True)
+    _sync()
+    diff = (out.double() - want.double()).abs().max().item()
+    assert diff <= 2e-2, f"prefill_with_cache and prefill_varlen differ by {diff:.3g}"

@@ -108,6 +108,7 @@ def test_every_op_is_registered_with_its_mutations():
         "append_kv": {"k_cache", "v_cache", "k_scale", "v_scale", "k_residual"},
         "attention_prefill": {"out", "lse"},
         "attention_prefill_varlen": {"out", "lse"},
+        "attention_prefill_with_cache": {"out", "lse"},
     }
     assert set(_torch_ops.OPS) == set(written)
     for name, expected in written.items():
