@@ -162,7 +162,7 @@ void append_kv(const TensorView& k_new, const TensorView& v_new, const TensorVie
 // A query with no key (Sk = 0, or causal with p < 0) gets o = 0 and lse = -inf. No workspace, no allocation, no host
 // synchronization: both forms can be captured in a CUDA graph.
 struct PrefillParams {
-  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D)
+  float softmax_scale = 0.0f;  // 0 = 1/sqrt(D); must be >= 0
   float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
   int window = 0;              // > 0: a query attends to the keys j with p - j < window only
   bool causal = false;         // bottom-right aligned (above)

@@ -954,6 +954,7 @@ TEST(PrefillValidation, EachRuleNamesItsArgument) {
       {"lse", {"[total_q, HQ]"}, [](PrefillArgs& a) { a.lse = view(a.lse->data, DType::kFP32, {kTotalQ, kHQ + 1}); }},
       {"lse", {"overlap"}, [](PrefillArgs& a) { a.lse->data = a.o.data; }},
       {"params.softmax_scale", {"finite"}, [](PrefillArgs& a) { a.params.softmax_scale = NAN; }},
+      {"params.softmax_scale", {">= 0"}, [](PrefillArgs& a) { a.params.softmax_scale = -0.5f; }},
       {"params.softcap", {">= 0"}, [](PrefillArgs& a) { a.params.softcap = -1.0f; }},
       {"params.window", {">= 0"}, [](PrefillArgs& a) { a.params.window = -3; }},
   };

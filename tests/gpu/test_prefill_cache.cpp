@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -39,6 +40,7 @@ struct CacheCase {
   std::vector<int32_t> sq, seqlens;  // queries per sequence; cache_seqlens (may exceed the capacity)
   reference::PrefillRefParams params;
   bool outliers = false;  // keys with 3 of D channels 20x larger (what LLM keys look like; docs/perf/decode.md)
+  bool corrupt_table = false;  // paged: block-table entries outside [0, num_pages) (-7, num_pages + 100, INT32_MAX)
   std::string describe() const {
     std::string s = std::string(fmt.name) + (fmt.dtype == DType::kFP16 ? " q=fp16" : " q=bf16") +
                     (outliers ? " outlier-keys" : "") + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
@@ -112,6 +114,12 @@ Check run_cache_case(const CacheCase& c, uint64_t seed, double* error_unquantize
         host.get(true, b, t, h, &vd[at(b, t, h)]);
       }
   DeviceCache dev(host);
+  if (c.corrupt_table) {
+    std::vector<int32_t> bad = host.table;
+    const int32_t wrong[] = {-7, static_cast<int32_t>(g.num_outer) + 100, INT32_MAX};
+    for (size_t i = 0; i < bad.size(); i += 2) bad[i] = wrong[(i / 2) % 3];
+    dev.table.upload(bad);
+  }
   std::vector<uint16_t> qb(std::max<int64_t>(total_q * c.HQ * c.D, 8));
   std::vector<double> qd(total_q * c.HQ * c.D);
   for (size_t i = 0; i < qd.size(); ++i) {
@@ -236,6 +244,27 @@ TEST_F(PrefillCacheGpu, ErrorTableAgainstUnquantizedValues) {
       std::printf("[ ERRTABLE ] %-14s %-9s vs dequantized %.2e  vs unquantized %.2e\n", fmt.name,
                   outliers ? "outliers" : "gaussian", r.error, unquantized);
     }
+}
+
+// A block table whose entries point outside the cache (device values are not validated): the op reads nothing
+// outside the cache's tensors (compute-sanitizer; the subset runs this test) and completes; the numbers are
+// meaningless and not checked.
+TEST_F(PrefillCacheGpu, CorruptBlockTableStaysInBounds) {
+  for (const kvtest::Fmt& fmt : {kvtest::kDecodeFormats[0], kvtest::kDecodeFormats[4], kvtest::kDecodeFormats[6],
+                                 kvtest::kDecodeFormats[8]}) {  // native, int8, int4/32, int4 per-channel keys
+    CacheCase c;
+    c.fmt = fmt;
+    c.D = 128;
+    c.page_size = 32;
+    c.capacity = 256;
+    c.sq = {40, 100};
+    c.seqlens = {200, 256};
+    c.params.causal = true;
+    c.corrupt_table = true;
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+    (void)run_cache_case(c, seed);  // completes (a fault would fail the synchronize inside)
+  }
 }
 
 // GQA ratios, windows and softcap over a paged cache; and a random configuration per seed (the stress step).

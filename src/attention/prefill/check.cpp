@@ -63,8 +63,9 @@ void check_outputs(const ArgCheck& check, const TensorView& q, const TensorView&
 }
 
 void check_params(const ArgCheck& check, const PrefillParams& params) {
-  if (!std::isfinite(params.softmax_scale))
-    check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
+  // The kernel keeps the row max of the raw logits and scales it: a negative scale would pick the minimum.
+  if (!std::isfinite(params.softmax_scale) || params.softmax_scale < 0.0f)
+    check.fail("params.softmax_scale", "must be finite and >= 0 (0 selects 1/sqrt(D)), got " +
                                            std::to_string(params.softmax_scale));
   if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
     check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));

@@ -65,7 +65,7 @@ struct PrefillTile {
   // The data start at the first 1024-byte boundary (the 128-byte swizzle's period) of the dynamic shared memory;
   // the barriers go in the gap before it when it holds them, else after the data: 1024 bytes cover both cases.
   static constexpr int kBytes = 1024 + kBarOff;
-  static_assert(kNumBars * 8 <= 1024, "the barriers fit in the alignment slack");
+  static_assert(2 * kNumBars * 8 <= 1024, "the barriers fit in the alignment slack, or after the data");
   static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
 // Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes; at D 256 the
@@ -178,19 +178,24 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
         const int key = n * kBlockN + (i / kVecs) * kKeyBlock;
         if (i >= kBlockN / kKeyBlock * kVecs || key >= sk) continue;
         locate(key, outer, slot);
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(scales + outer * qt.kc_outer +
-                                                             (slot / kKeyBlock) * qt.kc_block + kvh * qt.kc_head) +
-                              i % kVecs);
+        // A page outside the cache (a wrong block table) reads nothing: its parameters are zeros (values 0).
+        const uint4 v = outer < 0 || outer >= qt.num_outer
+                            ? make_uint4(0u, 0u, 0u, 0u)
+                            : __ldg(reinterpret_cast<const uint4*>(scales + outer * qt.kc_outer +
+                                                                   (slot / kKeyBlock) * qt.kc_block +
+                                                                   kvh * qt.kc_head) +
+                                    i % kVecs);
         w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
       } else if (!fp8) {
         const int key = n * kBlockN + i;
         if (i >= kBlockN || key >= sk) continue;
         locate(key, outer, slot);
+        const bool page_ok = outer >= 0 && outer < qt.num_outer;
         const uint32_t* src =
             reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
 #pragma unroll
         for (int g = 0; g < kW - 4 * k; ++g)
-          if (g < ng) w[4 * k + g] = __ldg(src + g);
+          if (g < ng) w[4 * k + g] = page_ok ? __ldg(src + g) : 0u;
       }
     }
   };
@@ -322,7 +327,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         return;
       }
     }
-    if (threadIdx.x != 0) return;
+    // No key tile: the consumers write zeros without reading Q, so Q is not loaded (an unwaited copy could still be
+    // landing when the next CTA on this SM reuses the shared memory). kQuant's transform warps wait for it.
+    if (threadIdx.x != 0 || (!kQuant && n_hi <= n_lo)) return;
     ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
 #pragma unroll
     for (int c = 0; c < Tile::kChunks; ++c)

@@ -31,6 +31,7 @@ struct PrefillQuant {
   const float* k_fp8 = nullptr;  // kFP8: [1] or [HKV]
   const float* v_fp8 = nullptr;
   bool fp8_per_head = false;
+  int64_t num_outer = 0;  // pages (paged) or sequences: a block-table entry outside [0, num_outer) reads no scale
 };
 
 // 16 consecutive elements of one row as 8 fp16 pairs, in order.

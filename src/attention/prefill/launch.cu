@@ -106,6 +106,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
       qt.k_fp8 = c.k_fp8_scale;
       qt.v_fp8 = c.v_fp8_scale;
       qt.fp8_per_head = c.fp8_per_head;
+      qt.num_outer = c.num_pages;
       a.q_bf16 = !pb.fp16;
     }
   } else if (pb.total_k == 0) {
@@ -143,7 +144,9 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
     a.scale_log2 = pb.softmax_scale * kLog2e;
     a.softcap_log2 = 0.0f;
   }
-  a.window = pb.window;
+  // A window of at least the keys' extent excludes nothing (p - j < Sk <= window): it becomes 0, which also keeps
+  // the kernel's int32 window arithmetic from wrapping for windows near INT32_MAX.
+  a.window = pb.window >= pb.total_k ? 0 : pb.window;
   a.causal = pb.causal;
   const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads),
                   static_cast<unsigned>(pb.batch));
