@@ -412,6 +412,29 @@ void attention_prefill_varlen(const py::object& q, const py::object& k, const py
   ta::prefill_varlen(q_v, k_v, v_v, cu_q_v, cu_k_v, max_seqlen_q, out_v, lse_v, params, as_stream(stream));
 }
 
+// Chunked prefill over the decode KV cache: the cache as attention_decode takes it (kv_cache_of, k_residual last and
+// optional), the rest as attention_prefill_varlen's; the order of torch.ops.tessera.attention_prefill_with_cache's
+// schema, with the stream before k_residual. cache_seqlens and the block table are read on the device only.
+void attention_prefill_with_cache(const py::object& q, const py::object& cu_seqlens_q, int64_t max_seqlen_q,
+                                  const py::object& k, const py::object& v, const py::object& k_scale,
+                                  const py::object& v_scale, const py::object& block_table,
+                                  const py::object& cache_seqlens, const py::object& out, const py::object& lse,
+                                  const std::string& format, float softmax_scale, float softcap, int window,
+                                  bool causal, std::uintptr_t stream, const py::object& k_residual) {
+  constexpr const char* op = "tessera.attention_prefill_with_cache";
+  const ta::KVFormat kv_format = parse_kv_format(format, op);
+  const ta::PrefillParams params = prefill_params(softmax_scale, softcap, window, causal);
+  const TensorView q_v = view_of(q, op, "q");
+  const TensorView cu_q_v = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+  const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
+  const TensorView seqlens_v = view_of(cache_seqlens, op, "cache_seqlens");
+  const TensorView out_v = view_of(out, op, "out");
+  const std::optional<TensorView> lse_v = optional_view_of(lse, op, "lse");
+
+  py::gil_scoped_release no_gil;
+  ta::prefill_with_cache(q_v, cu_q_v, max_seqlen_q, cache, seqlens_v, out_v, lse_v, params, as_stream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -528,4 +551,15 @@ PYBIND11_MODULE(_C, m) {
         "fp32 [total_q, HQ], or None): q [total_q, HQ, D], k and v [total_k, HKV, D], cu_seqlens_q / cu_seqlens_k "
         "int32 [B + 1] on the device (read there only, not validated); max_seqlen_q bounds every sequence's "
         "queries. Parameters as attention_prefill.");
+
+  m.def("attention_prefill_with_cache", &attention_prefill_with_cache, py::arg("q"), py::arg("cu_seqlens_q"),
+        py::arg("max_seqlen_q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_scale"), py::arg("v_scale"),
+        py::arg("block_table"), py::arg("cache_seqlens"), py::arg("out"), py::arg("lse"), py::arg("format"),
+        py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("causal"), py::arg("stream"),
+        py::arg("k_residual") = py::none(),
+        "Chunked prefill over the decode KV cache into preallocated out [total_q, HQ, D] (and lse fp32 "
+        "[total_q, HQ], or None): q, cu_seqlens_q and max_seqlen_q as attention_prefill_varlen's; the cache "
+        "(k_cache, v_cache, k_scale, v_scale, block_table, format, k_residual) as attention_decode's; cache_seqlens "
+        "int32 [B] on the device, each sequence's length including its new tokens (read there only). Sequence b's "
+        "queries are its last positions. Parameters as attention_prefill.");
 }

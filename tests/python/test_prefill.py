@@ -1,6 +1,6 @@
 """Python tests for tessera.prefill / tessera.prefill_varlen / tessera.prefill_with_cache
 (torch.ops.tessera.attention_prefill[_varlen|_with_cache], and the DLPack entries
-tessera.dlpack.attention_prefill[_varlen]).
+tessera.dlpack.attention_prefill[_varlen|_with_cache]).
 
 Semantics (include/tessera/attention.h, docs/ops/attention_prefill.md): query i of a sequence with Sq queries and
 Sk keys sits at p = Sk - Sq + i (bottom-right aligned) and attends to the keys j with j <= p (causal) and
@@ -26,7 +26,7 @@ import math
 import pytest
 
 import tessera
-from _host_capsule import DL_BFLOAT, DL_FLOAT, DL_INT, HostCapsule
+from _host_capsule import DL_BFLOAT, DL_FLOAT, DL_INT, DL_UINT, HostCapsule
 
 try:
     import torch
@@ -414,6 +414,94 @@ def test_with_cache_bad_params():
         tessera.prefill_with_cache(o, o, 8, o, o, o, window=-1)
     with pytest.raises(TypeError, match="'softcap'"):
         tessera.prefill_with_cache(o, o, 8, o, o, o, softcap="x")
+
+
+# ---- tessera.dlpack.attention_prefill_with_cache (tessera._C): the C++ validation through host-memory capsules ----
+
+# The operator's schema order, with the DLPack entries' raw stream before k_residual (as attention_decode's).
+CACHE_DLPACK_ARGS = ["q", "cu_seqlens_q", "max_seqlen_q", "k_cache", "v_cache", "k_scale", "v_scale", "block_table",
+                     "cache_seqlens", "out", "lse", "format", "softmax_scale", "softcap", "window", "causal", "stream",
+                     "k_residual"]
+
+
+def test_with_cache_dlpack_export():
+    import tessera.dlpack as td
+
+    assert td.attention_prefill_with_cache is tessera._C.attention_prefill_with_cache
+    assert CACHE_OP in td.__all__
+    # Every argument by name: the names are accepted (a TypeError otherwise), and the format is parsed first.
+    kwargs = dict.fromkeys(CACHE_DLPACK_ARGS)
+    kwargs.update(max_seqlen_q=0, format="int2", softmax_scale=0.0, softcap=0.0, window=0, causal=False, stream=0)
+    with pytest.raises(ValueError, match=r"tessera\.attention_prefill_with_cache: 'format'"):
+        td.attention_prefill_with_cache(**kwargs)
+    del kwargs["k_residual"]  # optional, None by default
+    with pytest.raises(ValueError, match="'format'"):
+        td.attention_prefill_with_cache(**kwargs)
+
+
+def _cache_capsules(total_q=10, entries=3, q_shape=None, cu_q=(DL_INT, 32), seqlens=(DL_INT, 32),
+                    seqlen_entries=None, T=64, kv=(DL_BFLOAT, 16)):
+    """Host-memory capsules of a contiguous cache call: q, cu_seqlens_q, k_cache, v_cache, cache_seqlens, out, lse
+    (HostCapsule objects: keep them alive during the call)."""
+    B = entries - 1
+    return [HostCapsule(q_shape or (total_q, HQ_, D_), DL_BFLOAT, 16), HostCapsule((entries,), *cu_q),
+            HostCapsule((B, T, HKV_, D_), *kv), HostCapsule((B, T, HKV_, D_), *kv),
+            HostCapsule((B if seqlen_entries is None else seqlen_entries,), *seqlens),
+            HostCapsule((total_q, HQ_, D_), DL_BFLOAT, 16), HostCapsule((total_q, HQ_), DL_FLOAT, 32)]
+
+
+def _call_cache(tensors, max_seqlen_q=4, format="native", k_scale=None, v_scale=None, softmax_scale=0.0,
+                softcap=0.0, window=0, causal=True):
+    import tessera.dlpack as td
+
+    q, cu_q, k, v, seqlens, o, lse = [t.capsule for t in tensors]
+    scales = [s.capsule if s is not None else None for s in (k_scale, v_scale)]
+    td.attention_prefill_with_cache(q, cu_q, max_seqlen_q, k, v, *scales, None, seqlens, o, lse, format,
+                                    softmax_scale, softcap, window, causal, 0)
+
+
+CACHE_ERRORS = [
+    ("format", {}, dict(format="int2"), r"tessera\.attention_prefill_with_cache: 'format' must be 'native'"),
+    ("q_rank", dict(q_shape=(1, 10, HQ_, D_)), {},
+     r"prefill_with_cache: 'q' must have rank 3 \(\[total_q, HQ, D\]\), got rank 4"),
+    ("head_dim", dict(q_shape=(10, HQ_, 96)), {}, r"'q' must have head dim D \(dim 2\) of 64, 128 or 256, got 96"),
+    ("max_seqlen_q", {}, dict(max_seqlen_q=-1), r"'max_seqlen_q' must be >= 0, got -1"),
+    ("cu_dtype", dict(cu_q=(DL_INT, 64)), {}, r"'cu_seqlens_q' must have dtype int32"),
+    ("cu_empty", dict(entries=0), {}, r"'cu_seqlens_q' must be int32 \[B \+ 1\] with B >= 0"),
+    ("seqlens_dtype", dict(seqlens=(DL_FLOAT, 32)), {}, r"'cache_seqlens' must have dtype int32"),
+    ("seqlens_entries", dict(seqlen_entries=3), {}, r"'cache_seqlens' must have shape \[B\] = \[2\]"),
+    ("native_cache_dtype", dict(kv=(DL_UINT, 8)), {}, r"'cache.k' must have dtype bf16 \| fp16, got uint8"),
+    ("fp8_scales", dict(kv=(DL_UINT, 8)), dict(format="fp8"), r"'cache.k_scale' is required for fp8 caches"),
+    ("window", {}, dict(window=-2), r"'params.window' must be >= 0"),
+    ("softcap", {}, dict(softcap=-1.0), r"'params.softcap' must be finite and >= 0"),
+    ("valid_until_the_device_check", {}, dict(causal=True, window=3, softcap=30.0), r"must be in device memory"),
+]
+
+
+@pytest.mark.parametrize("case,tensors,params,message", CACHE_ERRORS, ids=[c[0] for c in CACHE_ERRORS])
+def test_with_cache_binding_validation(case, tensors, params, message):
+    with pytest.raises(ValueError, match=message):
+        _call_cache(_cache_capsules(**tensors), **params)
+
+
+def test_with_cache_binding_reads_uint8_as_fp8():
+    # With format 'fp8' the binding labels uint8 cache data e4m3 (as attention_decode's does): valid until the
+    # device check. With 'native' the same data is a dtype error (above).
+    scale = HostCapsule((HKV_,), DL_FLOAT, 32)
+    with pytest.raises(ValueError, match="'cache.k' must be in device memory"):
+        _call_cache(_cache_capsules(kv=(DL_UINT, 8)), format="fp8", k_scale=scale, v_scale=scale)
+
+
+def test_with_cache_binding_rejects_non_capsules():
+    import tessera.dlpack as td
+
+    with pytest.raises(TypeError, match="'q'"):
+        td.attention_prefill_with_cache(object(), None, 0, None, None, None, None, None, None, None, None, "native",
+                                        0.0, 0.0, 0, False, 0)
+    q, cu_q = HostCapsule((10, HQ_, D_), DL_BFLOAT, 16), HostCapsule((3,), DL_INT, 32)
+    with pytest.raises(TypeError, match="'k_cache'"):
+        td.attention_prefill_with_cache(q.capsule, cu_q.capsule, 0, object(), None, None, None, None, None, None,
+                                        None, "native", 0.0, 0.0, 0, False, 0)
 
 
 @needs_torch
