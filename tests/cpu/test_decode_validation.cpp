@@ -1023,6 +1023,76 @@ TEST(PrefillValidation, BatchedFormRules) {
   expect_reaches_device_checks([&] { call(a); });
 }
 
+// prefill_with_cache: q and cu_seqlens_q as in the packed form, the cache by decode's rules (every format, contiguous
+// and paged), cache_seqlens int32 [B].
+constexpr const char* kPrefillCache = "tessera::attention::prefill_with_cache";
+
+struct PrefillCacheArgs {
+  TensorView q, cu_q, seqlens, o;
+  std::optional<TensorView> lse;
+  KVCache cache;
+  int64_t max_seqlen_q = 7;
+  PrefillParams params;
+};
+
+PrefillCacheArgs make_prefill_cache(KVFormat f, bool paged) {
+  Buffers& b = buffers();
+  PrefillCacheArgs a;
+  a.q = view(b.q.data(), DType::kBF16, {kTotalQ, kHQ, kD});
+  a.cu_q = view(b.positions.data(), DType::kInt32, {kB + 1});
+  a.seqlens = view(b.seqlens.data(), DType::kInt32, {kB});
+  a.o = view(b.o.data(), DType::kBF16, {kTotalQ, kHQ, kD});
+  a.lse = view(b.lse.data(), DType::kFP32, {kTotalQ, kHQ});
+  a.cache = make_cache(f, paged);
+  a.params.causal = true;
+  return a;
+}
+
+void call_prefill_cache(const PrefillCacheArgs& a) {
+  (void)check_prefill_cache(kPrefillCache, a.q, a.cu_q, a.max_seqlen_q, a.cache, a.seqlens, a.o, a.lse, a.params);
+}
+
+TEST(PrefillValidation, WithCacheEveryFormatReachesTheDeviceChecks) {
+  for (KVFormat f : kFormats)
+    for (bool paged : {false, true}) {
+      SCOPED_TRACE(std::string(kv_format_name(f)) + (paged ? " paged" : " contiguous"));
+      expect_reaches_device_checks([&] { call_prefill_cache(make_prefill_cache(f, paged)); });
+    }
+}
+
+TEST(PrefillValidation, WithCacheRulesNameTheirArgument) {
+  struct Case {
+    const char* arg;
+    std::vector<std::string> says;
+    std::function<void(PrefillCacheArgs&)> mutate;
+  };
+  const std::vector<Case> cases = {
+      {"q", {"rank 3"}, [](PrefillCacheArgs& a) { a.q = view(a.q.data, DType::kBF16, {1, kTotalQ, kHQ, kD}); }},
+      {"q", {"multiple of the cache's KV heads"},
+       [](PrefillCacheArgs& a) { a.q = view(a.q.data, DType::kBF16, {kTotalQ, 3, kD}); }},
+      {"cu_seqlens_q", {"[B + 1]"},
+       [](PrefillCacheArgs& a) { a.cu_q = view(a.cu_q.data, DType::kInt32, {kB + 1, 1}); }},
+      {"max_seqlen_q", {">= 0"}, [](PrefillCacheArgs& a) { a.max_seqlen_q = -1; }},
+      {"cache.k", {"dtype"}, [](PrefillCacheArgs& a) { a.cache.k.dtype = a.cache.v.dtype = DType::kFP16; }},
+      {"cache_seqlens", {"int32"}, [](PrefillCacheArgs& a) { a.seqlens.dtype = DType::kFP32; }},
+      {"cache_seqlens", {"[B]"},
+       [](PrefillCacheArgs& a) { a.seqlens = view(a.seqlens.data, DType::kInt32, {kB + 1}); }},
+      {"o", {"[total_q, HQ, D]"},
+       [](PrefillCacheArgs& a) { a.o = view(a.o.data, DType::kBF16, {kTotalQ + 1, kHQ, kD}); }},
+      {"o", {"overlap"}, [](PrefillCacheArgs& a) { a.o.data = a.cache.k.data; }},
+      {"lse", {"[total_q, HQ]"},
+       [](PrefillCacheArgs& a) { a.lse = view(a.lse->data, DType::kFP32, {kTotalQ, kHQ + 1}); }},
+      {"params.softmax_scale", {">= 0"}, [](PrefillCacheArgs& a) { a.params.softmax_scale = -1.0f; }},
+      {"params.window", {">= 0"}, [](PrefillCacheArgs& a) { a.params.window = -1; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.arg) + ": " + c.says[0]);
+    PrefillCacheArgs a = make_prefill_cache(KVFormat::kNative, true);
+    c.mutate(a);
+    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, c.arg, c.says);
+  }
+}
+
 // With a GPU the checks complete: the problem the launcher gets (strides in elements, the resolved scale, the grid
 // bound clamped to total_q).
 TEST(PrefillValidation, ResolvedProblemOnTheDevice) {
