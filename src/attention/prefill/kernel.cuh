@@ -32,19 +32,17 @@ namespace tessera::attention::detail {
 
 inline constexpr int kPrefillBlockM = 128;  // query rows per CTA: two consumer warpgroups of 64
 inline constexpr int kPrefillThreads = 384;
-inline constexpr int kPrefillProducerRegs = 24;
-inline constexpr int kPrefillConsumerRegs = 240;
 // log2 of the factor by which a row's running max may trail its true max before O is rescaled (P <= 2^kMaxSlack).
 inline constexpr float kMaxSlack = 8.0f;
-static_assert(kPrefillProducerRegs * 128 + kPrefillConsumerRegs * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384,
-              "setmaxnreg budget exceeds the registers of the CTA");
+// Keys per K / V tile: S's accumulators (kBlockN / 2 registers) and O's (D / 2) must fit beside each other.
+constexpr int prefill_block_n(int head_dim) { return head_dim == 256 ? 64 : 128; }
 
-// Key tile and ring depth per head dim: S's accumulators (kBlockN / 2 registers) and O's (D / 2) must fit beside
-// each other; the ring fills what shared memory is left. kQuant (K / V from a quantized cache): a staging ring of
-// raw code tiles (up to 8 bits per element) besides, which the transform warps turn into the fp16 K / V tiles.
+// Key tile and ring depth per head dim: the ring fills what shared memory is left. kQuant (K / V from a quantized
+// cache): a staging ring of raw code tiles (up to 8 bits per element) besides, which the transform warps turn into
+// the fp16 K / V tiles.
 template <int kD, bool kQuant = false>
 struct PrefillTile {
-  static constexpr int kBlockN = kD == 256 ? 64 : 128;
+  static constexpr int kBlockN = prefill_block_n(kD);
   static constexpr int kStages = kD == 64 ? 3 : 2;
   static constexpr int kChunks = kD / 64;                          // 64-element column blocks
   static constexpr int kQBytes = kPrefillBlockM * kD * 2;          // the Q tile
@@ -68,17 +66,16 @@ struct PrefillTile {
   static_assert(2 * kNumBars * 8 <= 1024, "the barriers fit in the alignment slack, or after the data");
   static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
-// Register split (setmaxnreg): the quantized variant's producer warpgroup also transforms codes; at D 256 the
-// consumers' 128 O accumulators need the larger share.
-template <int kD, bool kQuant>
-inline constexpr int kProducerRegs = kQuant ? 56 : kPrefillProducerRegs;
-template <int kD, bool kQuant>
-inline constexpr int kConsumerRegs = kQuant ? 224 : kPrefillConsumerRegs;
-// setmaxnreg moves registers within the CTA's allocation at launch (168 per thread under __launch_bounds__(384, 1)):
-// a split past it leaves setmaxnreg.inc waiting forever.
-static_assert(kProducerRegs<128, true> * 128 + kConsumerRegs<128, true> * 256 <= (65536 / kPrefillThreads / 8 * 8) * 384 &&
-                  kProducerRegs<256, true> * 128 + kConsumerRegs<256, true> * 256 <=
-                      (65536 / kPrefillThreads / 8 * 8) * 384,
+// Register split (setmaxnreg): producer warpgroup, consumer warpgroups; the quantized variant's producer warpgroup
+// also transforms codes. setmaxnreg moves registers within the CTA's allocation at launch (168 per thread under
+// __launch_bounds__(384, 1)): a split past it leaves setmaxnreg.inc waiting forever.
+template <bool kQuant>
+inline constexpr int kProducerRegs = kQuant ? 56 : 24;
+template <bool kQuant>
+inline constexpr int kConsumerRegs = kQuant ? 224 : 240;
+inline constexpr int kPrefillLaunchRegs = (65536 / kPrefillThreads / 8 * 8) * kPrefillThreads;
+static_assert(kProducerRegs<false> * 128 + kConsumerRegs<false> * 256 <= kPrefillLaunchRegs &&
+                  kProducerRegs<true> * 128 + kConsumerRegs<true> * 256 <= kPrefillLaunchRegs,
               "setmaxnreg budget of the CTA");
 
 using ::tessera::detail::pack2;
@@ -319,7 +316,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     // ---- producer ----------------------------------------------------------------------------------------------
-    ptx::setmaxnreg_dec<kProducerRegs<kD, kQuant>>();
+    ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
     if constexpr (kQuant) {
       if (threadIdx.x >= 32) {
         transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_full, v_full,
@@ -385,7 +382,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   }
 
   // ---- consumers -----------------------------------------------------------------------------------------------
-  ptx::setmaxnreg_inc<kConsumerRegs<kD, kQuant>>();
+  ptx::setmaxnreg_inc<kConsumerRegs<kQuant>>();
   const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8

@@ -37,14 +37,6 @@ void launch_by_dim(const PrefillArgs& args, int head_dim, dim3 grid, cudaStream_
   }
 }
 
-int block_n(int head_dim) {
-  switch (head_dim) {
-    case 64: return PrefillTile<64>::kBlockN;
-    case 128: return PrefillTile<128>::kBlockN;
-    default: return PrefillTile<256>::kBlockN;
-  }
-}
-
 }  // namespace
 
 void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
@@ -60,7 +52,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, maps_batch,
                                   pb.q_stride_token, pb.q_stride_head, packed ? pb.q_stride_head : pb.q_stride_batch,
                                   kPrefillBlockM);
-  const int bn = block_n(pb.head_dim);
+  const int bn = prefill_block_n(pb.head_dim);
   const bool quant = pb.cache_seqlens != nullptr && pb.cache.format != KVFormat::kNative;
   if (pb.cache_seqlens != nullptr) {
     // The decode cache (strides in bytes there): boxes of one tile, or of one page piece when paged.
