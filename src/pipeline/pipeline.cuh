@@ -23,6 +23,11 @@ struct PipelineState {
       phase ^= 1u;
     }
   }
+
+  // The state of the index-th use of a ring of `stages` stages, for loops that address tiles by number.
+  __device__ __forceinline__ static PipelineState at(int index, int stages) {
+    return {index % stages, static_cast<uint32_t>((index / stages) & 1)};
+  }
 };
 
 struct StageRing {
@@ -32,15 +37,25 @@ struct StageRing {
 
   // One thread, before the CTA barrier that publishes the ring.
   __device__ void init(uint32_t full_arrivals, uint32_t empty_arrivals) const {
+    init_barriers(full_arrivals, empty_arrivals);
+    ptx::fence_mbarrier_init();
+  }
+  // The barriers alone, for a kernel that initializes several rings and then fences once (fence_mbarrier_init).
+  __device__ void init_barriers(uint32_t full_arrivals, uint32_t empty_arrivals) const {
     for (int s = 0; s < stages; ++s) {
       ptx::mbarrier_init(&full[s], full_arrivals);
       ptx::mbarrier_init(&empty[s], empty_arrivals);
     }
-    ptx::fence_mbarrier_init();
   }
+
+  __device__ __forceinline__ uint64_t* full_barrier(const PipelineState& st) const { return &full[st.stage]; }
 
   __device__ __forceinline__ void producer_acquire(const PipelineState& st) const {
     ptx::mbarrier_wait_parity(&empty[st.stage], st.phase ^ 1u);
+  }
+  // The same for a producer thread that may wait long beside busy warps: it sleeps in try_wait instead of polling.
+  __device__ __forceinline__ void producer_acquire_suspend(const PipelineState& st) const {
+    ptx::mbarrier_wait_parity_suspend(&empty[st.stage], st.phase ^ 1u);
   }
   __device__ __forceinline__ void consumer_wait(const PipelineState& st) const {
     ptx::mbarrier_wait_parity(&full[st.stage], st.phase);

@@ -25,6 +25,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/smem.cuh"
 #include "ptx/tma.cuh"
+#include "pipeline/pipeline.cuh"
 #include "ptx/wgmma.cuh"
 #include "attention/prefill/kv_transform.cuh"
 
@@ -57,7 +58,7 @@ struct PrefillTile {
   // parameters (2·D per block), staged for the conversion: 2 KiB at every head dim.
   static constexpr int kPairBytes = kQuant ? 2048 : 0;
   static constexpr int kPairOff = kCodeOff + kCodeStages * 2 * kCodeBytes;
-  // q_full, k_full, v_full, empty_k, empty_v; kQuant: q_ready, code_full, code_empty
+  // q_full, the K and V rings' full then empty barriers; kQuant: q_ready, the code ring's full and empty
   static constexpr int kBarOff = kPairOff + kPairBytes;
   static constexpr int kNumBars = 1 + 4 * kStages + (kQuant ? 1 + 2 * kCodeStages : 0);
   // The data start at the first 1024-byte boundary (the 128-byte swizzle's period) of the dynamic shared memory;
@@ -117,9 +118,9 @@ struct PrefillArgs {
 template <int kD, class Tile>
 __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
                                                 const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
-                                                uint64_t* q_ready, uint64_t* k_full, uint64_t* v_full,
-                                                uint64_t* empty_k, uint64_t* empty_v, uint64_t* code_full,
-                                                uint64_t* code_empty, int b, int kvh, int sk, int n_lo, int n_hi) {
+                                                uint64_t* q_ready, pipeline::StageRing k_ring,
+                                                pipeline::StageRing v_ring, pipeline::StageRing code_ring, int b,
+                                                int kvh, int sk, int n_lo, int n_hi) {
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages, kUnits = kD / 16;  // 16-element units per row
   const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
   const auto signal = [&](uint64_t* bar) {
@@ -213,13 +214,14 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
     }
   };
   for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-    const int slot_s = it % Tile::kCodeStages, stage = it % kStages;
+    const pipeline::PipelineState code_st = pipeline::PipelineState::at(it, Tile::kCodeStages);
+    const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
     // The K and V parameters' global loads first, together (their latencies overlap each other and the wait).
     uint32_t kw[kW], vw[kW];
     load_items(n, false, kw);
     load_items(n, true, vw);
-    ptx::mbarrier_wait_parity(&code_full[slot_s], (it / Tile::kCodeStages) & 1);
-    const uint8_t* k_codes = codes + slot_s * 2 * Tile::kCodeBytes;
+    code_ring.consumer_wait(code_st);
+    const uint8_t* k_codes = codes + code_st.stage * 2 * Tile::kCodeBytes;
     for (int is_v = 0; is_v < 2; ++is_v) {
       const bool ck = channel_keys && !is_v;
       if (is_v)  // (a branch, not a select: the arrays stay in registers)
@@ -227,8 +229,9 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
       else
         store_items(n, false, kw);
       ptx::named_barrier_sync(4, 96);
-      if (it >= kStages) ptx::mbarrier_wait_parity(&(is_v ? empty_v : empty_k)[stage], ((it / kStages) & 1) ^ 1);
-      uint8_t* tile = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
+      const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
+      if (it >= kStages) kv_ring.producer_acquire(st);
+      uint8_t* tile = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
       const uint8_t* src = k_codes + is_v * Tile::kCodeBytes;
       // Pass 2: codes to fp16, 16 elements per step; the steps are independent (unrolled so their loads overlap).
 #pragma unroll 4
@@ -239,11 +242,11 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
           h = dequant16<kD>(qt.format, ck, src + r * rb, staged + 2 * r * ng, staged + (r / kKeyBlock) * 2 * kD, u);
         store16(tile, Tile::kKVChunkBytes, r, u, h);
       }
-      signal(&(is_v ? v_full : k_full)[stage]);
+      signal(kv_ring.full_barrier(st));
       ptx::named_barrier_sync(4, 96);  // the staged parameters are read: the next pass 1 may overwrite them
     }
     __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(&code_empty[slot_s]);
+    if (lane == 0) code_ring.consumer_release(code_st);
   }
 }
 
@@ -260,13 +263,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   uint8_t* ring = smem + Tile::kQBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(pad >= Tile::kNumBars * 8 ? smem_raw : smem + Tile::kBarOff);
   uint64_t* q_full = bars;
-  uint64_t* k_full = bars + 1;
-  uint64_t* v_full = bars + 1 + kStages;
-  uint64_t* empty_k = bars + 1 + 2 * kStages;
-  uint64_t* empty_v = bars + 1 + 3 * kStages;
-  uint64_t* q_ready = bars + 1 + 4 * kStages;          // kQuant: Q in fp16 (the transform warps)
-  uint64_t* code_full = q_ready + 1;                   // kQuant: a staging slot's codes landed (TMA)
-  uint64_t* code_empty = code_full + Tile::kCodeStages;  // kQuant: the transform read them
+  // K and V tiles (full: TMA, or kQuant's transform warps; empty: one arrival per consumer warpgroup).
+  const pipeline::StageRing k_ring{bars + 1, bars + 1 + 2 * kStages, kStages};
+  const pipeline::StageRing v_ring{bars + 1 + kStages, bars + 1 + 3 * kStages, kStages};
+  uint64_t* q_ready = bars + 1 + 4 * kStages;  // kQuant: Q in fp16 (the transform warps)
+  // kQuant: staged code tiles (full: TMA; empty: the transform warps read them).
+  const pipeline::StageRing code_ring{q_ready + 1, q_ready + 1 + Tile::kCodeStages, Tile::kCodeStages};
   uint8_t* codes = smem + Tile::kCodeOff;
 
   // Late query tiles first: under a causal mask they attend to the most keys.
@@ -297,16 +299,16 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_full[s], kQuant ? 3 : 1);  // kQuant: one arrival per transform warp
-      ptx::mbarrier_init(&v_full[s], kQuant ? 3 : 1);
-      ptx::mbarrier_init(&empty_k[s], 2);  // one arrival per consumer warpgroup
-      ptx::mbarrier_init(&empty_v[s], 2);
+      ptx::mbarrier_init(&k_ring.full[s], kQuant ? 3 : 1);  // kQuant: one arrival per transform warp
+      ptx::mbarrier_init(&v_ring.full[s], kQuant ? 3 : 1);
+      ptx::mbarrier_init(&k_ring.empty[s], 2);  // one arrival per consumer warpgroup
+      ptx::mbarrier_init(&v_ring.empty[s], 2);
     }
     if constexpr (kQuant) {
       ptx::mbarrier_init(q_ready, 3);
       for (int s = 0; s < Tile::kCodeStages; ++s) {
-        ptx::mbarrier_init(&code_full[s], 1);
-        ptx::mbarrier_init(&code_empty[s], 3);
+        ptx::mbarrier_init(&code_ring.full[s], 1);
+        ptx::mbarrier_init(&code_ring.empty[s], 3);
       }
     }
     ptx::fence_mbarrier_init();
@@ -319,8 +321,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
     if constexpr (kQuant) {
       if (threadIdx.x >= 32) {
-        transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_full, v_full,
-                                  empty_k, empty_v, code_full, code_empty, b, kvh, sk, n_lo, n_hi);
+        transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
+                                  code_ring, b, kvh, sk, n_lo, n_hi);
         return;
       }
     }
@@ -351,23 +353,24 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
       if constexpr (kQuant) {
         // Code tiles into the staging ring (rows of row_bytes, unswizzled), for the transform warps.
-        const int slot_s = it % Tile::kCodeStages, rb = a.quant.row_bytes;
-        if (it >= Tile::kCodeStages)
-          ptx::mbarrier_wait_parity_suspend(&code_empty[slot_s], ((it / Tile::kCodeStages) & 1) ^ 1);
-        uint8_t* k_dst = codes + slot_s * 2 * Tile::kCodeBytes;
+        const pipeline::PipelineState st = pipeline::PipelineState::at(it, Tile::kCodeStages);
+        const int rb = a.quant.row_bytes;
+        if (it >= Tile::kCodeStages) code_ring.producer_acquire_suspend(st);
+        uint8_t* k_dst = codes + st.stage * 2 * Tile::kCodeBytes;
         uint8_t* v_dst = k_dst + Tile::kCodeBytes;
-        ptx::mbarrier_arrive_expect_tx(&code_full[slot_s], 2 * kBlockN * rb);
+        uint64_t* bar = code_ring.full_barrier(st);
+        ptx::mbarrier_arrive_expect_tx(bar, 2 * kBlockN * rb);
         for_each_box(row, [&](int r, int coord, int outer) {
-          ptx::tma_load_4d(k_dst + r * rb, &a.k_map, &code_full[slot_s], 0, coord, kvh, outer);
-          ptx::tma_load_4d(v_dst + r * rb, &a.v_map, &code_full[slot_s], 0, coord, kvh, outer);
+          ptx::tma_load_4d(k_dst + r * rb, &a.k_map, bar, 0, coord, kvh, outer);
+          ptx::tma_load_4d(v_dst + r * rb, &a.v_map, bar, 0, coord, kvh, outer);
         });
       } else {
-        const int stage = it % kStages;
-        const uint32_t empty_parity = ((it / kStages) & 1) ^ 1;
+        const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
         for (int is_v = 0; is_v < 2; ++is_v) {
-          if (it >= kStages) ptx::mbarrier_wait_parity_suspend(&(is_v ? empty_v : empty_k)[stage], empty_parity);
-          uint8_t* dst = ring + stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
-          uint64_t* bar = &(is_v ? v_full : k_full)[stage];
+          const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
+          if (it >= kStages) kv_ring.producer_acquire_suspend(st);
+          uint8_t* dst = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
+          uint64_t* bar = kv_ring.full_barrier(st);
           const CUtensorMap* map = is_v ? &a.v_map : &a.k_map;
           ptx::mbarrier_arrive_expect_tx(bar, Tile::kKVBytes);
           for_each_box(row, [&](int r, int coord, int outer) {
@@ -441,7 +444,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
                                           Tile::kKVChunkBytes);
   };
   auto issue_s = [&](int t) {
-    ptx::mbarrier_wait_parity(&k_full[t % kStages], (t / kStages) & 1);
+    k_ring.consumer_wait(pipeline::PipelineState::at(t, kStages));
     ptx::wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < kD / 16; ++ks) {
@@ -465,7 +468,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         o_acc[4 * j + 3] *= alpha[1];
       }
     }
-    ptx::mbarrier_wait_parity(&v_full[t % kStages], (t / kStages) & 1);
+    v_ring.consumer_wait(pipeline::PipelineState::at(t, kStages));
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
@@ -478,9 +481,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::wgmma_commit_group();
   };
   // The stage of tile t has been read by this warpgroup's wgmma: one arrival per warpgroup.
-  auto release = [&](uint64_t* bars_of_kind, int t) {
+  auto release = [&](const pipeline::StageRing& kv_ring, int t) {
     __syncwarp();
-    if (wg_leader) ptx::mbarrier_arrive(&bars_of_kind[t % kStages]);
+    if (wg_leader) kv_ring.consumer_release(pipeline::PipelineState::at(t, kStages));
   };
   // The online softmax of tile t on S (in place, becoming P), in the log2 domain; sets alpha, m_run, l_run.
   auto softmax = [&](int t) {
@@ -557,7 +560,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::named_barrier_arrive(other_turn, 256);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_registers(s_acc);
-    release(empty_k, 0);
+    release(k_ring, 0);
     softmax(0);
     // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1. An iteration ends with the softmax of tile t and
     // starts by waiting for P·V of tile t - 2 before P of tile t - 1 takes the fragments: the wait sits behind the
@@ -566,7 +569,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     for (int t = 1; t < n_tiles; ++t) {
       ptx::wgmma_wait_group<0>();
       ptx::wgmma_fence_registers(o_acc);
-      if (t >= 2) release(empty_v, t - 2);
+      if (t >= 2) release(v_ring, t - 2);
       convert_p();
       ptx::named_barrier_sync(my_turn, 256);
       issue_s(t);
@@ -574,12 +577,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       ptx::named_barrier_arrive(other_turn, 256);
       ptx::wgmma_wait_group<1>();
       ptx::wgmma_fence_registers(s_acc);
-      release(empty_k, t);
+      release(k_ring, t);
       softmax(t);
     }
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_registers(o_acc);
-    if (n_tiles >= 2) release(empty_v, n_tiles - 2);
+    if (n_tiles >= 2) release(v_ring, n_tiles - 2);
     convert_p();
     // Turn n_tiles: P·V of the last tile. Its V rows past the sequence's keys hold whatever follows them (the next
     // sequence's rows, or never-written cache slots that may be NaN or Inf): P is 0 there, but 0 · NaN is NaN, so
@@ -587,7 +590,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::named_barrier_sync(my_turn, 256);
     const int tail = sk - (n_lo + n_tiles - 1) * kBlockN;  // rows of the last tile that are keys
     if (cw == 0 && tail < kBlockN) {
-      ptx::mbarrier_wait_parity(&v_full[(n_tiles - 1) % kStages], ((n_tiles - 1) / kStages) & 1);
+      v_ring.consumer_wait(pipeline::PipelineState::at(n_tiles - 1, kStages));
       uint8_t* v_tile = ring + ((n_tiles - 1) % kStages) * Tile::kStageBytes + Tile::kKVBytes;
       const int rows = kBlockN - tail;  // 128-byte lines per 64-column block, of 8 16-byte units each
       for (int i = threadIdx.x % 128; i < Tile::kChunks * rows * 8; i += 128) {
@@ -601,7 +604,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     if (cw == 0) ptx::named_barrier_arrive(other_turn, 256);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_registers(o_acc);
-    release(empty_v, n_tiles - 1);
+    release(v_ring, n_tiles - 1);
   }
 
   // ---- epilogue: o = O / l in q's dtype, lse = (m + log2 l) · ln 2 -----------------------------------------------
