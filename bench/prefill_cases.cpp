@@ -43,6 +43,31 @@ struct PrefillShape {
   double bytes() const { return 2.0 * total() * d * (2.0 * hq + 2.0 * hkv); }
 };
 
+// One sampled query row of o (every head, bf16) against the reference's: the relative Frobenius error over the
+// heads, the worst head's, and the non-finite count.
+struct RowError {
+  double error = 0.0, worst_head = 0.0;
+  int64_t non_finite = 0;
+};
+RowError row_error(const std::vector<uint16_t>& o, const std::vector<double>& want, int64_t HQ, int64_t D) {
+  RowError e;
+  double err2 = 0, ref2 = 0;
+  for (int64_t h = 0; h < HQ; ++h) {
+    double re2 = 0, rr2 = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      const double got = host::bf16_to_f32(o[h * D + d]), w = want[h * D + d];
+      if (!std::isfinite(got)) ++e.non_finite;
+      re2 += (got - w) * (got - w);
+      rr2 += w * w;
+    }
+    err2 += re2;
+    ref2 += rr2;
+    e.worst_head = std::max(e.worst_head, std::sqrt(re2 / std::max(rr2, 1e-30)));
+  }
+  e.error = std::sqrt(err2 / std::max(ref2, 1e-30));
+  return e;
+}
+
 class PrefillCase final : public CaseInstance {
  public:
   PrefillCase(const DeviceContext& ctx, const std::string& op, const PrefillShape& sh)
@@ -117,28 +142,15 @@ class PrefillCase final : public CaseInstance {
       p.causal = sh_.causal;
       const reference::PrefillRef ref = reference::prefill_reference(
           q, k, v, {0, 1}, {0, static_cast<int32_t>(keys)}, {1, sh_.hq, sh_.hkv, sh_.d}, p);
-      double err2 = 0, ref2 = 0, worst = 0;
-      int64_t bad = 0;
-      for (int64_t h = 0; h < HQ; ++h) {
-        double re2 = 0, rr2 = 0;
-        for (int64_t d = 0; d < D; ++d) {
-          const double got = host::bf16_to_f32(o[h * D + d]), want = ref.o[h * D + d];
-          if (!std::isfinite(got)) ++bad;
-          re2 += (got - want) * (got - want);
-          rr2 += want * want;
-        }
-        err2 += re2;
-        ref2 += rr2;
-        worst = std::max(worst, std::sqrt(re2 / std::max(rr2, 1e-30)));
-      }
+      const RowError e = row_error(o, ref.o, HQ, D);
       CheckResult& r = parts[s];
       r.compared = HQ * D;
-      r.error = std::sqrt(err2 / std::max(ref2, 1e-30));
-      r.ok = bad == 0 && r.error <= 5e-3 && worst <= 2e-2;
+      r.error = e.error;
+      r.ok = e.non_finite == 0 && r.error <= 5e-3 && e.worst_head <= 2e-2;
       labels[s] = "sequence " + std::to_string(b) + " query " + std::to_string(i);
       if (!r.ok)
-        r.message = std::to_string(bad) + " non-finite, relative error " + std::to_string(r.error) +
-                    ", worst head " + std::to_string(worst);
+        r.message = std::to_string(e.non_finite) + " non-finite, relative error " + std::to_string(r.error) +
+                    ", worst head " + std::to_string(e.worst_head);
     }
     return merge_checks(parts, labels,
                         std::to_string(rows.size()) + " sampled query rows (every head) within 5e-3 of float64");
@@ -313,20 +325,13 @@ class PrefillCacheCase final : public CaseInstance {
       const reference::PrefillRef ref =
           reference::prefill_reference(q, ks, vs, {0, 1}, {0, keys}, {1, sh_.hq, sh_.hkv, sh_.d}, p);
       const auto o = download_range<uint16_t>(o_, int64_t{i} * HQ * D, HQ * D, stream);
-      double err2 = 0, ref2 = 0;
-      int64_t bad = 0;
-      for (int64_t j = 0; j < HQ * D; ++j) {
-        const double got = host::bf16_to_f32(o[j]);
-        if (!std::isfinite(got)) ++bad;
-        err2 += (got - ref.o[j]) * (got - ref.o[j]);
-        ref2 += ref.o[j] * ref.o[j];
-      }
+      const RowError e = row_error(o, ref.o, HQ, D);
       CheckResult& r = parts[s];
       r.compared = HQ * D;
-      r.error = std::sqrt(err2 / std::max(ref2, 1e-30));
-      r.ok = bad == 0 && r.error <= 5e-3;
+      r.error = e.error;
+      r.ok = e.non_finite == 0 && r.error <= 5e-3;
       labels[s] = "query " + std::to_string(i);
-      if (!r.ok) r.message = std::to_string(bad) + " non-finite, relative error " + std::to_string(r.error);
+      if (!r.ok) r.message = std::to_string(e.non_finite) + " non-finite, relative error " + std::to_string(r.error);
     }
     return merge_checks(parts, labels,
                         std::to_string(rows.size()) + " sampled query rows (every head) within 5e-3 of float64");
