@@ -27,6 +27,7 @@ import pytest
 
 import tessera
 from _host_capsule import DL_BFLOAT, DL_FLOAT, DL_INT, DL_UINT, HostCapsule
+from _dispatch_record import recording_mode
 
 try:
     import torch
@@ -278,27 +279,12 @@ def test_meta_argument_errors_name_the_argument():
         tessera.prefill_varlen(torch.zeros((10, 8, 128), dtype=torch.bfloat16), k3, k3, cu, cu, 5)
 
 
-def _recording_mode():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    return Recorder()
-
-
 @needs_torch
 def test_dispatch_modes_and_fake_tensors_see_the_operators():
     _needs_kernels()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with _recording_mode() as mode:
+    with recording_mode() as mode:
         tessera.prefill(_meta((1, 4, 4, 64)), _meta((1, 9, 2, 64)), _meta((1, 9, 2, 64)), causal=True)
         cu = _meta((2,), torch.int32)
         tessera.prefill_varlen(_meta((4, 4, 64)), _meta((9, 2, 64)), _meta((9, 2, 64)), cu, cu, 4)
@@ -590,7 +576,7 @@ def test_with_cache_dispatch_modes_and_fake_tensors():
     _needs_kernels()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with _recording_mode() as mode:
+    with recording_mode() as mode:
         kc, vc, kw = _meta_cache("int8", B=1, D=64, page_size=64)
         tessera.prefill_with_cache(_meta((4, 4, 64)), _meta((2,), torch.int32), 4, kc, vc, _meta((1,), torch.int32),
                                    **kw)

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import tessera
+from _dispatch_record import recording_mode
 
 try:
     import torch
@@ -128,21 +129,6 @@ def test_schemas_have_cuda_kernels():
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"tessera::{name}", "CUDA"), name
 
 
-def _recording_mode():
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.calls.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    return Recorder()
-
-
 def _meta_decode_chain(fmt="int8"):
     """append_kv then attention_decode on meta tensors (shapes only), through the eager entry points."""
     B, HQ, HKV, D, pages, page = 3, 8, 2, 128, 10, 16
@@ -165,7 +151,7 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
 
     if not _torch_ops.available():
         pytest.skip(_torch_ops.load_error)
-    with _recording_mode() as mode:
+    with recording_mode() as mode:
         out, lse = _meta_decode_chain()
     assert "tessera.append_kv.default" in mode.calls and "tessera.attention_decode.default" in mode.calls, mode.calls
     assert out.shape == (3, 8, 128) and out.dtype == torch.bfloat16 and out.is_meta
@@ -179,7 +165,7 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
         tessera.attention_decode(o, o, o, o, format="int2")
     # The MoE ops' eager entries alike.
     logits = torch.empty((5, 64), device="meta")
-    with _recording_mode() as mode:
+    with recording_mode() as mode:
         weights, ids = tessera.fused_gate(logits, topk=4, num_shared_experts=1)
         y = torch.empty((20, 128), dtype=torch.bfloat16, device="meta")
         reduced = tessera.unpermute_reduce(y, ids[:, :4].contiguous(), weights[:, :4].contiguous())
@@ -422,7 +408,7 @@ def test_eager_decode_chain_under_a_dispatch_mode_runs_the_operators(seed):
     inputs = _decode_inputs(seed)
     direct = _decode_chain(**{**_cache_copy(inputs), "fmt": "int8"})
     routed_inputs = {**_cache_copy(inputs), "fmt": "int8"}
-    with _recording_mode() as mode:
+    with recording_mode() as mode:
         routed = _decode_chain(**routed_inputs)
     torch.cuda.synchronize()
     assert "tessera.attention_decode.default" in mode.calls and "tessera.append_kv.default" in mode.calls
