@@ -27,8 +27,11 @@ __device__ __forceinline__ void st_shared_f32(float* ptr, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(smem_u32(ptr)), "f"(v) : "memory");
 }
 
-__device__ __forceinline__ void st_shared_zero16(void* ptr) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem_u32(ptr)), "r"(0) : "memory");
+// 16-byte store to shared memory (ptr 16-byte aligned).
+__device__ __forceinline__ void st_shared_v4(void* ptr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(ptr)), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
 }
 
 // Makes this thread's shared-memory writes (generic proxy) visible to later asynchronous-proxy reads (wgmma operands,

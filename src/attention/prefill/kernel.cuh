@@ -67,6 +67,11 @@ struct PrefillTile {
   static_assert(2 * kNumBars * 8 <= 1024, "the barriers fit in the alignment slack, or after the data");
   static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
+// Named barriers (0 is __syncthreads): the consumer warpgroups' turns (kTurn + warpgroup), warpgroup 0's V-tail
+// zeroing, and the quantized variant's transform warps.
+enum class PrefillBarrier : int { kTurn = 1, kVTail = 3, kTransform = 4 };
+constexpr int barrier_id(PrefillBarrier b, int offset = 0) { return static_cast<int>(b) + offset; }
+
 // Register split (setmaxnreg): producer warpgroup, consumer warpgroups; the quantized variant's producer warpgroup
 // also transforms codes. setmaxnreg moves registers within the CTA's allocation at launch (168 per thread under
 // __launch_bounds__(384, 1)): a split past it leaves setmaxnreg.inc waiting forever.
@@ -228,7 +233,7 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
         store_items(n, true, vw);
       else
         store_items(n, false, kw);
-      ptx::named_barrier_sync(4, 96);
+      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kTransform), 96);
       const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
       if (it >= kStages) kv_ring.producer_acquire(st);
       uint8_t* tile = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
@@ -243,7 +248,8 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
         store16(tile, Tile::kKVChunkBytes, r, u, h);
       }
       signal(kv_ring.full_barrier(st));
-      ptx::named_barrier_sync(4, 96);  // the staged parameters are read: the next pass 1 may overwrite them
+      // The staged parameters are read: the next pass 1 may overwrite them.
+      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kTransform), 96);
     }
     __syncwarp();
     if (lane == 0) code_ring.consumer_release(code_st);
@@ -414,7 +420,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   // without S, peeled so that every wgmma sits on a non-divergent path). Warpgroup 1's last arrival, which nobody
   // would wait for, is skipped so both barriers end the CTA empty.
   const int n_tiles = n_hi - n_lo;
-  const int my_turn = 1 + cw, other_turn = 2 - cw;
+  const int my_turn = barrier_id(PrefillBarrier::kTurn, cw);
+  const int other_turn = barrier_id(PrefillBarrier::kTurn, 1 - cw);
   const uint8_t* q_rows = q_tile + cw * 64 * 128;  // this warpgroup's 64 rows of every column block
 
   // S = Q Kᵀ over D in k-steps of 16 (4 per 128-byte column block: +32 bytes each), one commit group.
@@ -552,7 +559,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   };
 
   if (n_tiles > 0) {
-    if (cw == 1) ptx::named_barrier_arrive(1, 256);
+    if (cw == 1) ptx::named_barrier_arrive(barrier_id(PrefillBarrier::kTurn, 0), 256);
     ptx::mbarrier_wait_parity(kQuant ? q_ready : q_full, 0);
     // Turn 0: S of tile 0 only.
     ptx::named_barrier_sync(my_turn, 256);
@@ -595,10 +602,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       const int rows = kBlockN - tail;  // 128-byte lines per 64-column block, of 8 16-byte units each
       for (int i = threadIdx.x % 128; i < Tile::kChunks * rows * 8; i += 128) {
         const int unit = i % 8, line = i / 8, c = line / rows, r = tail + line % rows;
-        ptx::st_shared_zero16(v_tile + c * Tile::kKVChunkBytes + r * 128 + unit * 16);
+        ptx::st_shared_v4(v_tile + c * Tile::kKVChunkBytes + r * 128 + unit * 16, make_uint4(0u, 0u, 0u, 0u));
       }
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(3, 128);
+      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kVTail), 128);
     }
     issue_pv(n_tiles - 1);
     if (cw == 0) ptx::named_barrier_arrive(other_turn, 256);

@@ -131,12 +131,9 @@ __device__ __forceinline__ void store16(uint8_t* tile, int block_bytes, int r, i
   const int block = u / 4, unit = 2 * (u % 4);  // 16-byte units of the 128-byte row, before the swizzle
   uint8_t* row = tile + block * block_bytes + r * 128;
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const uint32_t* w = h.w + 4 * k;
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(ptx::smem_u32(row + (((unit + k) ^ (r & 7)) * 16))),
-                 "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
-                 : "memory");
-  }
+  for (int k = 0; k < 2; ++k)
+    ptx::st_shared_v4(row + (((unit + k) ^ (r & 7)) * 16),
+                      make_uint4(h.w[4 * k], h.w[4 * k + 1], h.w[4 * k + 2], h.w[4 * k + 3]));
 }
 
 }  // namespace tessera::attention::detail
