@@ -62,9 +62,9 @@ void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, st
   check.fail(arg, "must have shape " + std::string(what) + " = " + s + "], got " + t.shape_str());
 }
 
-void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch) {
+void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch, const char* what) {
   check.dtype(t, arg, {DType::kInt32});
-  check_shape(check, t, arg, {batch}, "[B]");
+  check_shape(check, t, arg, {batch}, what);
   check.contiguous(t, arg);
   check_layout(check, t, arg, true, 0, 4);
 }

@@ -36,8 +36,9 @@ void check_layout(const ArgCheck& check, const TensorView& t, const char* arg, b
 void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, std::initializer_list<int64_t> expected,
                  const char* what);
 
-// cache_seqlens / positions: int32 [B], contiguous.
-void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch);
+// cache_seqlens / positions: int32 [B], contiguous (`what` names the shape in the message: cu_seqlens are [B + 1]).
+void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch,
+                   const char* what = "[B]");
 
 using ByteDims = std::vector<std::pair<int64_t, int64_t>>;  // (stride in bytes, size)
 

@@ -30,12 +30,31 @@ void check_rows(const ArgCheck& check, const TensorView& t, const char* arg, int
     check.fail(arg, "must have at most 2^31 - 1 rows, got " + str(t.shape[rank - 3]));
 }
 
-// cu_seqlens: int32 [B + 1], contiguous.
-void check_cu_seqlens(const ArgCheck& check, const TensorView& t, const char* arg, int64_t entries) {
-  check.dtype(t, arg, {DType::kInt32});
-  check_shape(check, t, arg, {entries}, "[B + 1]");
-  check.contiguous(t, arg);
-  check_layout(check, t, arg, true, 0, 4);
+// q [total_q, HQ, D] (rank 3) or [B, Sq, HQ, D] (rank 4) of a 16-bit type: its rows, heads and head dim.
+struct QShape {
+  int64_t rows, heads, dim;
+};
+QShape check_q(const ArgCheck& check, const TensorView& q, int rank) {
+  const int t0 = rank - 3;
+  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
+  check_rows(check, q, "q", rank, rank == 3 ? "[total_q, HQ, D]" : "[B, Sq, HQ, D]");
+  const QShape s{q.shape[t0], q.shape[t0 + 1], q.shape[t0 + 2]};
+  if (!supported_head_dim(s.dim))
+    check.fail("q", "must have head dim D (dim " + str(t0 + 2) + ") of 64, 128 or 256, got " + str(s.dim));
+  if (s.heads < 1 || s.heads > kMaxGridDim)
+    check.fail("q", "must have 1 to 65535 heads (dim " + str(t0 + 1) + "), got " + str(s.heads));
+  return s;
+}
+
+// cu_seqlens_q int32 [B + 1] and the host bound max_seqlen_q: B.
+int64_t check_cu_seqlens_q(const ArgCheck& check, const TensorView& cu_q_in, int64_t max_seqlen_q) {
+  const int64_t entries = cu_q_in.rank == 1 ? cu_q_in.shape[0] : -1;
+  if (entries < 1) check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in.shape_str());
+  check_lengths(check, normalized(cu_q_in), "cu_seqlens_q", entries, "[B + 1]");
+  const int64_t B = entries - 1;
+  if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
+  if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+  return B;
 }
 
 // o like q ([total_q, HQ, D] packed or [B, Sq, HQ, D]), lse fp32 [total_q, HQ] or [B, Sq, HQ]; normalized copies out.
@@ -126,13 +145,8 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   const TensorView q = normalized(q_in), k = normalized(k_in), v = normalized(v_in);
 
   // ---- q, k, v
-  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
-  check_rows(check, q, "q", rank, packed ? "[total_q, HQ, D]" : "[B, Sq, HQ, D]");
-  const int64_t rows_q = q.shape[t0], HQ = q.shape[t0 + 1], D = q.shape[t0 + 2];
-  if (!supported_head_dim(D))
-    check.fail("q", "must have head dim D (dim " + str(t0 + 2) + ") of 64, 128 or 256, got " + str(D));
-  if (HQ < 1 || HQ > kMaxGridDim)
-    check.fail("q", "must have 1 to 65535 heads (dim " + str(t0 + 1) + "), got " + str(HQ));
+  const QShape qs = check_q(check, q, rank);
+  const int64_t rows_q = qs.rows, HQ = qs.heads, D = qs.dim;
   check.same_dtype(q, "q", k, "k");
   check_rows(check, k, "k", rank, packed ? "[total_k, HKV, D]" : "[B, Sk, HKV, D]");
   const int64_t rows_k = k.shape[t0], HKV = k.shape[t0 + 1];
@@ -155,16 +169,10 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
   // ---- lengths
   TensorView cu_q{}, cu_k{};
   if (packed) {
-    const int64_t entries = cu_q_in->rank == 1 ? cu_q_in->shape[0] : -1;
     cu_q = normalized(*cu_q_in);
     cu_k = normalized(*cu_k_in);
-    if (entries < 1)
-      check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in->shape_str());
-    check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
-    check_cu_seqlens(check, cu_k, "cu_seqlens_k", entries);
-    B = entries - 1;
-    if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
-    if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+    B = check_cu_seqlens_q(check, *cu_q_in, max_seqlen_q);
+    check_lengths(check, cu_k, "cu_seqlens_k", B + 1, "[B + 1]");
   } else {
     if (B > kMaxGridDim) check.fail("q", "must have a batch of at most 65535 sequences, got " + str(B));
     if (params.causal && rows_q > rows_k)
@@ -206,18 +214,10 @@ PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const
   const TensorView q = normalized(q_in);
 
   // ---- q, lengths
-  check.dtype(q, "q", {DType::kBF16, DType::kFP16});
-  check_rows(check, q, "q", 3, "[total_q, HQ, D]");
-  const int64_t rows_q = q.shape[0], HQ = q.shape[1], D = q.shape[2];
-  if (!supported_head_dim(D)) check.fail("q", "must have head dim D (dim 2) of 64, 128 or 256, got " + str(D));
-  if (HQ < 1 || HQ > kMaxGridDim) check.fail("q", "must have 1 to 65535 heads (dim 1), got " + str(HQ));
-  const int64_t entries = cu_q_in.rank == 1 ? cu_q_in.shape[0] : -1;
+  const QShape qs = check_q(check, q, 3);
+  const int64_t rows_q = qs.rows, HQ = qs.heads, D = qs.dim;
   const TensorView cu_q = normalized(cu_q_in);
-  if (entries < 1) check.fail("cu_seqlens_q", "must be int32 [B + 1] with B >= 0, got shape " + cu_q_in.shape_str());
-  check_cu_seqlens(check, cu_q, "cu_seqlens_q", entries);
-  const int64_t B = entries - 1;
-  if (B > kMaxGridDim) check.fail("cu_seqlens_q", "must describe at most 65535 sequences, got " + str(B));
-  if (max_seqlen_q < 0) check.fail("max_seqlen_q", "must be >= 0, got " + str(max_seqlen_q));
+  const int64_t B = check_cu_seqlens_q(check, cu_q_in, max_seqlen_q);
 
   // ---- the cache (decode's rules), then what prefill reads of it
   const CacheDesc c = check_cache(op, cache, B, D, q.dtype);
