@@ -76,9 +76,9 @@ constexpr int barrier_id(PrefillBarrier b, int offset = 0) { return static_cast<
 // also transforms codes. setmaxnreg moves registers within the CTA's allocation at launch (168 per thread under
 // __launch_bounds__(384, 1)): a split past it leaves setmaxnreg.inc waiting forever.
 template <bool kQuant>
-inline constexpr int kProducerRegs = kQuant ? 56 : 24;
+inline constexpr int kProducerRegs = kQuant ? 72 : 24;
 template <bool kQuant>
-inline constexpr int kConsumerRegs = kQuant ? 224 : 240;
+inline constexpr int kConsumerRegs = kQuant ? 216 : 240;
 inline constexpr int kPrefillLaunchRegs = (65536 / kPrefillThreads / 8 * 8) * kPrefillThreads;
 static_assert(kProducerRegs<false> * 128 + kConsumerRegs<false> * 256 <= kPrefillLaunchRegs &&
                   kProducerRegs<true> * 128 + kConsumerRegs<true> * 256 <= kPrefillLaunchRegs,
@@ -117,25 +117,226 @@ struct PrefillArgs {
   bool causal = false;
 };
 
-// The quantized variant's transform warps (warps 1-3 of the producer warpgroup, 96 threads): Q to fp16 in place
-// when q is bf16 (saturated to fp16's range), then for each key tile the staged K and V codes to fp16 tiles
-// (kv_transform.cuh), each signalled on the consumers' full barriers, one arrival per warp.
-template <int kD, class Tile>
-__device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
-                                                const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
-                                                uint64_t* q_ready, pipeline::StageRing k_ring,
-                                                pipeline::StageRing v_ring, pipeline::StageRing code_ring, int b,
-                                                int kvh, int sk, int n_lo, int n_hi) {
-  constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages, kUnits = kD / 16;  // 16-element units per row
-  const int t = threadIdx.x - 32, lane = threadIdx.x % 32;
+// The quantized variant's transform warps: the whole producer warpgroup (its first thread also issues the TMA loads).
+inline constexpr int kTransformThreads = 128;
+
+// One thread's share of the scale parameters of a K or V tile, loaded from global memory a tile ahead of its
+// conversion and staged in shared memory for it: row t of the tile (its pair, or its D / 32 group pairs), or 16-byte
+// vector t of the tile's 32-token blocks' channel parameters (2·D each).
+template <int kD, int kBlockN, QuantParams P>
+struct TileParams {
+  static constexpr int kVecs = 2 * kD * 2 / 16;  // vectors of one block's channel parameters
+  static constexpr int kItems = P == QuantParams::kChannel ? kBlockN / kKeyBlock * kVecs : kBlockN;
+  static constexpr int kItemWords = P == QuantParams::kChannel ? 4 : P == QuantParams::kGroup32 ? kD / 32 : 1;
+  static constexpr int kPerThread = (kItems + kTransformThreads - 1) / kTransformThreads;
+  static constexpr int kWords = P == QuantParams::kNone ? 1 : kPerThread * kItemWords;
+  static_assert(kItems * kItemWords * 4 <= 2048, "the staging buffer (kPairBytes)");
+  uint32_t w[kWords];
+
+  // The first key of item i, or -1 past the tile's keys.
+  __device__ __forceinline__ static int item_key(int n, int i, int sk) {
+    const int key = n * kBlockN + (P == QuantParams::kChannel ? (i / kVecs) * kKeyBlock : i);
+    return i < kItems && key < sk ? key : -1;
+  }
+  // `locate(key, outer, slot)`: the cache row of a key. A page outside the cache (a wrong block table) reads no
+  // parameters: zeros (values 0).
+  template <class Locate>
+  __device__ __forceinline__ void load(const PrefillQuant& qt, const uint16_t* scales, int kvh, int n, int sk, int t,
+                                       Locate&& locate) {
+    if constexpr (P != QuantParams::kNone) {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t + kTransformThreads * k, key = item_key(n, i, sk);
+        if (key < 0) continue;
+        int64_t outer, slot;
+        locate(key, outer, slot);
+        const bool ok = outer >= 0 && outer < qt.num_outer;
+        if constexpr (P == QuantParams::kChannel) {
+          const uint4* src = reinterpret_cast<const uint4*>(scales + outer * qt.kc_outer + (slot / kKeyBlock) *
+                                                            qt.kc_block + kvh * qt.kc_head) + i % kVecs;
+          const uint4 v = ok ? __ldg(src) : make_uint4(0u, 0u, 0u, 0u);
+          w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
+        } else {
+          const uint32_t* src =
+              reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
+#pragma unroll
+          for (int g = 0; g < kItemWords; ++g) w[k * kItemWords + g] = ok ? __ldg(src + g) : 0u;
+        }
+      }
+    }
+  }
+  // Into the staging buffer: item i at words [i · kItemWords, (i + 1) · kItemWords).
+  __device__ __forceinline__ void store(uint32_t* staged, int n, int sk, int t) const {
+    if constexpr (P != QuantParams::kNone) {
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int i = t + kTransformThreads * k;
+        if (item_key(n, i, sk) < 0) continue;
+        if constexpr (P == QuantParams::kChannel)
+          reinterpret_cast<uint4*>(staged)[i] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+        else
+#pragma unroll
+          for (int g = 0; g < kItemWords; ++g) staged[i * kItemWords + g] = w[k * kItemWords + g];
+      }
+    }
+  }
+};
+
+// Converts one staged tile of codes into the swizzled fp16 tile. Thread t takes the 16-element unit u = t mod
+// (D / 16) of rows r0 + m · 128 / (D / 16), r0 = t / (D / 16): the row step is a multiple of 8, so every row of a
+// thread has the same swizzle phase (r mod 8) and every address is the thread's base plus a constant. Rows from
+// valid_rows on become zeros.
+template <int kD, class Tile, KVFormat F, QuantParams P>
+__device__ __forceinline__ void convert_tile(const uint8_t* src, const uint32_t* staged, uint8_t* tile, int t,
+                                             int valid_rows) {
+  constexpr int kBlockN = Tile::kBlockN, kUnits = kD / 16, kRowStep = kTransformThreads / kUnits;
+  constexpr int kSteps = kBlockN / kRowStep;
+  constexpr int kRowBytes = QuantFormat<F>::kInt4 ? kD / 2 : kD;
+  static_assert(kTransformThreads % kUnits == 0 && kRowStep % 8 == 0 && kBlockN % kRowStep == 0,
+                "whole steps of rows of one swizzle phase");
+  const int u = t % kUnits, r0 = t / kUnits;
+  const uint16_t* channel = reinterpret_cast<const uint16_t*>(staged) + 16 * u;  // this unit's channels
+  // Batches of steps, every shared-memory load of a batch before its first store (the compiler cannot move a load
+  // of the codes above a store to the tile: both are shared memory). A per-channel thread's 32-token block is
+  // kRowStep · m / 32 (r0 < kRowStep, and kRowStep divides 32): known at compile time.
+  constexpr int kBatch = P == QuantParams::kChannel ? 2 : 4;
+  static_assert(kSteps % kBatch == 0 && 32 % kRowStep == 0 || kRowStep == 32, "whole batches, blocks by step");
+#pragma unroll
+  for (int m0 = 0; m0 < kSteps; m0 += kBatch) {
+    RawCodes16<F> raw[kBatch];
+    uint32_t pair[kBatch];
+    uint4 chan[kBatch][4];  // per-channel: scales (two vectors) then offsets of the step's block
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int r = r0 + kRowStep * (m0 + j);
+      raw[j] = load_codes16<F>(src + r * kRowBytes, u);
+      if constexpr (P == QuantParams::kRow) pair[j] = staged[r];
+      if constexpr (P == QuantParams::kGroup32) pair[j] = staged[r * (kD / 32) + u / 2];
+      if constexpr (P == QuantParams::kChannel) {
+        const int blk = kRowStep * (m0 + j) / kKeyBlock;
+        if (j > 0 && blk == kRowStep * (m0 + j - 1) / kKeyBlock) {
+#pragma unroll
+          for (int v = 0; v < 4; ++v) chan[j][v] = chan[j - 1][v];
+        } else {
+          const uint16_t* block = channel + blk * 2 * kD;
+          chan[j][0] = *reinterpret_cast<const uint4*>(block);
+          chan[j][1] = *reinterpret_cast<const uint4*>(block + 8);
+          chan[j][2] = *reinterpret_cast<const uint4*>(block + kD);
+          chan[j][3] = *reinterpret_cast<const uint4*>(block + kD + 8);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      uint32_t p[8];
+      expand16<F>(raw[j], p);
+      if constexpr (P == QuantParams::kRow || P == QuantParams::kGroup32) {
+        const __half2 s = __low2half2(as_half2(pair[j])), o = __high2half2(as_half2(pair[j]));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] = fp16_bits2(__hfma2(as_half2(p[i]), s, o));
+      } else if constexpr (P == QuantParams::kChannel) {
+        const uint32_t s[8] = {chan[j][0].x, chan[j][0].y, chan[j][0].z, chan[j][0].w,
+                               chan[j][1].x, chan[j][1].y, chan[j][1].z, chan[j][1].w};
+        const uint32_t o[8] = {chan[j][2].x, chan[j][2].y, chan[j][2].z, chan[j][2].w,
+                               chan[j][3].x, chan[j][3].y, chan[j][3].z, chan[j][3].w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p[i] = fp16_bits2(__hfma2(as_half2(p[i]), as_half2(s[i]), as_half2(o[i])));
+      }
+      store16(tile, Tile::kKVChunkBytes, r0 + kRowStep * (m0 + j), r0 % 8, u, p);
+    }
+  }
+  if (valid_rows < kBlockN) {  // the sequence's last tile: the rows past it (converted from whatever they held)
+    const uint32_t zero[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int m = 0; m < kSteps; ++m) {
+      const int r = r0 + kRowStep * m;
+      if (r >= valid_rows) store16(tile, Tile::kKVChunkBytes, r, r0 % 8, u, zero);
+    }
+  }
+}
+
+// The key tiles [n_lo, n_hi) of format F: per tile, wait for its codes, stage the K parameters (loaded a tile
+// ahead), convert K into the fp16 ring and signal it, then the same for V; each signal is one arrival per warp on the
+// consumers' full barrier. Thread 0 issues the code tiles (load_codes(it, n)) kCodeStages ahead: a stage is
+// reloaded as soon as every warp has converted it.
+template <int kD, class Tile, KVFormat F, class LoadCodes>
+__device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* ring, const uint8_t* codes,
+                                                uint32_t* staged, pipeline::StageRing k_ring,
+                                                pipeline::StageRing v_ring, pipeline::StageRing code_ring,
+                                                LoadCodes&& load_codes, int b, int kvh, int sk, int n_lo, int n_hi) {
+  constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  constexpr QuantParams kKP = QuantFormat<F>::kKeys, kVP = QuantFormat<F>::kValues;
+  const int t = threadIdx.x, lane = threadIdx.x % 32;
+  const PrefillQuant& qt = a.quant;
+  const auto locate = [&](int key, int64_t& outer, int64_t& slot) {
+    outer = b;
+    slot = key;
+    if (a.block_table != nullptr) {
+      outer = __ldg(a.block_table + b * a.block_table_stride + (key >> a.log2_page_size));
+      slot = key & ((1 << a.log2_page_size) - 1);
+    }
+  };
+  const auto sync = [] { ptx::named_barrier_sync(barrier_id(PrefillBarrier::kTransform), kTransformThreads); };
   const auto signal = [&](uint64_t* bar) {
     ptx::fence_proxy_async_shared();  // this thread's tile writes, before the consumers' wgmma reads them
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(bar);
   };
+  if (t == 0)
+    for (int it = 0; it < Tile::kCodeStages && n_lo + it < n_hi; ++it) load_codes(it, n_lo + it);
+  TileParams<kD, kBlockN, kKP> kp;
+  TileParams<kD, kBlockN, kVP> vp;
+  kp.load(qt, qt.k_scale, kvh, n_lo, sk, t, locate);
+  vp.load(qt, qt.v_scale, kvh, n_lo, sk, t, locate);
+  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+    const pipeline::PipelineState code_st = pipeline::PipelineState::at(it, Tile::kCodeStages);
+    const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
+    const uint8_t* k_codes = codes + code_st.stage * 2 * Tile::kCodeBytes;
+    uint8_t* k_tile = ring + st.stage * Tile::kStageBytes;
+    const int valid_rows = sk - n * kBlockN;
+    code_ring.consumer_wait(code_st);
+    if constexpr (kKP != QuantParams::kNone) {
+      kp.store(staged, n, sk, t);
+      sync();
+    }
+    if (it >= kStages) k_ring.producer_acquire(st);
+    convert_tile<kD, Tile, F, kKP>(k_codes, staged, k_tile, t, valid_rows);
+    signal(k_ring.full_barrier(st));
+    if constexpr (kKP != QuantParams::kNone) sync();  // the K parameters are read: V's may overwrite them
+    if constexpr (kVP != QuantParams::kNone) {
+      vp.store(staged, n, sk, t);
+      sync();
+    }
+    if (n + 1 < n_hi) {  // the next tile's parameters, in flight while V converts and the next codes land
+      kp.load(qt, qt.k_scale, kvh, n + 1, sk, t, locate);
+      vp.load(qt, qt.v_scale, kvh, n + 1, sk, t, locate);
+    }
+    if (it >= kStages) v_ring.producer_acquire(st);
+    convert_tile<kD, Tile, F, kVP>(k_codes + Tile::kCodeBytes, staged, k_tile + Tile::kKVBytes, t, valid_rows);
+    signal(v_ring.full_barrier(st));
+    __syncwarp();
+    if (lane == 0) code_ring.consumer_release(code_st);
+    if (t == 0 && n + Tile::kCodeStages < n_hi) {
+      const int next = it + Tile::kCodeStages;
+      code_ring.producer_acquire(pipeline::PipelineState::at(next, Tile::kCodeStages));
+      load_codes(next, n + Tile::kCodeStages);
+    }
+    if constexpr (kVP != QuantParams::kNone) sync();  // the V parameters are read: the next K's may overwrite them
+  }
+}
+
+// The transform warps: Q to fp16 in place when q is bf16 (saturated to fp16's range), then every key tile's K and
+// V codes to fp16 tiles, by the format's instance of transform_tiles (at least one tile: n_lo < n_hi).
+template <int kD, class Tile, class LoadCodes>
+__device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
+                                                const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
+                                                uint64_t* q_ready, pipeline::StageRing k_ring,
+                                                pipeline::StageRing v_ring, pipeline::StageRing code_ring,
+                                                LoadCodes&& load_codes, int b, int kvh, int sk, int n_lo, int n_hi) {
+  const int t = threadIdx.x, lane = threadIdx.x % 32;
   ptx::mbarrier_wait_parity(q_full, 0);
   if (a.q_bf16) {
-    for (int i = t; i < Tile::kQBytes / 16; i += 96) {
+    for (int i = t; i < Tile::kQBytes / 16; i += kTransformThreads) {
       uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
       uint4 v = *p;
       uint32_t* w = reinterpret_cast<uint32_t*>(&v);
@@ -148,112 +349,26 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
       *p = v;
     }
   }
-  signal(q_ready);
-  const PrefillQuant& qt = a.quant;
-  const bool channel_keys = qt.format == static_cast<int>(KVFormat::kInt8KChannel) ||
-                            qt.format == static_cast<int>(KVFormat::kInt4KChannel);
-  const bool fp8 = qt.format == static_cast<int>(KVFormat::kFP8);
-  const int rb = qt.row_bytes, ng = qt.format == static_cast<int>(KVFormat::kInt4Group32) ? kD / 32 : 1;
-  // Cache row of key `key` of this sequence: (outer, slot).
-  const auto locate = [&](int key, int64_t& outer, int64_t& slot) {
-    outer = b;
-    slot = key;
-    if (a.block_table != nullptr) {
-      outer = __ldg(a.block_table + b * a.block_table_stride + (key >> a.log2_page_size));
-      slot = key & ((1 << a.log2_page_size) - 1);
-    }
-  };
-  uint16_t* staged = reinterpret_cast<uint16_t*>(pair_smem);  // kPairBytes of pairs or channel parameters
-  constexpr int kVecs = 2 * kD * 2 / 16;  // 16-byte vectors of one 32-token block's channel parameters
-  static_assert(kBlockN <= 2 * 96 && kBlockN / kKeyBlock * kVecs <= 2 * 96, "two staged items per thread");
-  // Eight words per K or V: item k's at 4k (a vector: 4 words; a row's ng <= 4 pairs at D <= 128); at D 256 the one
-  // row item (64 rows) takes all eight (ng <= 8).
-  constexpr int kW = 8;
-  // Pass 1 of a tile, loads: this thread's items (at most two) of the K or V scale parameters: the pairs of rows
-  // t and t + 96 (ng words each), or vectors t and t + 96 of the channel parameters (4 words each).
-  const auto load_items = [&](int n, bool is_v, uint32_t (&w)[kW]) {
-    const uint16_t* scales = is_v ? qt.v_scale : qt.k_scale;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int i = t + 96 * k;
-      int64_t outer, slot;
-      if (channel_keys && !is_v) {
-        const int key = n * kBlockN + (i / kVecs) * kKeyBlock;
-        if (i >= kBlockN / kKeyBlock * kVecs || key >= sk) continue;
-        locate(key, outer, slot);
-        // A page outside the cache (a wrong block table) reads nothing: its parameters are zeros (values 0).
-        const uint4 v = outer < 0 || outer >= qt.num_outer
-                            ? make_uint4(0u, 0u, 0u, 0u)
-                            : __ldg(reinterpret_cast<const uint4*>(scales + outer * qt.kc_outer +
-                                                                   (slot / kKeyBlock) * qt.kc_block +
-                                                                   kvh * qt.kc_head) +
-                                    i % kVecs);
-        w[4 * k] = v.x, w[4 * k + 1] = v.y, w[4 * k + 2] = v.z, w[4 * k + 3] = v.w;
-      } else if (!fp8) {
-        const int key = n * kBlockN + i;
-        if (i >= kBlockN || key >= sk) continue;
-        locate(key, outer, slot);
-        const bool page_ok = outer >= 0 && outer < qt.num_outer;
-        const uint32_t* src =
-            reinterpret_cast<const uint32_t*>(scales + outer * qt.s_outer + slot * qt.s_token + kvh * qt.s_head);
-#pragma unroll
-        for (int g = 0; g < kW - 4 * k; ++g)
-          if (g < ng) w[4 * k + g] = page_ok ? __ldg(src + g) : 0u;
-      }
-    }
-  };
-  // Pass 1, stores: the items into the staging buffer, laid out as pass 2 reads them.
-  const auto store_items = [&](int n, bool is_v, const uint32_t (&w)[kW]) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int i = t + 96 * k;
-      if (channel_keys && !is_v) {
-        if (i >= kBlockN / kKeyBlock * kVecs || n * kBlockN + (i / kVecs) * kKeyBlock >= sk) continue;
-        reinterpret_cast<uint4*>(staged)[i] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
-      } else if (!fp8) {
-        if (i >= kBlockN || n * kBlockN + i >= sk) continue;
-#pragma unroll
-        for (int g = 0; g < kW - 4 * k; ++g)
-          if (g < ng) reinterpret_cast<uint32_t*>(staged)[i * ng + g] = w[4 * k + g];
-      }
-    }
-  };
-  for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-    const pipeline::PipelineState code_st = pipeline::PipelineState::at(it, Tile::kCodeStages);
-    const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
-    // The K and V parameters' global loads first, together (their latencies overlap each other and the wait).
-    uint32_t kw[kW], vw[kW];
-    load_items(n, false, kw);
-    load_items(n, true, vw);
-    code_ring.consumer_wait(code_st);
-    const uint8_t* k_codes = codes + code_st.stage * 2 * Tile::kCodeBytes;
-    for (int is_v = 0; is_v < 2; ++is_v) {
-      const bool ck = channel_keys && !is_v;
-      if (is_v)  // (a branch, not a select: the arrays stay in registers)
-        store_items(n, true, vw);
-      else
-        store_items(n, false, kw);
-      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kTransform), 96);
-      const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
-      if (it >= kStages) kv_ring.producer_acquire(st);
-      uint8_t* tile = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
-      const uint8_t* src = k_codes + is_v * Tile::kCodeBytes;
-      // Pass 2: codes to fp16, 16 elements per step; the steps are independent (unrolled so their loads overlap).
-#pragma unroll 4
-      for (int i = t; i < kBlockN * kUnits; i += 96) {
-        const int r = i / kUnits, u = i % kUnits;
-        Half16 h = zero16();
-        if (n * kBlockN + r < sk)
-          h = dequant16<kD>(qt.format, ck, src + r * rb, staged + 2 * r * ng, staged + (r / kKeyBlock) * 2 * kD, u);
-        store16(tile, Tile::kKVChunkBytes, r, u, h);
-      }
-      signal(kv_ring.full_barrier(st));
-      // The staged parameters are read: the next pass 1 may overwrite them.
-      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kTransform), 96);
-    }
-    __syncwarp();
-    if (lane == 0) code_ring.consumer_release(code_st);
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbarrier_arrive(q_ready);
+  uint32_t* staged = reinterpret_cast<uint32_t*>(pair_smem);
+#define TESSERA_PREFILL_TRANSFORM(F)                                                                             \
+  case F:                                                                                                        \
+    transform_tiles<kD, Tile, F>(a, ring, codes, staged, k_ring, v_ring, code_ring, load_codes, b, kvh, sk, n_lo, \
+                                 n_hi);                                                                          \
+    break;
+  switch (static_cast<KVFormat>(a.quant.format)) {
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kFP8)
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt8)
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4)
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4Group32)
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt8KChannel)
+    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4KChannel)
+    default:
+      __trap();  // the host accepts no other format here
   }
+#undef TESSERA_PREFILL_TRANSFORM
 }
 
 template <int kD, bool kFP16, bool kQuant>
@@ -305,16 +420,16 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_ring.full[s], kQuant ? 3 : 1);  // kQuant: one arrival per transform warp
-      ptx::mbarrier_init(&v_ring.full[s], kQuant ? 3 : 1);
+      ptx::mbarrier_init(&k_ring.full[s], kQuant ? 4 : 1);  // kQuant: one arrival per transform warp
+      ptx::mbarrier_init(&v_ring.full[s], kQuant ? 4 : 1);
       ptx::mbarrier_init(&k_ring.empty[s], 2);  // one arrival per consumer warpgroup
       ptx::mbarrier_init(&v_ring.empty[s], 2);
     }
     if constexpr (kQuant) {
-      ptx::mbarrier_init(q_ready, 3);
+      ptx::mbarrier_init(q_ready, 4);
       for (int s = 0; s < Tile::kCodeStages; ++s) {
         ptx::mbarrier_init(&code_ring.full[s], 1);
-        ptx::mbarrier_init(&code_ring.empty[s], 3);
+        ptx::mbarrier_init(&code_ring.empty[s], 4);
       }
     }
     ptx::fence_mbarrier_init();
@@ -325,21 +440,16 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   if (wg == 0) {
     // ---- producer ----------------------------------------------------------------------------------------------
     ptx::setmaxnreg_dec<kProducerRegs<kQuant>>();
-    if constexpr (kQuant) {
-      if (threadIdx.x >= 32) {
-        transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
-                                  code_ring, b, kvh, sk, n_lo, n_hi);
-        return;
-      }
-    }
     // No key tile: the consumers write zeros without reading Q, so Q is not loaded (an unwaited copy could still be
-    // landing when the next CTA on this SM reuses the shared memory). kQuant's transform warps wait for it.
-    if (threadIdx.x != 0 || (!kQuant && n_hi <= n_lo)) return;
-    ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
+    // landing when the next CTA on this SM reuses the shared memory).
+    if (n_hi <= n_lo) return;
+    const auto load_q = [&] {
+      ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
 #pragma unroll
-    for (int c = 0; c < Tile::kChunks; ++c)
-      ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM, h,
-                       bc);
+      for (int c = 0; c < Tile::kChunks; ++c)
+        ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM,
+                         h, bc);
+    };
     // The boxes of a kBlockN-row K or V tile from `row` on: load(r, coord, outer) for the rows r.. of the tile at
     // row coordinate `coord` of batch entry or page `outer`: one box for the tile, or with a paged cache one per
     // page piece (page_rows rows, a multiple of 8: the pieces land where one box would have put them, 128-byte
@@ -355,36 +465,43 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         load(r, key & ((1 << a.log2_page_size) - 1), page);
       }
     };
-    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
-      const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
-      if constexpr (kQuant) {
-        // Code tiles into the staging ring (rows of row_bytes, unswizzled), for the transform warps.
+    if constexpr (kQuant) {
+      // The whole warpgroup transforms; its first thread loads Q and, from inside the transform loop, the code
+      // tiles (rows of row_bytes, unswizzled) into their staging ring.
+      const auto load_codes = [&](int it, int n) {
         const pipeline::PipelineState st = pipeline::PipelineState::at(it, Tile::kCodeStages);
         const int rb = a.quant.row_bytes;
-        if (it >= Tile::kCodeStages) code_ring.producer_acquire_suspend(st);
         uint8_t* k_dst = codes + st.stage * 2 * Tile::kCodeBytes;
         uint8_t* v_dst = k_dst + Tile::kCodeBytes;
         uint64_t* bar = code_ring.full_barrier(st);
         ptx::mbarrier_arrive_expect_tx(bar, 2 * kBlockN * rb);
-        for_each_box(row, [&](int r, int coord, int outer) {
+        for_each_box(k0 + n * kBlockN, [&](int r, int coord, int outer) {
           ptx::tma_load_4d(k_dst + r * rb, &a.k_map, bar, 0, coord, kvh, outer);
           ptx::tma_load_4d(v_dst + r * rb, &a.v_map, bar, 0, coord, kvh, outer);
         });
-      } else {
-        const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
-        for (int is_v = 0; is_v < 2; ++is_v) {
-          const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
-          if (it >= kStages) kv_ring.producer_acquire_suspend(st);
-          uint8_t* dst = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
-          uint64_t* bar = kv_ring.full_barrier(st);
-          const CUtensorMap* map = is_v ? &a.v_map : &a.k_map;
-          ptx::mbarrier_arrive_expect_tx(bar, Tile::kKVBytes);
-          for_each_box(row, [&](int r, int coord, int outer) {
+      };
+      if (threadIdx.x == 0) load_q();
+      transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
+                                code_ring, load_codes, b, kvh, sk, n_lo, n_hi);
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    load_q();
+    for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
+      const int row = k0 + n * kBlockN;  // rows past the sequence: the next one's (masked) or zeros past the tensor
+      const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        const pipeline::StageRing kv_ring = is_v ? v_ring : k_ring;
+        if (it >= kStages) kv_ring.producer_acquire_suspend(st);
+        uint8_t* dst = ring + st.stage * Tile::kStageBytes + is_v * Tile::kKVBytes;
+        uint64_t* bar = kv_ring.full_barrier(st);
+        const CUtensorMap* map = is_v ? &a.v_map : &a.k_map;
+        ptx::mbarrier_arrive_expect_tx(bar, Tile::kKVBytes);
+        for_each_box(row, [&](int r, int coord, int outer) {
 #pragma unroll
-            for (int c = 0; c < Tile::kChunks; ++c)
-              ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes + r * 128, map, bar, 64 * c, coord, kvh, outer);
-          });
-        }
+          for (int c = 0; c < Tile::kChunks; ++c)
+            ptx::tma_load_4d(dst + c * Tile::kKVChunkBytes + r * 128, map, bar, 64 * c, coord, kvh, outer);
+        });
       }
     }
     return;
