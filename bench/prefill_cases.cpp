@@ -178,29 +178,34 @@ struct PrefillCacheShape {
   attention::KVFormat format = attention::KVFormat::kNative;
   int hq = 32, hkv = 8, d = 128, page = 64;
   int32_t cached = 30000, sq = 2048;
+  int batch = 1;      // sequences, each sq new queries over `cached` keys on pages of its own
+  int pack_gqa = -1;  // PrefillParams::pack_gqa
   int32_t length() const { return cached + sq; }
-  int32_t pages() const { return (length() + page - 1) / page; }
-  double pairs() const { return double(sq) * cached + 0.5 * double(sq) * (double(sq) + 1); }
+  int32_t pages() const { return (length() + page - 1) / page; }  // per sequence
+  double pairs() const { return batch * (double(sq) * cached + 0.5 * double(sq) * (double(sq) + 1)); }
   int row_bytes() const { return reference::kv_row_bytes(format, d); }
-  double bytes() const { return 2.0 * 2.0 * sq * hq * d + 2.0 * double(length()) * hkv * row_bytes(); }
+  int64_t q_rows() const { return int64_t{batch} * sq; }
+  double bytes() const { return 2.0 * 2.0 * q_rows() * hq * d + 2.0 * batch * double(length()) * hkv * row_bytes(); }
 };
 
 class PrefillCacheCase final : public CaseInstance {
  public:
   PrefillCacheCase(const DeviceContext& ctx, const std::string& op, const PrefillCacheShape& sh)
       : sh_(sh), op_(op), device_(ctx.device) {
-    const int64_t P = sh.pages() + 3;  // a few pages no sequence uses
+    const int64_t P = int64_t{sh.batch} * sh.pages() + 3;  // a few pages no sequence uses
     std::vector<int32_t> order(P);
     std::iota(order.begin(), order.end(), 0);
     Rng rng(case_seed(op, sh.name + "/pages", 0));
     for (int64_t i = P - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<int>(i + 1))]);
-    table_host_.assign(order.begin(), order.begin() + sh.pages());
+    table_host_.assign(order.begin(), order.begin() + int64_t{sh.batch} * sh.pages());  // [batch, pages()]
     table_ = upload_new(table_host_);
-    seqlens_ = upload_new(std::vector<int32_t>{sh.length()});
-    cu_ = upload_new(std::vector<int32_t>{0, sh.sq});
+    seqlens_ = upload_new(std::vector<int32_t>(sh.batch, sh.length()));
+    std::vector<int32_t> cu(sh.batch + 1);
+    for (int b = 0; b <= sh.batch; ++b) cu[b] = b * sh.sq;
+    cu_ = upload_new(cu);
     num_pages_ = P;
     sets_ = rotating_sets(ctx, sh.bytes());
-    o_.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
+    o_.allocate(sh.q_rows() * sh.hq * sh.d * 2);
     gen::FloatDist dist;
     dist.kind = gen::FloatDist::kNormal;
     using attention::KVFormat;
@@ -209,8 +214,8 @@ class PrefillCacheCase final : public CaseInstance {
     for (int s = 0; s < sets_; ++s) {
       Rng r(case_seed(op, sh.name, s));
       Set set;
-      set.q.allocate(int64_t{sh.sq} * sh.hq * sh.d * 2);
-      gen::fill_float(set.q.get(), DType::kBF16, int64_t{sh.sq} * sh.hq * sh.d, r.next(), dist, ctx.stream);
+      set.q.allocate(sh.q_rows() * sh.hq * sh.d * 2);
+      gen::fill_float(set.q.get(), DType::kBF16, sh.q_rows() * sh.hq * sh.d, r.next(), dist, ctx.stream);
       for (int is_v = 0; is_v < 2; ++is_v) {
         DeviceBuffer& data = is_v ? set.v : set.k;
         const int64_t rows = P * sh.page * sh.hkv;
@@ -222,7 +227,7 @@ class PrefillCacheCase final : public CaseInstance {
         // Quantized from N(0, 1) rows (fp8: scale 3.47 / 448, the normal bound), through the block table.
         gen::KVCacheFill fill;
         fill.format = sh.format;
-        fill.batch = 1;
+        fill.batch = sh.batch;
         fill.capacity = int64_t{sh.pages()} * sh.page;
         fill.hkv = sh.hkv;
         fill.head_dim = sh.d;
@@ -252,26 +257,29 @@ class PrefillCacheCase final : public CaseInstance {
     const attention::KVCache cache = cache_view(s);
     attention::PrefillParams params;
     params.causal = true;
+    params.pack_gqa = sh_.pack_gqa;
     attention::prefill_with_cache(
-        TensorView::contiguous(s.q.get(), DType::kBF16, {sh_.sq, sh_.hq, sh_.d}, device_),
-        TensorView::contiguous(cu_.get(), DType::kInt32, {2}, device_), sh_.sq, cache,
-        TensorView::contiguous(seqlens_.get(), DType::kInt32, {1}, device_),
-        TensorView::contiguous(o_.get(), DType::kBF16, {sh_.sq, sh_.hq, sh_.d}, device_), std::nullopt, params, stream);
+        TensorView::contiguous(s.q.get(), DType::kBF16, {sh_.q_rows(), sh_.hq, sh_.d}, device_),
+        TensorView::contiguous(cu_.get(), DType::kInt32, {sh_.batch + 1}, device_), sh_.sq, cache,
+        TensorView::contiguous(seqlens_.get(), DType::kInt32, {sh_.batch}, device_),
+        TensorView::contiguous(o_.get(), DType::kBF16, {sh_.q_rows(), sh_.hq, sh_.d}, device_), std::nullopt, params,
+        stream);
   }
 
 
-  // Sampled query rows (the first, the last, two random) against float64 over the keys they attend to, gathered
-  // page by page through the block table.
+  // Sampled query rows (the first sequence's first and last, two random ones of the last sequence) against float64
+  // over the keys they attend to, gathered page by page through the block table.
   CheckResult check(cudaStream_t stream) override {
     const int64_t HQ = sh_.hq, HKV = sh_.hkv, D = sh_.d, row = HKV * D;
     o_.fill_async(0xFF, stream);  // NaN
     run(stream, 0);
     const Set& set = sets_data_[0];
-    std::vector<int32_t> rows = {0, sh_.sq - 1};
+    const int last_seq = sh_.batch - 1;
     Rng rng(case_seed(op_, sh_.name + "/check", 0));
-    while (rows.size() < 4) rows.push_back(static_cast<int32_t>(rng.below(sh_.sq)));
-    const int32_t most = sh_.cached + *std::max_element(rows.begin(), rows.end()) + 1;
-    std::vector<double> k(most * row), v(most * row);
+    const std::vector<std::pair<int, int32_t>> rows = {{0, 0},
+                                                        {0, sh_.sq - 1},
+                                                        {last_seq, static_cast<int32_t>(rng.below(sh_.sq))},
+                                                        {last_seq, static_cast<int32_t>(rng.below(sh_.sq))}};
     // The cache's values as the op must see them: the bf16 rows, or the rows dequantized by the reference rule.
     using attention::KVFormat;
     const bool native = sh_.format == KVFormat::kNative, channel = attention::kv_key_per_channel(sh_.format);
@@ -282,41 +290,54 @@ class PrefillCacheCase final : public CaseInstance {
       kf8 = download_range<float>(set.k_fp8, 0, HKV, stream);
       vf8 = download_range<float>(set.v_fp8, 0, HKV, stream);
     }
-    for (int32_t p = 0; p * sh_.page < most; ++p) {
-      const int64_t tokens = std::min<int64_t>(sh_.page, most - int64_t{p} * sh_.page);
-      const int64_t page = table_host_[p];
-      const auto kb = download_range<uint8_t>(set.k, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
-      const auto vb = download_range<uint8_t>(set.v, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
-      std::vector<uint16_t> kp, vp;
-      if (!native && sh_.format != KVFormat::kFP8) {
-        kp = channel ? download_range<uint16_t>(set.k_pairs, page * (sh_.page / attention::kKeyBlock) * HKV * 2 * D,
-                                                (sh_.page / attention::kKeyBlock) * HKV * 2 * D, stream)
-                     : download_range<uint16_t>(set.k_pairs, page * sh_.page * HKV * 2 * ng, tokens * HKV * 2 * ng,
-                                                stream);
-        vp = download_range<uint16_t>(set.v_pairs, page * sh_.page * HKV * 2 * vng, tokens * HKV * 2 * vng, stream);
-      }
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t hh = 0; hh < HKV; ++hh) {
-          double* kd = &k[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
-          double* vd = &v[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
-          const uint8_t* kr = &kb[(t * HKV + hh) * rb];
-          const uint8_t* vr = &vb[(t * HKV + hh) * rb];
-          if (channel)
-            reference::dequantize_key_row(sh_.format, kr, &kp[((t / attention::kKeyBlock) * HKV + hh) * 2 * D], sh_.d,
-                                          kd);
-          else
-            reference::dequantize_kv_row(sh_.format, kr, kp.empty() ? nullptr : &kp[(t * HKV + hh) * 2 * ng], sh_.d,
-                                         DType::kBF16, kf8[hh], kd);
-          reference::dequantize_kv_row(sh_.format, vr, vp.empty() ? nullptr : &vp[(t * HKV + hh) * 2 * vng], sh_.d,
-                                       DType::kBF16, vf8[hh], vd);
+    // Keys [0, most) of sequence `seq`, dequantized, into k and v ([key][HKV][D]).
+    const auto gather = [&](int seq, int32_t most, std::vector<double>& k, std::vector<double>& v) {
+      k.assign(int64_t{most} * row, 0.0);
+      v.assign(int64_t{most} * row, 0.0);
+      for (int32_t p = 0; p * sh_.page < most; ++p) {
+        const int64_t tokens = std::min<int64_t>(sh_.page, most - int64_t{p} * sh_.page);
+        const int64_t page = table_host_[int64_t{seq} * sh_.pages() + p];
+        const auto kb = download_range<uint8_t>(set.k, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
+        const auto vb = download_range<uint8_t>(set.v, page * sh_.page * HKV * rb, tokens * HKV * rb, stream);
+        std::vector<uint16_t> kp, vp;
+        if (!native && sh_.format != KVFormat::kFP8) {
+          kp = channel ? download_range<uint16_t>(set.k_pairs, page * (sh_.page / attention::kKeyBlock) * HKV * 2 * D,
+                                                  (sh_.page / attention::kKeyBlock) * HKV * 2 * D, stream)
+                       : download_range<uint16_t>(set.k_pairs, page * sh_.page * HKV * 2 * ng, tokens * HKV * 2 * ng,
+                                                  stream);
+          vp = download_range<uint16_t>(set.v_pairs, page * sh_.page * HKV * 2 * vng, tokens * HKV * 2 * vng, stream);
         }
-    }
+        for (int64_t t = 0; t < tokens; ++t)
+          for (int64_t hh = 0; hh < HKV; ++hh) {
+            double* kd = &k[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
+            double* vd = &v[((int64_t{p} * sh_.page + t) * HKV + hh) * D];
+            const uint8_t* kr = &kb[(t * HKV + hh) * rb];
+            const uint8_t* vr = &vb[(t * HKV + hh) * rb];
+            if (channel)
+              reference::dequantize_key_row(sh_.format, kr, &kp[((t / attention::kKeyBlock) * HKV + hh) * 2 * D],
+                                            sh_.d, kd);
+            else
+              reference::dequantize_kv_row(sh_.format, kr, kp.empty() ? nullptr : &kp[(t * HKV + hh) * 2 * ng],
+                                           sh_.d, DType::kBF16, kf8[hh], kd);
+            reference::dequantize_kv_row(sh_.format, vr, vp.empty() ? nullptr : &vp[(t * HKV + hh) * 2 * vng], sh_.d,
+                                         DType::kBF16, vf8[hh], vd);
+          }
+      }
+    };
     std::vector<CheckResult> parts(rows.size());
     std::vector<std::string> labels(rows.size());
+    int gathered_seq = -1;
+    std::vector<double> k, v;
     for (size_t s = 0; s < rows.size(); ++s) {
-      const int32_t i = rows[s], keys = sh_.cached + i + 1;
+      const int seq = rows[s].first;
+      const int32_t i = rows[s].second, keys = sh_.cached + i + 1;
+      if (seq != gathered_seq) {  // every key of the sequence (its sampled rows attend to prefixes of them)
+        gather(seq, sh_.length(), k, v);
+        gathered_seq = seq;
+      }
+      const int64_t qrow = int64_t{seq} * sh_.sq + i;
       std::vector<double> q(HQ * D);
-      const auto qb = download_range<uint16_t>(set.q, int64_t{i} * HQ * D, HQ * D, stream);
+      const auto qb = download_range<uint16_t>(set.q, qrow * HQ * D, HQ * D, stream);
       for (int64_t j = 0; j < HQ * D; ++j) q[j] = host::bf16_to_f32(qb[j]);
       const std::vector<double> ks(k.begin(), k.begin() + int64_t{keys} * row);
       const std::vector<double> vs(v.begin(), v.begin() + int64_t{keys} * row);
@@ -324,13 +345,13 @@ class PrefillCacheCase final : public CaseInstance {
       p.causal = true;
       const reference::PrefillRef ref =
           reference::prefill_reference(q, ks, vs, {0, 1}, {0, keys}, {1, sh_.hq, sh_.hkv, sh_.d}, p);
-      const auto o = download_range<uint16_t>(o_, int64_t{i} * HQ * D, HQ * D, stream);
+      const auto o = download_range<uint16_t>(o_, qrow * HQ * D, HQ * D, stream);
       const RowError e = row_error(o, ref.o, HQ, D);
       CheckResult& r = parts[s];
       r.compared = HQ * D;
       r.error = e.error;
       r.ok = e.non_finite == 0 && r.error <= 5e-3;
-      labels[s] = "query " + std::to_string(i);
+      labels[s] = "sequence " + std::to_string(seq) + " query " + std::to_string(i);
       if (!r.ok) r.message = std::to_string(e.non_finite) + " non-finite, relative error " + std::to_string(r.error);
     }
     return merge_checks(parts, labels,
@@ -363,7 +384,7 @@ class PrefillCacheCase final : public CaseInstance {
       cache.k_scale = channel ? pairs(s.k_pairs, blocks, 2 * sh_.d) : pairs(s.k_pairs, sh_.page, 2 * ng);
       cache.v_scale = pairs(s.v_pairs, sh_.page, channel ? 2 : 2 * ng);
     }
-    cache.block_table = TensorView::contiguous(table_.get(), DType::kInt32, {1, sh_.pages()}, device_);
+    cache.block_table = TensorView::contiguous(table_.get(), DType::kInt32, {sh_.batch, sh_.pages()}, device_);
     return cache;
   }
   PrefillCacheShape sh_;
@@ -434,6 +455,22 @@ void add_prefill_cases(std::vector<CaseSpec>& cases) {
               (f == attention::KVFormat::kNative ? "bf16" : attention::kv_format_name(f)) + "/causal";
     add(CaseTag<PrefillCacheCase>{}, sh, false);
   }
+  // Short chunks in a batch (16 sequences, 64 new tokens each over 4,096 cached): GQA packing puts a KV head's four
+  // query heads in one tile (32 tokens each), half the tiles of one head per tile; the pack_gqa0 rows force the
+  // latter, for the same-run comparison.
+  for (attention::KVFormat f : {attention::KVFormat::kNative, attention::KVFormat::kInt8})
+    for (int pack : {-1, 0}) {
+      PrefillCacheShape sh;
+      sh.format = f;
+      sh.batch = 16;
+      sh.cached = 4096;
+      sh.sq = 64;
+      sh.pack_gqa = pack;
+      sh.name = std::string("hq32kv8/chunk64/B16/L4160/paged64/") +
+                (f == attention::KVFormat::kNative ? "bf16" : attention::kv_format_name(f)) + "/causal" +
+                (pack == 0 ? "/pack_gqa0" : "");
+      add(CaseTag<PrefillCacheCase>{}, sh, false);
+    }
 }
 
 TESSERA_BENCH_CASES(add_prefill_cases);

@@ -166,6 +166,10 @@ struct PrefillParams {
   float softcap = 0.0f;        // > 0: logits become softcap · tanh(s / softcap)
   int window = 0;              // > 0: a query attends to the keys j with p - j < window only
   bool causal = false;         // bottom-right aligned (above)
+  // GQA packing: -1 chooses; 0 gives each tile 128 tokens of one query head; 1 gives it the HQ / HKV query heads of
+  // one KV head, 128 / (HQ / HKV) tokens each, so they share every K / V tile (fewer tiles when queries are short:
+  // chunked prefill of a few tokens). The result does not depend on it. 1 needs HQ / HKV <= 128.
+  int pack_gqa = -1;
 };
 
 // Plain batch: q [B, Sq, HQ, D], k and v [B, Sk, HKV, D], bf16|fp16 (one dtype), unit stride along D, the other

@@ -106,7 +106,8 @@ CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint6
 namespace {
 
 CUtensorMap tensor_map_sw128(int rank, const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                             int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows) {
+                             int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows,
+                             int box_planes) {
   constexpr int64_t kBoxBytes = 128;  // one swizzle row
   const int64_t elem = element == TmaElement::kU8 ? 1 : 2;
   const CUtensorMapDataType type =
@@ -115,7 +116,8 @@ CUtensorMap tensor_map_sw128(int rank, const void* data, TmaElement element, int
                               static_cast<cuuint64_t>(dim2), static_cast<cuuint64_t>(dim3)};
   const cuuint64_t strides[3] = {static_cast<cuuint64_t>(stride1 * elem), static_cast<cuuint64_t>(stride2 * elem),
                                  static_cast<cuuint64_t>(stride3 * elem)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(kBoxBytes / elem), static_cast<cuuint32_t>(box_rows),
+                              static_cast<cuuint32_t>(box_planes), 1};
   return encode(type, rank, const_cast<void*>(data), dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B,
                 L2Promotion::k256B);
 }
@@ -124,12 +126,13 @@ CUtensorMap tensor_map_sw128(int rank, const void* data, TmaElement element, int
 
 CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
                                   int64_t stride1, int64_t stride2, int box_rows) {
-  return tensor_map_sw128(3, data, element, dim0, dim1, dim2, 1, stride1, stride2, stride2, box_rows);
+  return tensor_map_sw128(3, data, element, dim0, dim1, dim2, 1, stride1, stride2, stride2, box_rows, 1);
 }
 
 CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                                  int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows) {
-  return tensor_map_sw128(4, data, element, dim0, dim1, dim2, dim3, stride1, stride2, stride3, box_rows);
+                                  int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows,
+                                  int box_planes) {
+  return tensor_map_sw128(4, data, element, dim0, dim1, dim2, dim3, stride1, stride2, stride3, box_rows, box_planes);
 }
 
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,

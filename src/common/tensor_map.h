@@ -21,9 +21,11 @@ enum class L2Promotion : int { kNone = 0, k128B = 128, k256B = 256 };
 // Elements outside the tensor read as zeros. Throws tessera::Error when the driver rejects it.
 CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
                                   int64_t stride1, int64_t stride2, int box_rows);
-// The same over a [dim3][dim2][dim1][dim0] tensor, box [1][1][box_rows][128 bytes] (a batch of such tensors).
+// The same over a [dim3][dim2][dim1][dim0] tensor, box [1][box_planes][box_rows][128 bytes] (a batch of such
+// tensors; box_planes > 1 lands box_planes blocks of box_rows rows one after the other).
 CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t dim0, int64_t dim1, int64_t dim2,
-                                  int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows);
+                                  int64_t dim3, int64_t stride1, int64_t stride2, int64_t stride3, int box_rows,
+                                  int box_planes = 1);
 
 // A tiled map of rank 1..5 over bytes: dims[i] and box[i] innermost first, strides_bytes[i - 1] the stride of
 // dim i >= 1 (multiples of 16, in any order), swizzle_bytes 0 (none), 32, 64 or 128 (box[0] must not exceed it). Elements

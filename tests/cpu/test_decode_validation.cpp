@@ -957,6 +957,7 @@ TEST(PrefillValidation, EachRuleNamesItsArgument) {
       {"params.softmax_scale", {">= 0"}, [](PrefillArgs& a) { a.params.softmax_scale = -0.5f; }},
       {"params.softcap", {">= 0"}, [](PrefillArgs& a) { a.params.softcap = -1.0f; }},
       {"params.window", {">= 0"}, [](PrefillArgs& a) { a.params.window = -3; }},
+      {"params.pack_gqa", {"-1 (chosen), 0 or 1"}, [](PrefillArgs& a) { a.params.pack_gqa = 2; }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.arg) + ": " + c.says[0]);
@@ -1403,6 +1404,30 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   const DecodeProblem dc = check_decode(kDecode, q, kc, seqlens, o, std::nullopt, ws, params);
   EXPECT_EQ(dc.cache.k_residual, nullptr);
   EXPECT_TRUE(dc.cache.k_channel);
+}
+
+// GQA packing (prefill_rows): chosen for short queries of a group > 1, never for a long sequence or a group of one,
+// on or off when asked; a packed tile holds 128 / G tokens of each of the G heads.
+TEST(PrefillValidation, GqaPackingChoice) {
+  const auto rows = [](int hq, int hkv, int max_sq, int pack) {
+    PrefillProblem p;
+    p.num_q_heads = hq;
+    p.num_kv_heads = hkv;
+    p.max_seqlen_q = max_sq;
+    p.pack_gqa = pack;
+    const PrefillRows r = prefill_rows(p);
+    return std::to_string(r.tokens) + "x" + std::to_string(r.heads);
+  };
+  EXPECT_EQ(rows(32, 8, 64, -1), "32x4");     // 2 packed tiles against 4
+  EXPECT_EQ(rows(32, 8, 1, -1), "32x4");
+  EXPECT_EQ(rows(40, 8, 16, -1), "25x5");     // a group that does not divide 128: 125 rows
+  EXPECT_EQ(rows(64, 1, 7, -1), "2x64");
+  EXPECT_EQ(rows(32, 8, 4096, -1), "128x1");  // as many tiles either way
+  EXPECT_EQ(rows(32, 8, 10000, -1), "128x1"); // 313 against 316: not an eighth fewer
+  EXPECT_EQ(rows(32, 32, 16, -1), "128x1");   // no group
+  EXPECT_EQ(rows(32, 8, 64, 0), "128x1");
+  EXPECT_EQ(rows(32, 8, 4096, 1), "32x4");
+  EXPECT_EQ(rows(256, 1, 16, 1), "128x1");    // a group above 128 cannot pack (1 is refused by the checks)
 }
 
 }  // namespace

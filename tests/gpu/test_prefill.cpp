@@ -38,6 +38,7 @@ struct PrefillCase {
   bool fp16 = false;
   std::vector<int32_t> sq, sk;
   PrefillRefParams params;
+  int pack_gqa = -1;        // PrefillParams::pack_gqa
   bool batched = false;     // the plain [B, S, H, D] form (every sq equal, every sk equal)
   bool fused_qkv = false;   // q, k, v as head ranges of one [tokens, HQ + 2 HKV, D] buffer (sq == sk per sequence)
   bool strided_out = false; // o rows padded by 8 elements per head, lse transposed ([HQ][tokens] in memory)
@@ -46,8 +47,8 @@ struct PrefillCase {
                     (fp16 ? " fp16" : " bf16") + (params.causal ? " causal" : "") +
                     (params.window ? " window=" + std::to_string(params.window) : "") +
                     (params.softcap > 0 ? " softcap=" + std::to_string(params.softcap) : "") +
-                    (batched ? " batched" : " packed") + (fused_qkv ? " fused-qkv" : "") +
-                    (strided_out ? " strided-out" : "") + " (sq,sk)=";
+                    " pack_gqa=" + std::to_string(pack_gqa) + (batched ? " batched" : " packed") +
+                    (fused_qkv ? " fused-qkv" : "") + (strided_out ? " strided-out" : "") + " (sq,sk)=";
     for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(sk[b]) + ")";
     return s;
   }
@@ -155,6 +156,7 @@ struct PrefillRun {
     p.softcap = c.params.softcap;
     p.window = c.params.window;
     p.causal = c.params.causal;
+    p.pack_gqa = c.pack_gqa;
     return p;
   }
   int max_seqlen_q() const {
@@ -241,27 +243,30 @@ TEST_F(PrefillGpu, GroupsWindowsSoftcap) {
     bool causal;
   };
   const G grid[] = {{4, 4, 128, 0, 0.0f, true},   {16, 4, 64, 37, 0.0f, true},  {5, 1, 128, 0, 5.0f, false},
-                    {16, 2, 256, 100, 0.0f, false}, {16, 1, 128, 1, 0.0f, true}, {8, 8, 64, 0, 30.0f, true}};
-  for (const G& g : grid) {
-    PrefillCase c;
-    c.D = g.D;
-    c.HQ = g.HQ;
-    c.HKV = g.HKV;
-    c.sq = {300, 17, 129};
-    c.sk = {1000, 17, 700};
-    c.params.causal = g.causal;
-    c.params.window = g.window;
-    c.params.softcap = g.softcap;
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-    const Check r = run_case(c, seed);
-    EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
-  }
+                    {16, 2, 256, 100, 0.0f, false}, {16, 1, 128, 1, 0.0f, true}, {8, 8, 64, 0, 30.0f, true},
+                    {32, 1, 64, 0, 0.0f, true}};
+  for (const G& g : grid)
+    for (int pack : {0, 1}) {  // one head per tile, and the KV head's query heads sharing it
+      PrefillCase c;
+      c.D = g.D;
+      c.HQ = g.HQ;
+      c.HKV = g.HKV;
+      c.sq = {300, 17, 129};
+      c.sk = {1000, 17, 700};
+      c.params.causal = g.causal;
+      c.params.window = g.window;
+      c.params.softcap = g.softcap;
+      c.pack_gqa = pack;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      const Check r = run_case(c, seed);
+      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    }
 }
 
 // One configuration drawn from the seed (for the stress step: every seed a different shape): 1-4 sequences of 0-300
 // queries over as many or more keys, any head dim, dtype, GQA ratio of {1, 2, 4, 5, 8}, causal or not, a window or a
-// softcap now and then.
+// softcap now and then, GQA packing chosen, off or on.
 TEST_F(PrefillGpu, RandomConfiguration) {
   const uint64_t seed = test::fresh_seed();
   std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
@@ -275,6 +280,7 @@ TEST_F(PrefillGpu, RandomConfiguration) {
   c.params.causal = below(3) != 0;
   c.params.window = below(4) == 0 ? 1 + below(200) : 0;
   c.params.softcap = below(5) == 0 ? 10.0f : 0.0f;
+  c.pack_gqa = below(3) - 1;
   const int B = 1 + below(4);
   for (int b = 0; b < B; ++b) {
     const int sq = below(6) == 0 ? 0 : below(301);

@@ -39,6 +39,7 @@ struct CacheCase {
   int64_t capacity = 512;
   std::vector<int32_t> sq, seqlens;  // queries per sequence; cache_seqlens (may exceed the capacity)
   reference::PrefillRefParams params;
+  int pack_gqa = -1;      // PrefillParams::pack_gqa
   bool outliers = false;  // keys with 3 of D channels 20x larger (what LLM keys look like; docs/perf/decode.md)
   bool corrupt_table = false;  // paged: block-table entries outside [0, num_pages) (-7, num_pages + 100, INT32_MAX)
   std::string describe() const {
@@ -48,7 +49,8 @@ struct CacheCase {
                     (page_size ? " paged/" + std::to_string(page_size) : std::string(" contiguous")) +
                     (params.causal ? " causal" : "") +
                     (params.window ? " window=" + std::to_string(params.window) : "") +
-                    (params.softcap > 0 ? " softcap" : "") + " (sq,L)=";
+                    (params.softcap > 0 ? " softcap" : "") + " pack_gqa=" + std::to_string(pack_gqa) +
+                    " (sq,L)=";
     for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(seqlens[b]) + ")";
     return s;
   }
@@ -134,6 +136,7 @@ Check run_cache_case(const CacheCase& c, uint64_t seed, double* error_unquantize
   lse_dev.poison();
   PrefillParams p;
   p.causal = c.params.causal;
+  p.pack_gqa = c.pack_gqa;
   p.window = c.params.window;
   p.softcap = c.params.softcap;
   p.softmax_scale = c.params.softmax_scale;
@@ -288,6 +291,7 @@ TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
     c.params.causal = below(3) != 0;
     c.params.window = below(3) == 0 ? 1 + below(300) : 0;
     c.params.softcap = below(4) == 0 ? 20.0f : 0.0f;
+    c.pack_gqa = below(3) - 1;
     for (int b = 0; b < B; ++b) {
       const int L = below(static_cast<int>(c.capacity) + 20);
       c.seqlens.push_back(L);

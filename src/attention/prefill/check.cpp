@@ -81,7 +81,7 @@ void check_outputs(const ArgCheck& check, const TensorView& q, const TensorView&
   }
 }
 
-void check_params(const ArgCheck& check, const PrefillParams& params) {
+void check_params(const ArgCheck& check, const PrefillParams& params, int64_t group) {
   // The kernel keeps the row max of the raw logits and scales it: a negative scale would pick the minimum.
   if (!std::isfinite(params.softmax_scale) || params.softmax_scale < 0.0f)
     check.fail("params.softmax_scale", "must be finite and >= 0 (0 selects 1/sqrt(D)), got " +
@@ -90,15 +90,20 @@ void check_params(const ArgCheck& check, const PrefillParams& params) {
     check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
   if (params.window < 0)
     check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  if (params.pack_gqa < -1 || params.pack_gqa > 1)
+    check.fail("params.pack_gqa", "must be -1 (chosen), 0 or 1, got " + str(params.pack_gqa));
+  if (params.pack_gqa == 1 && group > kPrefillMaxPackedGroup)
+    check.fail("params.pack_gqa", "= 1 needs HQ / HKV <= " + str(kPrefillMaxPackedGroup) + ", got " + str(group));
 }
 
 // The rules every form ends with: outputs apart from the inputs and each other, params, then the devices.
 void check_memory_params_devices(const ArgCheck& check, const std::vector<Named>& inputs, const TensorView& o_in,
-                                 const std::optional<TensorView>& lse_in, const PrefillParams& params) {
+                                 const std::optional<TensorView>& lse_in, const PrefillParams& params,
+                                 int64_t group) {
   std::vector<Named> outputs = {{&o_in, "o"}};
   if (lse_in) outputs.push_back({&*lse_in, "lse"});
   check_outputs_apart(check, inputs, outputs);
-  check_params(check, params);
+  check_params(check, params, group);
   // Device checks last: everything above runs without a GPU.
   for (const Named& t : inputs) check.on_current_device(*t.t, t.name);
   for (const Named& t : outputs) check.on_current_device(*t.t, t.name);
@@ -129,6 +134,7 @@ void fill_common(PrefillProblem& p, const TensorView& q, const TensorView& o, co
   p.softcap = params.softcap;
   p.window = params.window;
   p.causal = params.causal;
+  p.pack_gqa = params.pack_gqa;
 }
 
 }  // namespace
@@ -189,7 +195,7 @@ PrefillProblem check_prefill(const char* op, const TensorView& q_in, const Tenso
     inputs.push_back({&*cu_q_in, "cu_seqlens_q"});
     inputs.push_back({&*cu_k_in, "cu_seqlens_k"});
   }
-  check_memory_params_devices(check, inputs, o_in, lse_in, params);
+  check_memory_params_devices(check, inputs, o_in, lse_in, params, HQ / HKV);
 
   PrefillProblem p;
   fill_common(p, q, o, lse, t0, B, HQ, HKV, D, params);
@@ -237,7 +243,7 @@ PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const
   inputs.push_back({&q_in, "q"});
   inputs.push_back({&cu_q_in, "cu_seqlens_q"});
   inputs.push_back({&seqlens_in, "cache_seqlens"});
-  check_memory_params_devices(check, inputs, o_in, lse_in, params);
+  check_memory_params_devices(check, inputs, o_in, lse_in, params, HQ / HKV);
 
   PrefillProblem p;
   fill_common(p, q, o, lse, 0, B, HQ, HKV, D, params);

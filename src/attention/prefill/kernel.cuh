@@ -111,6 +111,8 @@ struct PrefillArgs {
   int total_k = 0;
   int group = 0;  // HQ / HKV
   int num_m_blocks = 0;
+  // Query rows of a tile: q_tokens tokens of each of q_heads heads (q_heads · q_tokens <= 128; q_map's box).
+  int q_tokens = kPrefillBlockM, q_heads = 1;
   float scale_log2 = 0.0f;  // softmax_scale · log2(e) (no softcap), or softmax_scale / softcap (softcap)
   float softcap_log2 = 0.0f;  // softcap · log2(e), 0: no softcap
   int window = 0;
@@ -393,8 +395,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   uint8_t* codes = smem + Tile::kCodeOff;
 
   // Late query tiles first: under a causal mask they attend to the most keys.
+  // The tile's query rows: q_tokens consecutive tokens of each of q_heads consecutive query heads from h, row
+  // g · q_tokens + s (GQA packing: the heads of one KV head share the K / V tiles; unpacked: 128 tokens of one head).
   const int m_block = a.num_m_blocks - 1 - static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z;
+  const int h = blockIdx.y * a.q_heads, b = blockIdx.z, tile_tokens = a.q_tokens;
   const bool packed = a.cu_seqlens_q != nullptr;
   const int bc = packed ? 0 : b;  // the batch coordinate of q's map and of the outputs
   const int q0 = packed ? a.cu_seqlens_q[b] : 0, sq = packed ? a.cu_seqlens_q[b + 1] - q0 : static_cast<int>(a.total_q);
@@ -407,11 +411,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     sk = a.cu_seqlens_k[b + 1] - k0;
     kb = 0;
   }
-  if (m_block * kPrefillBlockM >= sq) return;  // the whole CTA: no barrier has been touched
+  if (m_block * tile_tokens >= sq) return;  // the whole CTA: no barrier has been touched
   const int kvh = h / a.group;
   // Positions (bottom-right aligned) of the tile's first and last query rows, and the key range they attend to.
-  const int pos_first = sk - sq + m_block * kPrefillBlockM;
-  const int pos_last = sk - sq + min(sq, (m_block + 1) * kPrefillBlockM) - 1;
+  const int pos_first = sk - sq + m_block * tile_tokens;
+  const int pos_last = sk - sq + min(sq, (m_block + 1) * tile_tokens) - 1;
   const int hi_key = a.causal ? max(0, min(sk, pos_last + 1)) : sk;
   const int lo_key = a.window > 0 ? min(max(0, pos_first - a.window + 1), sk) : 0;
   const int n_lo = lo_key / kBlockN;
@@ -444,10 +448,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     // landing when the next CTA on this SM reuses the shared memory).
     if (n_hi <= n_lo) return;
     const auto load_q = [&] {
-      ptx::mbarrier_arrive_expect_tx(q_full, Tile::kQBytes);
+      ptx::mbarrier_arrive_expect_tx(q_full, a.q_heads * tile_tokens * kD * 2);  // the box; other rows stay stale
 #pragma unroll
       for (int c = 0; c < Tile::kChunks; ++c)
-        ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * kPrefillBlockM,
+        ptx::tma_load_4d(q_tile + c * Tile::kQChunkBytes, &a.q_map, q_full, 64 * c, q0 + m_block * tile_tokens,
                          h, bc);
     };
     // The boxes of a kBlockN-row K or V tile from `row` on: load(r, coord, outer) for the rows r.. of the tile at
@@ -512,7 +516,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   const int cw = wg - 1;                         // consumer warpgroup: query rows 64 cw .. 64 cw + 63
   const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   const int row0 = 64 * cw + 16 * warp + r;      // this thread's rows in the tile: row0 and row0 + 8
-  const int pos0 = pos_first + row0;             // their positions
+  // Their tokens in the tile, heads (from h) and positions. Rows past q_heads · q_tokens (a packing of a group
+  // that does not divide 128) hold stale values: computed, never written.
+  const int tok_in_tile[2] = {row0 % tile_tokens, (row0 + 8) % tile_tokens};
+  const int head_in_tile[2] = {row0 / tile_tokens, (row0 + 8) / tile_tokens};
+  const int pos_row[2] = {pos_first + tok_in_tile[0], pos_first + tok_in_tile[1]};
   const bool wg_leader = threadIdx.x % 128 == 0;
   // fp8 caches: the keys' scale multiplies S, the values' multiplies O (both per tensor or per KV head).
   float qk_scale = a.scale_log2, v_scale = 1.0f;
@@ -627,7 +635,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 #pragma unroll
       for (int i = 0; i < kSRegs; ++i) {
         const int key = key0 + 8 * (i / 4) + 2 * c + (i & 1);
-        const int pos = pos0 + 8 * ((i >> 1) & 1);
+        const int pos = pos_row[(i >> 1) & 1];
         // Bitwise, not short-circuit: no branch per element.
         const bool ok = (key < sk) & (!a.causal | (key <= pos)) & ((a.window <= 0) | (pos - key < a.window));
         s_acc[i] = ok ? s_acc[i] : -INFINITY;
@@ -743,18 +751,19 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   }
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
-    const int qi = m_block * kPrefillBlockM + row0 + 8 * hr;  // query index in the sequence
+    const int qi = m_block * tile_tokens + tok_in_tile[hr];  // query index in the sequence
     const int64_t tok = static_cast<int64_t>(q0) + qi;
-    if (qi >= sq || tok < 0 || tok >= a.total_q) continue;
+    if (head_in_tile[hr] >= a.q_heads || qi >= sq || tok < 0 || tok >= a.total_q) continue;
+    const int head = h + head_in_tile[hr];
     uint32_t* orow = reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.o) + tok * a.o_stride_token +
-                                                 h * a.o_stride_head + bc * a.o_stride_batch);
+                                                 head * a.o_stride_head + bc * a.o_stride_batch);
 #pragma unroll
     for (int j = 0; j < kORegs / 4; ++j)
       orow[4 * j + c] = kQuant && a.q_bf16
                             ? pack2<false>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr])
                             : pack2<kFP16>(o_acc[4 * j + 2 * hr] * inv[hr], o_acc[4 * j + 2 * hr + 1] * inv[hr]);
     if (a.lse != nullptr && c == 0)
-      a.lse[tok * a.lse_stride_token + h * a.lse_stride_head + bc * a.lse_stride_batch] =
+      a.lse[tok * a.lse_stride_token + head * a.lse_stride_head + bc * a.lse_stride_batch] =
           lse2[hr] == -INFINITY ? -INFINITY : lse2[hr] * 0.69314718055994531f;
   }
 }

@@ -49,9 +49,15 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   const int64_t maps_batch = packed ? 1 : pb.batch;
   // Maps over (D, tokens, heads, batch); packed: a batch of one, whose stride (never applied) repeats the head
   // stride so that the driver sees a valid one.
+  // A tile's query rows: 128 tokens of one head, or (GQA packing) 128 / G tokens of each of a KV head's G heads, one
+  // box that lands them head after head.
+  const PrefillRows rows_q = prefill_rows(pb);
+  static_assert(kPrefillBlockM == 128, "prefill_rows (problem.h) fills 128-row tiles");
   a.q_map = make_tensor_map_sw128(pb.q, TmaElement::kBF16, D, pb.total_q, pb.num_q_heads, maps_batch,
                                   pb.q_stride_token, pb.q_stride_head, packed ? pb.q_stride_head : pb.q_stride_batch,
-                                  kPrefillBlockM);
+                                  rows_q.tokens, rows_q.heads);
+  a.q_tokens = rows_q.tokens;
+  a.q_heads = rows_q.heads;
   const int bn = prefill_block_n(pb.head_dim);
   const bool quant = pb.cache_seqlens != nullptr && pb.cache.format != KVFormat::kNative;
   if (pb.cache_seqlens != nullptr) {
@@ -127,7 +133,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.total_q = pb.total_q;
   a.total_k = static_cast<int>(pb.total_k);
   a.group = pb.num_q_heads / pb.num_kv_heads;
-  a.num_m_blocks = (pb.max_seqlen_q + kPrefillBlockM - 1) / kPrefillBlockM;
+  a.num_m_blocks = (pb.max_seqlen_q + rows_q.tokens - 1) / rows_q.tokens;
   constexpr float kLog2e = 1.4426950408889634f;
   if (pb.softcap > 0.0f) {
     a.scale_log2 = pb.softmax_scale / pb.softcap;
@@ -140,7 +146,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   // the kernel's int32 window arithmetic from wrapping for windows near INT32_MAX.
   a.window = pb.window >= pb.total_k ? 0 : pb.window;
   a.causal = pb.causal;
-  const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads),
+  const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads / rows_q.heads),
                   static_cast<unsigned>(pb.batch));
   if (quant)
     launch_by_dim<true, true>(a, pb.head_dim, grid, stream);

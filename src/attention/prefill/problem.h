@@ -45,7 +45,28 @@ struct PrefillProblem {
   float softcap = 0.0f;
   int window = 0;
   bool causal = false;
+  int pack_gqa = -1;                 // PrefillParams::pack_gqa
 };
+
+// GQA packing puts a KV head's query heads in one 128-row tile: at least one token of each.
+inline constexpr int kPrefillMaxPackedGroup = 128;
+
+// The tile's query rows: tokens × heads (kernel.cuh, PrefillArgs::q_tokens / q_heads). Packed when asked, or when
+// chosen (-1) and it takes at least an eighth fewer tiles than one head per tile for sequences of max_seqlen_q
+// queries (short queries; a long causal sequence packed would take as many tiles, each with more masked keys on the
+// diagonal).
+struct PrefillRows {
+  int tokens = 128, heads = 1;
+};
+inline PrefillRows prefill_rows(const PrefillProblem& p) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int64_t s = p.max_seqlen_q;
+  if (p.pack_gqa == 0 || group < 2 || group > kPrefillMaxPackedGroup) return {};
+  const int tokens = 128 / group;
+  const int64_t packed_tiles = (s + tokens - 1) / tokens, head_tiles = group * ((s + 127) / 128);
+  if (p.pack_gqa == 1 || 8 * packed_tiles <= 7 * head_tiles) return {tokens, group};
+  return {};
+}
 
 // Validation (check.cpp): every rule of tessera::attention::prefill / prefill_varlen (include/tessera/attention.h) on
 // shapes, dtypes, layouts, memory overlap and params, then the devices; throws tessera::Error naming `op` and the
