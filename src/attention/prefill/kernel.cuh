@@ -328,8 +328,8 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
 }
 
 // The transform warps: Q to fp16 in place when q is bf16 (saturated to fp16's range), then every key tile's K and
-// V codes to fp16 tiles, by the format's instance of transform_tiles (at least one tile: n_lo < n_hi).
-template <int kD, class Tile, class LoadCodes>
+// V codes to fp16 tiles (at least one tile: n_lo < n_hi).
+template <int kD, class Tile, KVFormat F, class LoadCodes>
 __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
                                                 const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
                                                 uint64_t* q_ready, pipeline::StageRing k_ring,
@@ -355,26 +355,14 @@ __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q
   __syncwarp();
   if (lane == 0) ptx::mbarrier_arrive(q_ready);
   uint32_t* staged = reinterpret_cast<uint32_t*>(pair_smem);
-#define TESSERA_PREFILL_TRANSFORM(F)                                                                             \
-  case F:                                                                                                        \
-    transform_tiles<kD, Tile, F>(a, ring, codes, staged, k_ring, v_ring, code_ring, load_codes, b, kvh, sk, n_lo, \
-                                 n_hi);                                                                          \
-    break;
-  switch (static_cast<KVFormat>(a.quant.format)) {
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kFP8)
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt8)
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4)
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4Group32)
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt8KChannel)
-    TESSERA_PREFILL_TRANSFORM(KVFormat::kInt4KChannel)
-    default:
-      __trap();  // the host accepts no other format here
-  }
-#undef TESSERA_PREFILL_TRANSFORM
+  transform_tiles<kD, Tile, F>(a, ring, codes, staged, k_ring, v_ring, code_ring, load_codes, b, kvh, sk, n_lo, n_hi);
 }
 
-template <int kD, bool kFP16, bool kQuant>
+// kFormat: the K / V format, kNative (rows of q's dtype) or a quantized one (the kQuant kernel: its own instance per
+// format, so that each holds one conversion loop beside the consumers' code).
+template <int kD, bool kFP16, KVFormat kFormat>
 __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __grid_constant__ PrefillArgs a) {
+  constexpr bool kQuant = kFormat != KVFormat::kNative;
   static_assert(kFP16 || !kQuant, "quantized caches run the fp16 tensor-core path");
   using Tile = PrefillTile<kD, kQuant>;
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
@@ -485,7 +473,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         });
       };
       if (threadIdx.x == 0) load_q();
-      transform_warps<kD, Tile>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
+      transform_warps<kD, Tile, kFormat>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
                                 code_ring, load_codes, b, kvh, sk, n_lo, n_hi);
       return;
     }
@@ -525,7 +513,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   // fp8 caches: the keys' scale multiplies S, the values' multiplies O (both per tensor or per KV head).
   float qk_scale = a.scale_log2, v_scale = 1.0f;
   if constexpr (kQuant) {
-    if (a.quant.format == static_cast<int>(KVFormat::kFP8)) {
+    if constexpr (kFormat == KVFormat::kFP8) {
       const int i = a.quant.fp8_per_head ? kvh : 0;
       qk_scale *= a.quant.k_fp8[i];
       v_scale = a.quant.v_fp8[i];

@@ -23,9 +23,9 @@
 
 namespace tessera::attention::detail {
 
-// What the transform reads besides the codes: the format and its scales (fp16 elements; strides as CacheDesc's).
+// What the transform reads besides the codes (the format is the kernel's template argument): the rows' size and the
+// scales (fp16 elements; strides as CacheDesc's).
 struct PrefillQuant {
-  int format = 0;     // KVFormat
   int row_bytes = 0;  // bytes of one (token, head) row of codes
   const uint16_t* k_scale = nullptr;  // (scale, offset) pairs; per-channel formats: [outer, block, head, 2·D]
   const uint16_t* v_scale = nullptr;

@@ -16,23 +16,24 @@ namespace tessera::attention::detail {
 
 namespace {
 
-template <int kD, bool kFP16, bool kQuant>
+template <int kD, bool kFP16, KVFormat kFormat>
 void launch_prefill_kernel(const PrefillArgs& args, dim3 grid, cudaStream_t stream) {
-  auto kernel = prefill_kernel<kD, kFP16, kQuant>;
-  constexpr int kSmem = PrefillTile<kD, kQuant>::kBytes;
+  auto kernel = prefill_kernel<kD, kFP16, kFormat>;
+  constexpr int kSmem = PrefillTile<kD, kFormat != KVFormat::kNative>::kBytes;
   // Raises the dynamic shared-memory limit (once per device); the answer itself is not needed.
   (void)::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kPrefillThreads, kSmem);
   kernel<<<grid, kPrefillThreads, kSmem, stream>>>(args);
   TESSERA_CHECK_LAUNCH();
 }
 
-// fp16 tensor-core operands (kFP16), or bf16; kQuant: K / V from a quantized cache (fp16 operands).
-template <bool kFP16, bool kQuant>
+// fp16 tensor-core operands (kFP16), or bf16; kFormat other than kNative: K / V from a quantized cache (fp16
+// operands).
+template <bool kFP16, KVFormat kFormat>
 void launch_by_dim(const PrefillArgs& args, int head_dim, dim3 grid, cudaStream_t stream) {
   switch (head_dim) {
-    case 64: return launch_prefill_kernel<64, kFP16, kQuant>(args, grid, stream);
-    case 128: return launch_prefill_kernel<128, kFP16, kQuant>(args, grid, stream);
-    case 256: return launch_prefill_kernel<256, kFP16, kQuant>(args, grid, stream);
+    case 64: return launch_prefill_kernel<64, kFP16, kFormat>(args, grid, stream);
+    case 128: return launch_prefill_kernel<128, kFP16, kFormat>(args, grid, stream);
+    case 256: return launch_prefill_kernel<256, kFP16, kFormat>(args, grid, stream);
     default: throw Error("tessera::attention::prefill: no kernel for head_dim " + std::to_string(head_dim));
   }
 }
@@ -91,7 +92,6 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
       a.k_map = code_map(c.k);
       a.v_map = code_map(c.v);
       PrefillQuant& qt = a.quant;
-      qt.format = static_cast<int>(c.format);
       qt.row_bytes = c.row_bytes;
       qt.k_scale = c.k_scale;
       qt.v_scale = c.v_scale;
@@ -148,12 +148,24 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.causal = pb.causal;
   const dim3 grid(static_cast<unsigned>(a.num_m_blocks), static_cast<unsigned>(pb.num_q_heads / rows_q.heads),
                   static_cast<unsigned>(pb.batch));
-  if (quant)
-    launch_by_dim<true, true>(a, pb.head_dim, grid, stream);
-  else if (pb.fp16)
-    launch_by_dim<true, false>(a, pb.head_dim, grid, stream);
-  else
-    launch_by_dim<false, false>(a, pb.head_dim, grid, stream);
+  if (!quant) {
+    if (pb.fp16)
+      launch_by_dim<true, KVFormat::kNative>(a, pb.head_dim, grid, stream);
+    else
+      launch_by_dim<false, KVFormat::kNative>(a, pb.head_dim, grid, stream);
+    return;
+  }
+  switch (pb.cache.format) {
+    case KVFormat::kFP8: return launch_by_dim<true, KVFormat::kFP8>(a, pb.head_dim, grid, stream);
+    case KVFormat::kInt8: return launch_by_dim<true, KVFormat::kInt8>(a, pb.head_dim, grid, stream);
+    case KVFormat::kInt4: return launch_by_dim<true, KVFormat::kInt4>(a, pb.head_dim, grid, stream);
+    case KVFormat::kInt4Group32: return launch_by_dim<true, KVFormat::kInt4Group32>(a, pb.head_dim, grid, stream);
+    case KVFormat::kInt8KChannel: return launch_by_dim<true, KVFormat::kInt8KChannel>(a, pb.head_dim, grid, stream);
+    case KVFormat::kInt4KChannel: return launch_by_dim<true, KVFormat::kInt4KChannel>(a, pb.head_dim, grid, stream);
+    default:
+      throw Error("tessera::attention::prefill: no kernel for KV format " +
+                  std::to_string(static_cast<int>(pb.cache.format)));
+  }
 }
 
 }  // namespace tessera::attention::detail
