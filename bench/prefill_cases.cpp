@@ -171,8 +171,8 @@ class PrefillCase final : public CaseInstance {
   std::vector<Set> sets_data_;
 };
 
-// Chunked prefill over a paged bf16 KV cache (prefill_with_cache): one sequence of `cached` tokens plus `sq` new
-// ones (already in the cache), pages of `page` tokens in a shuffled order, causal.
+// Chunked prefill over a paged KV cache (prefill_with_cache): `batch` sequences, each of `cached` tokens plus `sq` new
+// ones (already in the cache) on pages of its own, pages of `page` tokens in a shuffled order, causal.
 struct PrefillCacheShape {
   std::string name;
   attention::KVFormat format = attention::KVFormat::kNative;

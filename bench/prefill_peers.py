@@ -103,16 +103,16 @@ def case_seed(op, name, index):
 
 
 def page_table(case):
-    """(table, pool pages) as bench/prefill_cases.cpp's PrefillCacheCase draws them: a pool of pages + 3 pages,
-    shuffled by SplitMix64(case_seed("prefill", name + "/pages", 0)) (Fisher-Yates, i = P-1 .. 1), the sequence's
-    logical page j on physical page table[j] = order[j]."""
-    pool = case.pages() + 3
+    """(table, pool pages) as bench/prefill_cases.cpp's PrefillCacheCase draws them: a pool of B · pages + 3 pages,
+    shuffled by SplitMix64(case_seed("prefill", name + "/pages", 0)) (Fisher-Yates, i = P-1 .. 1), sequence b's
+    logical page j on physical page table[b · pages + j] = order[b · pages + j]."""
+    pool = len(case.q_lens) * case.pages() + 3
     order = list(range(pool))
     rng = C.SplitMix64(case_seed("prefill", case.name + "/pages", 0))
     for i in range(pool - 1, 0, -1):
         j = rng.below(i + 1)
         order[i], order[j] = order[j], order[i]
-    return order[:case.pages()], pool
+    return order[:len(case.q_lens) * case.pages()], pool
 
 
 CASES = [
@@ -124,6 +124,8 @@ CASES = [
     Case("hq32kv8/zipf32/T65536/causal", 32, 8, 128, True, zipf_lengths()),
     Case(f"hq32kv8/chunked/L{CHUNK_CACHED + CHUNK_NEW}/paged{CHUNK_PAGE}/bf16/causal", 32, 8, 128, True,
          [CHUNK_NEW], [CHUNK_CACHED + CHUNK_NEW], page=CHUNK_PAGE),
+    # Short chunks in a batch (tessera's GQA packing case): 16 sequences, 64 new tokens over 4,096 cached each.
+    Case("hq32kv8/chunk64/B16/L4160/paged64/bf16/causal", 32, 8, 128, True, [64] * 16, [4160] * 16, page=64),
 ]
 
 RAGGED_PEERS = ("cudnn", "flash", "flashinfer_fa3")
@@ -402,25 +404,29 @@ class Runner:
         self.measure(case, peer, fn, lambda _outs: data.packed_getter(out), ref)
 
     def _paged(self, prefill_fi, case, data, backend):
-        """The chunked case's paged cache (built once per case): tessera-bench's pool and page table (page_table),
-        the dense k / v tokens on the table's pages, the pool's other pages zero."""
+        """A chunked case's paged cache (built once per case): tessera-bench's pool and page table (page_table),
+        every sequence's dense k / v tokens on its pages, the pool's other pages zero."""
         torch = C.torch
         if getattr(data, "paged_cache", None) is None:
-            P, L = case.page, case.kv_lens[0]
+            P, npages = case.page, case.pages()  # every sequence has the same length (its own pages)
+            assert len(set(case.kv_lens)) == 1, case.kv_lens
             table, pool = page_table(case)
             table = torch.tensor(table, dtype=torch.int32, device="cuda")
 
-            def to_pages(x):  # [1, HKV, L, D] -> [pool, P, HKV, D], logical page j on physical page table[j]
-                tokens = torch.zeros(case.pages() * P, case.hkv, case.d, dtype=x.dtype, device=x.device)
-                tokens[:L] = x[0].transpose(0, 1)
-                cache = torch.zeros(pool, P, case.hkv, case.d, dtype=x.dtype, device=x.device)
-                cache[table.long()] = tokens.view(case.pages(), P, case.hkv, case.d)
+            def to_pages(which):  # sequence b's [1, HKV, L, D] -> its logical page j on physical page table[b, j]
+                cache = None
+                for b, seq in enumerate(data.seqs):
+                    x, L = seq[which], case.kv_lens[b]
+                    if cache is None:
+                        cache = torch.zeros(pool, P, case.hkv, case.d, dtype=x.dtype, device=x.device)
+                    tokens = torch.zeros(npages * P, case.hkv, case.d, dtype=x.dtype, device=x.device)
+                    tokens[:L] = x[0].transpose(0, 1)
+                    cache[table[b * npages:(b + 1) * npages].long()] = tokens.view(npages, P, case.hkv, case.d)
                 return cache
-            _, k, v = data.seqs[0]
-            data.paged_cache = (to_pages(k), to_pages(v), table, data.packed(0))
+            data.paged_cache = (to_pages(1), to_pages(2), table, data.packed(0))
         k_cache, v_cache, table, q = data.paged_cache
-        return prefill_fi.paged(self.fi, self.workspace, backend, q, k_cache, v_cache, table, case.kv_lens[0],
-                                case.page, case.hq, case.hkv, case.d, case.causal)
+        return prefill_fi.paged(self.fi, self.workspace, backend, q, k_cache, v_cache, table, case.q_lens,
+                                case.kv_lens, case.page, case.hq, case.hkv, case.d, case.causal)
 
     def run_case(self, case):
         peers = peers_of(case, self.args)

@@ -97,19 +97,20 @@ def ragged_fa3(fi, workspace, q, k, v, q_lens, kv_lens, hq, hkv, d, causal):
     return fn, out, plan_s
 
 
-def paged(fi, workspace, backend, q, k_cache, v_cache, page_list, kv_len, page_size, hq, hkv, d, causal):
-    """One sequence: q [Sq, HQ, D] over a paged cache (k_cache, v_cache) [num_pages, page_size, HKV, D] (NHD), its
-    kv_len tokens on the pages page_list (device int32, in logical order). backend 'fa3' or 'cudnn'. Returns
-    (fn, out, plan seconds)."""
+def paged(fi, workspace, backend, q, k_cache, v_cache, page_list, q_lens, kv_lens, page_size, hq, hkv, d, causal):
+    """Sequences of q_lens queries (q [sum of q_lens, HQ, D], in order) over a paged cache (k_cache, v_cache)
+    [num_pages, page_size, HKV, D] (NHD): sequence b's kv_lens[b] tokens on its ceil(kv_lens[b] / page_size) pages,
+    listed in page_list (device int32, sequence after sequence, each in logical order). backend 'fa3' or 'cudnn'.
+    Returns (fn, out, plan seconds)."""
     torch = C.torch
-    pages = int(page_list.numel())
-    last = kv_len - (pages - 1) * page_size  # 1 <= last <= page_size
-    assert 1 <= last <= page_size, (kv_len, pages, page_size)
+    pages = [-(-L // page_size) for L in kv_lens]
+    assert sum(pages) == int(page_list.numel()), (pages, page_list.numel())
+    last = [L - (p - 1) * page_size for L, p in zip(kv_lens, pages)]  # 1 <= last <= page_size
     wrapper = fi.BatchPrefillWithPagedKVCacheWrapper(workspace, kv_layout="NHD", backend=backend)
     t0 = time.perf_counter()
     # causal=True with qo_len < kv_len is bottom-right aligned in FlashInfer: query i attends keys 0 .. kv_len -
     # qo_len + i (FA3: hopper/mainloop_mma.cuh col_limit_right; cuDNN: use_causal_mask_bottom_right; module doc)
-    wrapper.plan(indptr([q.shape[0]]), indptr([pages]), page_list, torch.tensor([last], dtype=torch.int32),
+    wrapper.plan(indptr(q_lens), indptr(pages), page_list, torch.tensor(last, dtype=torch.int32),
                  hq, hkv, d, page_size, causal=causal,
                  q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, o_data_type=torch.bfloat16)
     C.sync()

@@ -958,6 +958,15 @@ TEST(PrefillValidation, EachRuleNamesItsArgument) {
       {"params.softcap", {">= 0"}, [](PrefillArgs& a) { a.params.softcap = -1.0f; }},
       {"params.window", {">= 0"}, [](PrefillArgs& a) { a.params.window = -3; }},
       {"params.pack_gqa", {"-1 (chosen), 0 or 1"}, [](PrefillArgs& a) { a.params.pack_gqa = 2; }},
+      {"params.pack_gqa", {"HQ / HKV <= 128", "256"},
+       [](PrefillArgs& a) {  // 256 query heads on one KV head cannot share a 128-row tile
+         a.q = view(a.q.data, DType::kBF16, {kTotalQ, 256, kD});
+         a.o = view(a.o.data, DType::kBF16, {kTotalQ, 256, kD});
+         a.lse = view(a.lse->data, DType::kFP32, {kTotalQ, 256});
+         a.k = view(a.k.data, DType::kBF16, {kTotalK, 1, kD});
+         a.v = view(a.v.data, DType::kBF16, {kTotalK, 1, kD});
+         a.params.pack_gqa = 1;
+       }},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.arg) + ": " + c.says[0]);

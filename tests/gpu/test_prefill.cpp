@@ -264,6 +264,33 @@ TEST_F(PrefillGpu, GroupsWindowsSoftcap) {
     }
 }
 
+// Query-head groups of 64 to 128 on one KV head (a packed tile holds 2 or 1 tokens of each; at G 96, 32 of its 128
+// rows are unused), packed and not, short sequences (every packed tile crosses the causal diagonal).
+TEST_F(PrefillGpu, LargeGroupsPacked) {
+  struct G {
+    int HQ, D;
+    bool causal;
+    int window;
+  };
+  const G grid[] = {{64, 64, true, 0}, {96, 256, true, 7}, {128, 128, false, 0}, {128, 64, true, 0}};
+  for (const G& g : grid)
+    for (int pack : {0, 1}) {
+      PrefillCase c;
+      c.D = g.D;
+      c.HQ = g.HQ;
+      c.HKV = 1;
+      c.sq = {40, 3, 0, 9};
+      c.sk = {300, 3, 5, 9};
+      c.params.causal = g.causal;
+      c.params.window = g.window;
+      c.pack_gqa = pack;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      const Check r = run_case(c, seed);
+      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    }
+}
+
 // One configuration drawn from the seed (for the stress step: every seed a different shape): 1-4 sequences of 0-300
 // queries over as many or more keys, any head dim, dtype, GQA ratio of {1, 2, 4, 5, 8}, causal or not, a window or a
 // softcap now and then, GQA packing chosen, off or on.

@@ -226,6 +226,28 @@ TEST_F(PrefillCacheGpu, EveryQuantizedFormat) {
   }
 }
 
+// 128 query heads on one KV head over quantized caches (a packed tile holds one token of each head), packed and not.
+TEST_F(PrefillCacheGpu, LargeGroupsPacked) {
+  for (const int fi : {2, 4, 8})  // fp8 per tensor, int8, int4 per-channel keys
+    for (int pack : {0, 1}) {
+      CacheCase c;
+      c.fmt = kvtest::kDecodeFormats[fi];
+      c.D = 128;
+      c.HQ = 128;
+      c.HKV = 1;
+      c.page_size = 64;
+      c.capacity = 256;
+      c.sq = {5, 33};
+      c.seqlens = {200, 100};
+      c.params.causal = true;
+      c.pack_gqa = pack;
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      const Check r = run_cache_case(c, seed);
+      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    }
+}
+
 // The error table of docs/perf/prefill.md: every format at D 128 on Gaussian keys and on keys with outlier channels,
 // o against the reference on the dequantized cache (checked, <= 5e-3) and on the unquantized K / V (printed: the
 // format's own error, which prefill adds nothing to).

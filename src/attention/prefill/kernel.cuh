@@ -1,7 +1,8 @@
 // Prefill kernel, version 1 (docs/perf/prefill.md): Hopper TMA + wgmma, a producer warpgroup and two consumer
 // warpgroups of 64 query rows each.
 //
-// CTA = one tile of 128 query rows of one (sequence, query head). The producer's first thread loads the Q tile
+// CTA = one tile of 128 query rows of one sequence: 128 tokens of one query head, or with GQA packing 128 / G tokens
+// of each of the G query heads of one KV head (rows (head, token)). The producer's first thread loads the Q tile
 // once and the K and V tiles of the key range this tile attends to (causal and window ranges are cut to whole
 // tiles; tiles outside are never loaded) into a ring of kStages stages; K and V of a stage complete on their own
 // mbarriers, so S = Q·Kᵀ starts while V is still in flight. Each consumer warpgroup computes, per key tile,
@@ -87,8 +88,8 @@ static_assert(kProducerRegs<false> * 128 + kConsumerRegs<false> * 256 <= kPrefil
 using ::tessera::detail::pack2;
 
 struct PrefillArgs {
-  // 4-D maps of q, k and v over (D, tokens, heads, batch), boxes of (64 elements, rows, 1, 1) with the 128-byte
-  // swizzle: q boxes of kPrefillBlockM rows, k and v boxes of kBlockN rows. Packed: a batch of one.
+  // 4-D maps of q, k and v over (D, tokens, heads, batch) with the 128-byte swizzle: q boxes of (64 elements,
+  // q_tokens, q_heads, 1), k and v boxes of (64 elements, kBlockN rows, 1, 1). Packed: a batch of one.
   CUtensorMap q_map, k_map, v_map;
   void* o = nullptr;
   int64_t o_stride_token = 0, o_stride_head = 0, o_stride_batch = 0;
@@ -202,7 +203,7 @@ __device__ __forceinline__ void convert_tile(const uint8_t* src, const uint32_t*
   // of the codes above a store to the tile: both are shared memory). A per-channel thread's 32-token block is
   // kRowStep · m / 32 (r0 < kRowStep, and kRowStep divides 32): known at compile time.
   constexpr int kBatch = P == QuantParams::kChannel ? 2 : 4;
-  static_assert(kSteps % kBatch == 0 && 32 % kRowStep == 0 || kRowStep == 32, "whole batches, blocks by step");
+  static_assert(kSteps % kBatch == 0 && 32 % kRowStep == 0, "whole batches, blocks by step");
 #pragma unroll
   for (int m0 = 0; m0 < kSteps; m0 += kBatch) {
     RawCodes16<F> raw[kBatch];
@@ -261,11 +262,13 @@ __device__ __forceinline__ void convert_tile(const uint8_t* src, const uint32_t*
 // ahead), convert K into the fp16 ring and signal it, then the same for V; each signal is one arrival per warp on the
 // consumers' full barrier. Thread 0 issues the code tiles (load_codes(it, n)) kCodeStages ahead: a stage is
 // reloaded as soon as every warp has converted it.
-template <int kD, class Tile, KVFormat F, class LoadCodes>
+// convert_q() runs once the first tiles' code and parameter loads are in flight.
+template <int kD, class Tile, KVFormat F, class LoadCodes, class ConvertQ>
 __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* ring, const uint8_t* codes,
                                                 uint32_t* staged, pipeline::StageRing k_ring,
                                                 pipeline::StageRing v_ring, pipeline::StageRing code_ring,
-                                                LoadCodes&& load_codes, int b, int kvh, int sk, int n_lo, int n_hi) {
+                                                LoadCodes&& load_codes, ConvertQ&& convert_q, int b, int kvh, int sk,
+                                                int n_lo, int n_hi) {
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr QuantParams kKP = QuantFormat<F>::kKeys, kVP = QuantFormat<F>::kValues;
   const int t = threadIdx.x, lane = threadIdx.x % 32;
@@ -290,6 +293,7 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
   TileParams<kD, kBlockN, kVP> vp;
   kp.load(qt, qt.k_scale, kvh, n_lo, sk, t, locate);
   vp.load(qt, qt.v_scale, kvh, n_lo, sk, t, locate);
+  convert_q();
   for (int n = n_lo, it = 0; n < n_hi; ++n, ++it) {
     const pipeline::PipelineState code_st = pipeline::PipelineState::at(it, Tile::kCodeStages);
     const pipeline::PipelineState st = pipeline::PipelineState::at(it, kStages);
@@ -327,35 +331,37 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
   }
 }
 
-// The transform warps: Q to fp16 in place when q is bf16 (saturated to fp16's range), then every key tile's K and
-// V codes to fp16 tiles (at least one tile: n_lo < n_hi).
+// The transform warps: every key tile's K and V codes to fp16 tiles, and (once the first tiles' loads are issued) Q to
+// fp16 in place when q is bf16 (saturated to fp16's range); at least one tile: n_lo < n_hi.
 template <int kD, class Tile, KVFormat F, class LoadCodes>
 __device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
                                                 const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
                                                 uint64_t* q_ready, pipeline::StageRing k_ring,
                                                 pipeline::StageRing v_ring, pipeline::StageRing code_ring,
                                                 LoadCodes&& load_codes, int b, int kvh, int sk, int n_lo, int n_hi) {
-  const int t = threadIdx.x, lane = threadIdx.x % 32;
-  ptx::mbarrier_wait_parity(q_full, 0);
-  if (a.q_bf16) {
-    for (int i = t; i < Tile::kQBytes / 16; i += kTransformThreads) {
-      uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
-      uint4 v = *p;
-      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+  const auto convert_q = [&] {
+    const int t = threadIdx.x, lane = threadIdx.x % 32;
+    ptx::mbarrier_wait_parity(q_full, 0);
+    if (a.q_bf16) {
+      for (int i = t; i < Tile::kQBytes / 16; i += kTransformThreads) {
+        uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
+        uint4 v = *p;
+        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float lo = fminf(fmaxf(__uint_as_float(w[k] << 16), -65504.0f), 65504.0f);
-        const float hi = fminf(fmaxf(__uint_as_float(w[k] & 0xffff0000u), -65504.0f), 65504.0f);
-        w[k] = ::tessera::detail::pack2<true>(lo, hi);
+        for (int k = 0; k < 4; ++k) {
+          const float lo = fminf(fmaxf(__uint_as_float(w[k] << 16), -65504.0f), 65504.0f);
+          const float hi = fminf(fmaxf(__uint_as_float(w[k] & 0xffff0000u), -65504.0f), 65504.0f);
+          w[k] = ::tessera::detail::pack2<true>(lo, hi);
+        }
+        *p = v;
       }
-      *p = v;
     }
-  }
-  ptx::fence_proxy_async_shared();
-  __syncwarp();
-  if (lane == 0) ptx::mbarrier_arrive(q_ready);
-  uint32_t* staged = reinterpret_cast<uint32_t*>(pair_smem);
-  transform_tiles<kD, Tile, F>(a, ring, codes, staged, k_ring, v_ring, code_ring, load_codes, b, kvh, sk, n_lo, n_hi);
+    ptx::fence_proxy_async_shared();
+    __syncwarp();
+    if (lane == 0) ptx::mbarrier_arrive(q_ready);
+  };
+  transform_tiles<kD, Tile, F>(a, ring, codes, reinterpret_cast<uint32_t*>(pair_smem), k_ring, v_ring, code_ring,
+                               load_codes, convert_q, b, kvh, sk, n_lo, n_hi);
 }
 
 // kFormat: the K / V format, kNative (rows of q's dtype) or a quantized one (the kQuant kernel: its own instance per

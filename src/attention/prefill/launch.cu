@@ -133,7 +133,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
   a.total_q = pb.total_q;
   a.total_k = static_cast<int>(pb.total_k);
   a.group = pb.num_q_heads / pb.num_kv_heads;
-  a.num_m_blocks = (pb.max_seqlen_q + rows_q.tokens - 1) / rows_q.tokens;
+  a.num_m_blocks = static_cast<int>((int64_t{pb.max_seqlen_q} + rows_q.tokens - 1) / rows_q.tokens);
   constexpr float kLog2e = 1.4426950408889634f;
   if (pb.softcap > 0.0f) {
     a.scale_log2 = pb.softmax_scale / pb.softcap;
