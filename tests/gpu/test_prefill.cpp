@@ -207,6 +207,22 @@ Check run_case(const PrefillCase& c, uint64_t seed) {
   return run.compare();
 }
 
+// Runs c on a fresh seed (printed on failure) and expects it to match the reference.
+void expect_matches_reference(const PrefillCase& c) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  const Check r = run_case(c, seed);
+  EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+}
+
+// The same with one head per tile and with the KV head's query heads sharing it (pack_gqa 0 and 1).
+void expect_matches_reference_packed_and_not(PrefillCase c) {
+  for (int pack : {0, 1}) {
+    c.pack_gqa = pack;
+    expect_matches_reference(c);
+  }
+}
+
 class PrefillGpu : public ::testing::Test {
  protected:
   void SetUp() override { TESSERA_REQUIRE_GPU(); }
@@ -227,10 +243,7 @@ TEST_F(PrefillGpu, LengthsHeadDimsAndMasks) {
         c.sq = sq;
         c.sk = sk;
         c.params.causal = causal;
-        const uint64_t seed = test::fresh_seed();
-        SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-        const Check r = run_case(c, seed);
-        EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+        expect_matches_reference(c);
       }
 }
 
@@ -245,23 +258,18 @@ TEST_F(PrefillGpu, GroupsWindowsSoftcap) {
   const G grid[] = {{4, 4, 128, 0, 0.0f, true},   {16, 4, 64, 37, 0.0f, true},  {5, 1, 128, 0, 5.0f, false},
                     {16, 2, 256, 100, 0.0f, false}, {16, 1, 128, 1, 0.0f, true}, {8, 8, 64, 0, 30.0f, true},
                     {32, 1, 64, 0, 0.0f, true}};
-  for (const G& g : grid)
-    for (int pack : {0, 1}) {  // one head per tile, and the KV head's query heads sharing it
-      PrefillCase c;
-      c.D = g.D;
-      c.HQ = g.HQ;
-      c.HKV = g.HKV;
-      c.sq = {300, 17, 129};
-      c.sk = {1000, 17, 700};
-      c.params.causal = g.causal;
-      c.params.window = g.window;
-      c.params.softcap = g.softcap;
-      c.pack_gqa = pack;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      const Check r = run_case(c, seed);
-      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
-    }
+  for (const G& g : grid) {
+    PrefillCase c;
+    c.D = g.D;
+    c.HQ = g.HQ;
+    c.HKV = g.HKV;
+    c.sq = {300, 17, 129};
+    c.sk = {1000, 17, 700};
+    c.params.causal = g.causal;
+    c.params.window = g.window;
+    c.params.softcap = g.softcap;
+    expect_matches_reference_packed_and_not(c);
+  }
 }
 
 // Query-head groups of 64 to 128 on one KV head (a packed tile holds 2 or 1 tokens of each; at G 96, 32 of its 128
@@ -273,22 +281,17 @@ TEST_F(PrefillGpu, LargeGroupsPacked) {
     int window;
   };
   const G grid[] = {{64, 64, true, 0}, {96, 256, true, 7}, {128, 128, false, 0}, {128, 64, true, 0}};
-  for (const G& g : grid)
-    for (int pack : {0, 1}) {
-      PrefillCase c;
-      c.D = g.D;
-      c.HQ = g.HQ;
-      c.HKV = 1;
-      c.sq = {40, 3, 0, 9};
-      c.sk = {300, 3, 5, 9};
-      c.params.causal = g.causal;
-      c.params.window = g.window;
-      c.pack_gqa = pack;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      const Check r = run_case(c, seed);
-      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
-    }
+  for (const G& g : grid) {
+    PrefillCase c;
+    c.D = g.D;
+    c.HQ = g.HQ;
+    c.HKV = 1;
+    c.sq = {40, 3, 0, 9};
+    c.sk = {300, 3, 5, 9};
+    c.params.causal = g.causal;
+    c.params.window = g.window;
+    expect_matches_reference_packed_and_not(c);
+  }
 }
 
 // One configuration drawn from the seed (for the stress step: every seed a different shape): 1-4 sequences of 0-300
@@ -339,10 +342,7 @@ TEST_F(PrefillGpu, BatchedFusedAndStridedLayouts) {
     c.fused_qkv = l.fused;
     c.strided_out = l.strided_out;
     c.params.causal = l.causal;
-    const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-    const Check r = run_case(c, seed);
-    EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    expect_matches_reference(c);
   }
 }
 

@@ -171,6 +171,14 @@ Check run_cache_case(const CacheCase& c, uint64_t seed, double* error_unquantize
   return prefilltest::compare_outputs(o, int64_t{c.HQ} * c.D, c.D, lse, c.HQ, 1, ref, total_q, c.HQ, c.D, fp16);
 }
 
+// Runs c on a fresh seed (printed on failure) and expects it to match the reference.
+void expect_matches_reference(const CacheCase& c) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+  const Check r = run_cache_case(c, seed);
+  EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+}
+
 class PrefillCacheGpu : public ::testing::Test {
  protected:
   void SetUp() override { TESSERA_REQUIRE_GPU(); }
@@ -191,10 +199,7 @@ TEST_F(PrefillCacheGpu, NativeContiguousAndPaged) {
         c.sq = {37, 1, 130, 0, 200};
         c.seqlens = {300, 1, 130, 50, 600};  // 600: past the capacity, L = 512
         c.params.causal = causal;
-        const uint64_t seed = test::fresh_seed();
-        SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-        const Check r = run_cache_case(c, seed);
-        EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+        expect_matches_reference(c);
       }
 }
 
@@ -218,10 +223,7 @@ TEST_F(PrefillCacheGpu, EveryQuantizedFormat) {
       c.params.causal = i % 3 != 2;
       c.params.softcap = i % 5 == 4 ? 30.0f : 0.0f;
       ++i;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      const Check r = run_cache_case(c, seed);
-      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+      expect_matches_reference(c);
     }
   }
 }
@@ -241,10 +243,7 @@ TEST_F(PrefillCacheGpu, LargeGroupsPacked) {
       c.seqlens = {200, 100};
       c.params.causal = true;
       c.pack_gqa = pack;
-      const uint64_t seed = test::fresh_seed();
-      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-      const Check r = run_cache_case(c, seed);
-      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+      expect_matches_reference(c);
     }
 }
 
