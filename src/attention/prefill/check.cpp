@@ -86,10 +86,7 @@ void check_params(const ArgCheck& check, const PrefillParams& params, int64_t gr
   if (!std::isfinite(params.softmax_scale) || params.softmax_scale < 0.0f)
     check.fail("params.softmax_scale", "must be finite and >= 0 (0 selects 1/sqrt(D)), got " +
                                            std::to_string(params.softmax_scale));
-  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
-    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
-  if (params.window < 0)
-    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  check_softcap_window(check, params.softcap, params.window);
   if (params.pack_gqa < -1 || params.pack_gqa > 1)
     check.fail("params.pack_gqa", "must be -1 (chosen), 0 or 1, got " + str(params.pack_gqa));
   if (params.pack_gqa == 1 && group > kPrefillMaxPackedGroup)

@@ -40,7 +40,7 @@ inline constexpr float kMaxSlack = 8.0f;
 constexpr int prefill_block_n(int head_dim) { return head_dim == 256 ? 64 : 128; }
 
 // Key tile and ring depth per head dim: the ring fills what shared memory is left. kQuant (K / V from a quantized
-// cache): a staging ring of raw code tiles (up to 8 bits per element) besides, which the transform warps turn into
+// cache): a staging ring of raw code tiles (up to 8 bits per element) besides, which the producer warpgroup turns into
 // the fp16 K / V tiles.
 template <int kD, bool kQuant = false>
 struct PrefillTile {
@@ -69,7 +69,7 @@ struct PrefillTile {
   static_assert(kBytes <= 232448, "227 KiB of shared memory per CTA");
 };
 // Named barriers (0 is __syncthreads): the consumer warpgroups' turns (kTurn + warpgroup), warpgroup 0's V-tail
-// zeroing, and the quantized variant's transform warps.
+// zeroing, and the quantized kernel's producer warpgroup (its parameter staging).
 enum class PrefillBarrier : int { kTurn = 1, kVTail = 3, kTransform = 4 };
 constexpr int barrier_id(PrefillBarrier b, int offset = 0) { return static_cast<int>(b) + offset; }
 
@@ -120,7 +120,8 @@ struct PrefillArgs {
   bool causal = false;
 };
 
-// The quantized variant's transform warps: the whole producer warpgroup (its first thread also issues the TMA loads).
+// The threads that convert a quantized cache's tiles: the whole producer warpgroup (its first thread also issues
+// the TMA loads).
 inline constexpr int kTransformThreads = 128;
 
 // One thread's share of the scale parameters of a K or V tile, loaded from global memory a tile ahead of its
@@ -331,37 +332,29 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
   }
 }
 
-// The transform warps: every key tile's K and V codes to fp16 tiles, and (once the first tiles' loads are issued) Q to
-// fp16 in place when q is bf16 (saturated to fp16's range); at least one tile: n_lo < n_hi.
-template <int kD, class Tile, KVFormat F, class LoadCodes>
-__device__ __forceinline__ void transform_warps(const PrefillArgs& a, uint8_t* q_tile, uint8_t* ring,
-                                                const uint8_t* codes, uint8_t* pair_smem, uint64_t* q_full,
-                                                uint64_t* q_ready, pipeline::StageRing k_ring,
-                                                pipeline::StageRing v_ring, pipeline::StageRing code_ring,
-                                                LoadCodes&& load_codes, int b, int kvh, int sk, int n_lo, int n_hi) {
-  const auto convert_q = [&] {
-    const int t = threadIdx.x, lane = threadIdx.x % 32;
-    ptx::mbarrier_wait_parity(q_full, 0);
-    if (a.q_bf16) {
-      for (int i = t; i < Tile::kQBytes / 16; i += kTransformThreads) {
-        uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
-        uint4 v = *p;
-        uint32_t* w = reinterpret_cast<uint32_t*>(&v);
+// The producer warpgroup's Q step in the quantized kernel: once Q has landed, Q to fp16 in place when q is bf16
+// (saturated to fp16's range), then one arrival per warp on q_ready.
+template <class Tile>
+__device__ __forceinline__ void q_to_fp16(const PrefillArgs& a, uint8_t* q_tile, uint64_t* q_full, uint64_t* q_ready) {
+  const int t = threadIdx.x, lane = threadIdx.x % 32;
+  ptx::mbarrier_wait_parity(q_full, 0);
+  if (a.q_bf16) {
+    for (int i = t; i < Tile::kQBytes / 16; i += kTransformThreads) {
+      uint4* p = reinterpret_cast<uint4*>(q_tile) + i;
+      uint4 v = *p;
+      uint32_t* w = reinterpret_cast<uint32_t*>(&v);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float lo = fminf(fmaxf(__uint_as_float(w[k] << 16), -65504.0f), 65504.0f);
-          const float hi = fminf(fmaxf(__uint_as_float(w[k] & 0xffff0000u), -65504.0f), 65504.0f);
-          w[k] = ::tessera::detail::pack2<true>(lo, hi);
-        }
-        *p = v;
+      for (int k = 0; k < 4; ++k) {
+        const float lo = fminf(fmaxf(__uint_as_float(w[k] << 16), -65504.0f), 65504.0f);
+        const float hi = fminf(fmaxf(__uint_as_float(w[k] & 0xffff0000u), -65504.0f), 65504.0f);
+        w[k] = ::tessera::detail::pack2<true>(lo, hi);
       }
+      *p = v;
     }
-    ptx::fence_proxy_async_shared();
-    __syncwarp();
-    if (lane == 0) ptx::mbarrier_arrive(q_ready);
-  };
-  transform_tiles<kD, Tile, F>(a, ring, codes, reinterpret_cast<uint32_t*>(pair_smem), k_ring, v_ring, code_ring,
-                               load_codes, convert_q, b, kvh, sk, n_lo, n_hi);
+  }
+  ptx::fence_proxy_async_shared();
+  __syncwarp();
+  if (lane == 0) ptx::mbarrier_arrive(q_ready);
 }
 
 // kFormat: the K / V format, kNative (rows of q's dtype) or a quantized one (the kQuant kernel: its own instance per
@@ -380,11 +373,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
   uint8_t* ring = smem + Tile::kQBytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(pad >= Tile::kNumBars * 8 ? smem_raw : smem + Tile::kBarOff);
   uint64_t* q_full = bars;
-  // K and V tiles (full: TMA, or kQuant's transform warps; empty: one arrival per consumer warpgroup).
+  // K and V tiles (full: TMA, or kQuant's producer warpgroup; empty: the consumer warpgroups).
   const pipeline::StageRing k_ring{bars + 1, bars + 1 + 2 * kStages, kStages};
   const pipeline::StageRing v_ring{bars + 1 + kStages, bars + 1 + 3 * kStages, kStages};
-  uint64_t* q_ready = bars + 1 + 4 * kStages;  // kQuant: Q in fp16 (the transform warps)
-  // kQuant: staged code tiles (full: TMA; empty: the transform warps read them).
+  uint64_t* q_ready = bars + 1 + 4 * kStages;  // kQuant: Q in fp16 (q_to_fp16)
+  // kQuant: staged code tiles (full: TMA; empty: the producer warpgroup has converted them).
   const pipeline::StageRing code_ring{q_ready + 1, q_ready + 1 + Tile::kCodeStages, Tile::kCodeStages};
   uint8_t* codes = smem + Tile::kCodeOff;
 
@@ -417,18 +410,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
 
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      ptx::mbarrier_init(&k_ring.full[s], kQuant ? 4 : 1);  // kQuant: one arrival per transform warp
-      ptx::mbarrier_init(&v_ring.full[s], kQuant ? 4 : 1);
-      ptx::mbarrier_init(&k_ring.empty[s], 2);  // one arrival per consumer warpgroup
-      ptx::mbarrier_init(&v_ring.empty[s], 2);
-    }
+    // Full: TMA (one arrival), or kQuant's producer warpgroup (one per warp); empty: one per consumer warpgroup.
+    k_ring.init_barriers(kQuant ? 4 : 1, 2);
+    v_ring.init_barriers(kQuant ? 4 : 1, 2);
     if constexpr (kQuant) {
       ptx::mbarrier_init(q_ready, 4);
-      for (int s = 0; s < Tile::kCodeStages; ++s) {
-        ptx::mbarrier_init(&code_ring.full[s], 1);
-        ptx::mbarrier_init(&code_ring.empty[s], 4);
-      }
+      code_ring.init_barriers(1, 4);  // TMA; one arrival per warp of the producer warpgroup
     }
     ptx::fence_mbarrier_init();
   }
@@ -479,8 +466,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
         });
       };
       if (threadIdx.x == 0) load_q();
-      transform_warps<kD, Tile, kFormat>(a, q_tile, ring, codes, smem + Tile::kPairOff, q_full, q_ready, k_ring, v_ring,
-                                code_ring, load_codes, b, kvh, sk, n_lo, n_hi);
+      transform_tiles<kD, Tile, kFormat>(
+          a, ring, codes, reinterpret_cast<uint32_t*>(smem + Tile::kPairOff), k_ring, v_ring, code_ring, load_codes,
+          [&] { q_to_fp16<Tile>(a, q_tile, q_full, q_ready); }, b, kvh, sk, n_lo, n_hi);
       return;
     }
     if (threadIdx.x != 0) return;

@@ -1,4 +1,4 @@
-// Prefill over a quantized KV cache: the transform warps' conversion of one tile of cache codes (TMA-loaded rows,
+// Prefill over a quantized KV cache: the producer warpgroup's conversion of one tile of cache codes (TMA-loaded rows,
 // in tile order, into a staging buffer) into the fp16 K or V tile that the consumers' wgmma reads (64-column blocks
 // of 128-byte rows, 128-byte swizzle).
 //

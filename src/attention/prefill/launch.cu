@@ -81,7 +81,7 @@ void launch_prefill(const PrefillProblem& pb, cudaStream_t stream) {
       };
       a.k_map = cache_map(c.k);
       a.v_map = cache_map(c.v);
-    } else {  // code rows as bytes (no swizzle: the transform warps read them), and their scales
+    } else {  // code rows as bytes (no swizzle: the producer warpgroup converts them), and their scales
       const auto code_map = [&](const uint8_t* data) {
         const int64_t dims[4] = {c.row_bytes, rows, c.num_kv_heads, c.num_pages};
         const int64_t strides[3] = {c.stride_token, c.stride_head, c.stride_outer};
