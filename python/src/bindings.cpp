@@ -51,6 +51,7 @@ using tessera::python::parse_group_score;
 using tessera::python::parse_kv_format;
 using tessera::python::parse_scale_mode;
 using tessera::python::parse_scoring;
+using tessera::python::prefill_params;
 
 // The TensorView of a DLPack capsule. The capsule is only read.
 TensorView view_of(const py::object& given, const char* op, const char* arg) {
@@ -369,15 +370,6 @@ void append_kv(const py::object& k_new, const py::object& v_new, const py::objec
 
 // ---- attention prefill ----------------------------------------------------------------------------------------
 // Preallocated out (and lse, or None); no workspace. cu_seqlens_q / cu_seqlens_k are read on the device only.
-
-ta::PrefillParams prefill_params(float softmax_scale, float softcap, int window, bool causal) {
-  ta::PrefillParams params;
-  params.softmax_scale = softmax_scale;
-  params.softcap = softcap;
-  params.window = window;
-  params.causal = causal;
-  return params;
-}
 
 void attention_prefill(const py::object& q, const py::object& k, const py::object& v, const py::object& out,
                        const py::object& lse, float softmax_scale, float softcap, int window, bool causal,

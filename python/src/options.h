@@ -76,6 +76,16 @@ inline attention::KVFormat parse_kv_format(std::string_view s, const char* op) {
   return parse_choice(s, op, "format", kChoices);
 }
 
+// Prefill's params as both modules take them (softmax_scale 0: 1/sqrt(D)); pack_gqa stays chosen (-1).
+inline attention::PrefillParams prefill_params(float softmax_scale, float softcap, int window, bool causal) {
+  attention::PrefillParams params;
+  params.softmax_scale = softmax_scale;
+  params.softcap = softcap;
+  params.window = window;
+  params.causal = causal;
+  return params;
+}
+
 // The grouped GEMM's options from the bindings' expected_m (deprecated and ignored by the GEMM, still passed on).
 inline gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
   gemm::GroupedGemmOptions options;

@@ -388,28 +388,22 @@ void append_kv(const at::Tensor& k_new, const at::Tensor& v_new, const at::Tenso
 // of the varlen form (cu_seqlens_q / _k) are device values, read on the device only.
 
 ta::PrefillParams prefill_params(const char* op, double softmax_scale, double softcap, int64_t window, bool causal) {
-  ta::PrefillParams params;
-  params.softmax_scale = static_cast<float>(softmax_scale);
-  params.softcap = static_cast<float>(softcap);
-  params.window = narrow(window, op, "window");
-  params.causal = causal;
-  return params;
+  return tessera::python::prefill_params(static_cast<float>(softmax_scale), static_cast<float>(softcap),
+                                         narrow(window, op, "window"), causal);
 }
 
 void attention_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                        const std::optional<at::Tensor>& lse, double softmax_scale, double softcap, int64_t window,
                        bool causal) {
   constexpr const char* op = "tessera.attention_prefill";
-  {
-    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
-    const c10::Device device = device_of(q, op, "q");
-    const TensorView qv = view_of(q, op, "q");
-    const TensorView kv = view_of(k, op, "k");
-    const TensorView vv = view_of(v, op, "v");
-    const TensorView ov = view_of(out, op, "out");
-    const auto lv = optional_view_of(lse, op, "lse");
-    run_on(device, [&](cudaStream_t s) { ta::prefill(qv, kv, vv, ov, lv, params, s); });
-  }
+  const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+  const c10::Device device = device_of(q, op, "q");
+  const TensorView qv = view_of(q, op, "q");
+  const TensorView kv = view_of(k, op, "k");
+  const TensorView vv = view_of(v, op, "v");
+  const TensorView ov = view_of(out, op, "out");
+  const auto lv = optional_view_of(lse, op, "lse");
+  run_on(device, [&](cudaStream_t s) { ta::prefill(qv, kv, vv, ov, lv, params, s); });
 }
 
 void attention_prefill_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -417,20 +411,18 @@ void attention_prefill_varlen(const at::Tensor& q, const at::Tensor& k, const at
                               const at::Tensor& out, const std::optional<at::Tensor>& lse, double softmax_scale,
                               double softcap, int64_t window, bool causal) {
   constexpr const char* op = "tessera.attention_prefill_varlen";
-  {
-    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
-    const c10::Device device = device_of(q, op, "q");
-    const TensorView qv = view_of(q, op, "q");
-    const TensorView kv = view_of(k, op, "k");
-    const TensorView vv = view_of(v, op, "v");
-    const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
-    const TensorView ckv = view_of(cu_seqlens_k, op, "cu_seqlens_k");
-    const TensorView ov = view_of(out, op, "out");
-    const auto lv = optional_view_of(lse, op, "lse");
-    run_on(device, [&](cudaStream_t s) {
-      ta::prefill_varlen(qv, kv, vv, cqv, ckv, max_seqlen_q, ov, lv, params, s);
-    });
-  }
+  const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+  const c10::Device device = device_of(q, op, "q");
+  const TensorView qv = view_of(q, op, "q");
+  const TensorView kv = view_of(k, op, "k");
+  const TensorView vv = view_of(v, op, "v");
+  const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+  const TensorView ckv = view_of(cu_seqlens_k, op, "cu_seqlens_k");
+  const TensorView ov = view_of(out, op, "out");
+  const auto lv = optional_view_of(lse, op, "lse");
+  run_on(device, [&](cudaStream_t s) {
+    ta::prefill_varlen(qv, kv, vv, cqv, ckv, max_seqlen_q, ov, lv, params, s);
+  });
 }
 
 // Chunked prefill over the decode KV cache: the cache arguments as attention_decode takes them (kv_cache_of), the
@@ -443,19 +435,17 @@ void attention_prefill_with_cache(const at::Tensor& q, const at::Tensor& cu_seql
                                   std::string_view format, double softmax_scale, double softcap, int64_t window,
                                   bool causal, const std::optional<at::Tensor>& k_residual) {
   constexpr const char* op = "tessera.attention_prefill_with_cache";
-  {
-    const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
-    const c10::Device device = device_of(q, op, "q");
-    const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
-    const TensorView qv = view_of(q, op, "q");
-    const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
-    const TensorView sv = view_of(cache_seqlens, op, "cache_seqlens");
-    const TensorView ov = view_of(out, op, "out");
-    const auto lv = optional_view_of(lse, op, "lse");
-    run_on(device, [&](cudaStream_t s) {
-      ta::prefill_with_cache(qv, cqv, max_seqlen_q, cache, sv, ov, lv, params, s);
-    });
-  }
+  const ta::PrefillParams params = prefill_params(op, softmax_scale, softcap, window, causal);
+  const c10::Device device = device_of(q, op, "q");
+  const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
+  const TensorView qv = view_of(q, op, "q");
+  const TensorView cqv = view_of(cu_seqlens_q, op, "cu_seqlens_q");
+  const TensorView sv = view_of(cache_seqlens, op, "cache_seqlens");
+  const TensorView ov = view_of(out, op, "out");
+  const auto lv = optional_view_of(lse, op, "lse");
+  run_on(device, [&](cudaStream_t s) {
+    ta::prefill_with_cache(qv, cqv, max_seqlen_q, cache, sv, ov, lv, params, s);
+  });
 }
 
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,6 +120,12 @@ void check_outputs_apart(const ArgCheck& check, const std::vector<Named>& inputs
     for (const Named& in : inputs) check.no_overlap(*in.t, in.name, *outputs[i].t, outputs[i].name);
     for (std::size_t j = 0; j < i; ++j) check.no_overlap(*outputs[j].t, outputs[j].name, *outputs[i].t, outputs[i].name);
   }
+}
+
+void check_softcap_window(const ArgCheck& check, float softcap, int window) {
+  if (!std::isfinite(softcap) || softcap < 0.0f)
+    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(softcap));
+  if (window < 0) check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(window));
 }
 
 }  // namespace tessera::attention::detail

@@ -66,4 +66,7 @@ struct Named {
 // Each output overlaps no input and no other output.
 void check_outputs_apart(const ArgCheck& check, const std::vector<Named>& inputs, const std::vector<Named>& outputs);
 
+// params.softcap finite and >= 0, params.window >= 0 (decode's and prefill's rules; the messages name them so).
+void check_softcap_window(const ArgCheck& check, float softcap, int window);
+
 }  // namespace tessera::attention::detail

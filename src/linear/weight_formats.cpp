@@ -5,28 +5,24 @@
 #include <string>
 
 #include "common/host_numeric.h"
-#include "tessera/error.h"
+#include "common/validate.h"
 
 namespace tessera::linear::detail {
 namespace {
 
-[[noreturn]] void fail(const char* op, const char* arg, const std::string& what) {
-  throw Error(std::string(op) + ": " + arg + " " + what);
-}
-
-void check_common(const char* op, const void* qweight, const void* qzeros, const void* scales, int64_t k, int64_t n,
-                  int bits, int64_t group, int64_t n_pack) {
-  if (qweight == nullptr) fail(op, "qweight", "is null");
-  if (qzeros == nullptr) fail(op, "qzeros", "is null");
-  if (scales == nullptr) fail(op, "scales", "is null");
-  if (bits != 4 && bits != 8) fail(op, "bits", "must be 4 or 8, got " + std::to_string(bits));
+void check_common(const ::tessera::detail::ArgCheck& check, const void* qweight, const void* qzeros, const void* scales,
+                  int64_t k, int64_t n, int bits, int64_t group, int64_t n_pack) {
+  if (qweight == nullptr) check.fail("qweight", "is null");
+  if (qzeros == nullptr) check.fail("qzeros", "is null");
+  if (scales == nullptr) check.fail("scales", "is null");
+  if (bits != 4 && bits != 8) check.fail("bits", "must be 4 or 8, got " + std::to_string(bits));
   if (k <= 0 || n <= 0)
-    fail(op, "qweight", "must describe K > 0 and N > 0, got K " + std::to_string(k) + ", N " + std::to_string(n));
+    check.fail("qweight", "must describe K > 0 and N > 0, got K " + std::to_string(k) + ", N " + std::to_string(n));
   if (group <= 0 || k % group != 0)
-    fail(op, "group", "must divide K = " + std::to_string(k) + ", got " + std::to_string(group));
+    check.fail("group", "must divide K = " + std::to_string(k) + ", got " + std::to_string(group));
   if (n % n_pack != 0)
-    fail(op, "qzeros", "packs N along 32-bit words: N = " + std::to_string(n) + " must be a multiple of " +
-                           std::to_string(n_pack));
+    check.fail("qzeros", "packs N along 32-bit words: N = " + std::to_string(n) + " must be a multiple of " +
+                             std::to_string(n_pack));
 }
 
 // Field j (bits wide) of a 32-bit word.
@@ -36,17 +32,17 @@ inline uint32_t field(int32_t word, int j, int bits) {
 
 }  // namespace
 
-QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales,
-                            const int32_t* g_idx, int64_t k, int64_t n, int bits, int64_t group,
-                            bool zero_stored_minus_one) {
-  constexpr const char* op = "tessera::linear::import_gptq";
+QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, const int32_t* g_idx,
+                            int64_t k, int64_t n, int bits, int64_t group, bool zero_stored_minus_one) {
+  const ::tessera::detail::ArgCheck check("tessera::linear::import_gptq");
   const int per_word = bits == 8 ? 4 : 8;  // before check_common validates bits: 4 -> 8 per word, 8 -> 4
-  check_common(op, qweight, qzeros, scales, k, n, bits, group, per_word);
+  check_common(check, qweight, qzeros, scales, k, n, bits, group, per_word);
   if (k % per_word != 0)
-    fail(op, "qweight", "packs K along 32-bit words: K = " + std::to_string(k) + " must be a multiple of " +
-                            std::to_string(per_word));
+    check.fail("qweight", "packs K along 32-bit words: K = " + std::to_string(k) + " must be a multiple of " +
+                              std::to_string(per_word));
   const int64_t groups = k / group;
-  // The columns in group order: act-order g_idx sorted (stable), or the identity.
+  // The columns in group order: act-order g_idx sorted (stable), or the
+  // identity.
   std::vector<int32_t> order(static_cast<size_t>(k));
   std::iota(order.begin(), order.end(), 0);
   std::vector<int64_t> group_of(static_cast<size_t>(k));
@@ -54,8 +50,8 @@ QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const
   for (int64_t c = 0; c < k; ++c) {
     const int64_t g = g_idx != nullptr ? g_idx[c] : c / group;
     if (g < 0 || g >= groups)
-      fail(op, "g_idx", "[" + std::to_string(c) + "] = " + std::to_string(g) + " is outside [0, " +
-                            std::to_string(groups) + ")");
+      check.fail("g_idx", "[" + std::to_string(c) + "] = " + std::to_string(g) + " is outside [0, " +
+                              std::to_string(groups) + ")");
     group_of[c] = g;
     identity = identity && g == c / group;
   }
@@ -63,8 +59,8 @@ QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const
     std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return group_of[a] < group_of[b]; });
     for (int64_t j = 0; j < k; ++j)
       if (group_of[order[j]] != j / group)
-        fail(op, "g_idx", "must give every group exactly " + std::to_string(group) + " columns (group " +
-                              std::to_string(j / group) + " does not)");
+        check.fail("g_idx", "must give every group exactly " + std::to_string(group) + " columns (group " +
+                                std::to_string(j / group) + " does not)");
   }
   QuantizedWeight w;
   w.n = n;
@@ -93,10 +89,10 @@ QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const
   return w;
 }
 
-QuantizedWeight import_awq(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t k,
-                           int64_t n, int64_t group) {
-  constexpr const char* op = "tessera::linear::import_awq";
-  check_common(op, qweight, qzeros, scales, k, n, 4, group, 8);
+QuantizedWeight import_awq(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int64_t k, int64_t n,
+                           int64_t group) {
+  const ::tessera::detail::ArgCheck check("tessera::linear::import_awq");
+  check_common(check, qweight, qzeros, scales, k, n, 4, group, 8);
   constexpr int kOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // nibble i holds column 8c + kOrder[i]
   const int64_t groups = k / group, cols = n / 8;
   QuantizedWeight w;

@@ -325,10 +325,7 @@ DecodeShape check_query_cache_params(const ArgCheck& check, const TensorView& q_
   if (!std::isfinite(params.softmax_scale))
     check.fail("params.softmax_scale", "must be finite (0 selects 1/sqrt(D)), got " +
                                            std::to_string(params.softmax_scale));
-  if (!std::isfinite(params.softcap) || params.softcap < 0.0f)
-    check.fail("params.softcap", "must be finite and >= 0 (0 disables it), got " + std::to_string(params.softcap));
-  if (params.window < 0)
-    check.fail("params.window", "must be >= 0 (0 attends to every key), got " + str(params.window));
+  check_softcap_window(check, params.softcap, params.window);
   check.in_range(params.num_splits, "params.num_splits", 0, kDecodeMaxSplits);
   return s;
 }
