@@ -9,10 +9,12 @@
     PYTHONPATH=build/python python3 bench/compare.py [--json results.json] [--ops gate,permute,unpermute,gemm,decode]
     PYTHONPATH=build/python python3 bench/compare.py --ops gemm [--gemm-cases dsv3,qwen3] [--gemm-kinds fp8_tensor]
     PYTHONPATH=build/python python3 bench/compare.py --ops decode [--decode-cases llama3_8b] [--decode-formats int4]
+    PYTHONPATH=build/python python3 bench/compare.py --ops linear [--linear-cases gate_up/N14336_K4096/M1/] \
+        [--linear-peers torch,tinygemm]
 
 Case names are tessera-bench's (bench/*_cases.cpp: 'dsv3/T4096/fp32', 'hq8kv1/B128/T8192/paged16/native', ...).
 The peers of each family live in bench/peers/ (common.py: timing and tables; gate.py, permute.py, gemm.py,
-decode.py; merge.py: the tessera-bench join); their docstrings say exactly what each peer runs.
+decode.py, linear.py; merge.py: the tessera-bench join); their docstrings say exactly what each peer runs.
 
 Ratios are peer µs / tessera µs of the same timing mode, CUDA graphs where both have them (> 1: tessera is faster).
 With --with-bench / --bench-json, tessera's µs is tessera-bench's and the µs measured here through tessera's
@@ -29,9 +31,15 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from peers import common as C  # noqa: E402
-from peers import decode, fi_jit, gate, gemm, merge, permute  # noqa: E402
+from peers import decode, fi_jit, gate, gemm, linear, merge, permute  # noqa: E402
 
-OPS = ("gate", "permute", "unpermute", "gemm", "decode")
+# The linear family's registration in the tessera-bench join (its tables live in peers/linear.py).
+merge.FAMILIES.update({op: ("linear", linear) for op in linear.MERGED_OPS})
+merge.BENCH_OPS["linear"] = list(linear.BENCH_OPS)
+merge.CPP_PEER_LABELS.update(linear.CPP_PEER_LABELS)
+merge.TITLES["linear"] = linear.TITLE
+
+OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear")
 
 
 def standalone_cases(args):
@@ -40,12 +48,13 @@ def standalone_cases(args):
                   permute=lambda: permute.cases_from_args(args, permute.PERMUTE),
                   unpermute=lambda: permute.cases_from_args(args, permute.UNPERMUTE),
                   gemm=lambda: gemm.cases_from_args(args),
-                  decode=lambda: decode.cases_from_args(args))
+                  decode=lambda: decode.cases_from_args(args),
+                  linear=lambda: linear.cases_from_args(args))
     return {op: makers[op]() for op in args.ops_list}
 
 
 def run_families(cases_by_family, args):
-    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode)
+    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear)
     results = {}
     for key, cases in cases_by_family.items():
         if not cases:
@@ -95,6 +104,10 @@ def parse_args(argv):
                     help="decode: comma list of " + ",".join(decode.FORMATS) + " (a case runs those of its own)")
     ap.add_argument("--decode-peers", default=",".join(decode.DEFAULT_PEERS), help="decode: comma list of " +
                     ",".join(decode.PEERS) + " (default: all but flashinfer_cudnn)")
+    ap.add_argument("--linear-cases", default="", help="linear: only cases whose name contains one of these "
+                    "comma-separated substrings (gate_up, /M1/, int8_g128, ...); default all (the ceiling row stays)")
+    ap.add_argument("--linear-peers", default=",".join(linear.PEERS), help="linear: comma list of " +
+                    ",".join(linear.PEERS))
     args = ap.parse_args(argv)
     args.ops_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in args.ops_list:
@@ -112,6 +125,9 @@ def parse_args(argv):
     for p in args.decode_peers.split(","):
         if p and p not in decode.PEERS:
             ap.error(f"unknown --decode-peers item {p!r} (expected {', '.join(decode.PEERS)})")
+    for p in args.linear_peers.split(","):
+        if p and p not in linear.PEERS:
+            ap.error(f"unknown --linear-peers item {p!r} (expected {', '.join(linear.PEERS)})")
     if args.with_bench and args.bench_json:
         ap.error("--with-bench and --bench-json exclude each other")
     return args
@@ -131,10 +147,12 @@ def header():
 
 
 def print_results(results, copy_bps):
-    order = ("gate", "permute", "unpermute", "gemm", "decode", "other")
+    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "other")
     C.print_legend(any(r.bench is not None for rows in results.values() for r in rows))
     for key in order:
-        if key in results:
+        if key == "linear" and key in results:
+            linear.print_family(results[key], copy_bps)
+        elif key in results:
             metric = "tflops" if key == "gemm" else "gbps"
             C.print_family(merge.TITLES[key], results[key], copy_bps, metric)
     for note in C.NOTES:

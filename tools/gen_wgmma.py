@@ -19,6 +19,9 @@ KINDS = (
 RS_KINDS = (
     ("mma_bf16_rs_tb", "k16.f32.bf16.bf16", "1, 1, 1"),  # imm-scale-a, imm-scale-b, imm-trans-b
     ("mma_f16_rs_tb", "k16.f32.f16.f16", "1, 1, 1"),
+    # B K-major (imm-trans-b = 0): the weight-only linear layer, dequantized weights in A, tokens in B.
+    ("mma_bf16_rs", "k16.f32.bf16.bf16", "1, 1, 0"),
+    ("mma_f16_rs", "k16.f32.f16.f16", "1, 1, 0"),
 )
 
 

@@ -23,13 +23,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "tessera/attention.h"
 #include "tessera/dlpack.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
+#include "tessera/linear.h"
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 #include "tessera/version.h"
@@ -427,13 +431,308 @@ void attention_prefill_with_cache(const py::object& q, const py::object& cu_seql
   ta::prefill_with_cache(q_v, cu_q_v, max_seqlen_q, cache, seqlens_v, out_v, lse_v, params, as_stream(stream));
 }
 
+// ---- weight-only quantized linear ---------------------------------------------------------------------------
+// The host steps (quantize, the GPTQ / AWQ importers, prepack, unpack) take host tensors (DLPack capsules of CPU
+// memory, contiguous, exact dtypes) and return a dict of the result's constants and arrays, each array a bytearray of
+// its row-major elements (None for an empty one) that the Python layer views as a torch tensor (numpy.frombuffer
+// reads it as well): the module stays free of torch and numpy. The GIL is released while the library works. The
+// device op takes the prepacked arrays as device tensors with the weight's constants, as tessera::linear::linear.
+
+namespace tl = tessera::linear;
+
+tl::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
+  static constexpr tessera::python::Choice<tl::ZeroMode> kChoices[] = {{"offset", tl::ZeroMode::kOffset},
+                                                                       {"zero_point", tl::ZeroMode::kZeroPoint}};
+  return tessera::python::parse_choice(s, op, "zero_mode", kChoices);
+}
+
+const char* zero_mode_name(tl::ZeroMode mode) { return mode == tl::ZeroMode::kZeroPoint ? "zero_point" : "offset"; }
+
+// The 16-bit type the kernels compute in ("bfloat16" | "float16"), or also "float32" for x's dtype.
+DType parse_float_dtype(std::string_view s, const char* op, const char* arg, bool with_fp32) {
+  static constexpr tessera::python::Choice<DType> k16[] = {{"bfloat16", DType::kBF16}, {"float16", DType::kFP16}};
+  static constexpr tessera::python::Choice<DType> kAll[] = {
+      {"bfloat16", DType::kBF16}, {"float16", DType::kFP16}, {"float32", DType::kFP32}};
+  return with_fp32 ? tessera::python::parse_choice(s, op, arg, kAll) : tessera::python::parse_choice(s, op, arg, k16);
+}
+
+const char* float_dtype_name(DType dtype) { return dtype == DType::kFP16 ? "float16" : "bfloat16"; }
+
+// A host array of the weight helpers: CPU memory, contiguous, one of `dtypes`, `rank` dims (shapes: shape_is).
+TensorView host_view(const py::object& obj, const char* op, const char* arg, std::initializer_list<DType> dtypes,
+                     int rank) {
+  const TensorView v = view_of(obj, op, arg);
+  if (v.device != TensorView::kHostDevice)
+    fail(op, arg, "must be host (CPU) memory, got a tensor on CUDA device " + std::to_string(v.device));
+  bool known = false;
+  std::string names;
+  for (DType d : dtypes) {
+    known = known || v.dtype == d;
+    names += (names.empty() ? "" : " or ") + std::string(tessera::dtype_name(d));
+  }
+  if (!known) fail(op, arg, "must be " + names + ", got " + tessera::dtype_name(v.dtype));
+  if (v.rank != rank) fail(op, arg, "must have rank " + std::to_string(rank) + ", got shape " + v.shape_str());
+  if (!v.is_contiguous()) fail(op, arg, "must be contiguous, got shape " + v.shape_str() + " with other strides");
+  return v;
+}
+
+// v.shape == shape, else "'arg' must be [a, b] (what), got shape [...]".
+void shape_is(const TensorView& v, const char* op, const char* arg, std::initializer_list<int64_t> shape,
+              const char* what) {
+  bool same = v.rank == static_cast<int>(shape.size());
+  std::string want = "[";
+  int d = 0;
+  for (int64_t s : shape) {
+    same = same && v.shape[d] == s;
+    want += (d++ ? ", " : "") + std::to_string(s);
+  }
+  if (!same) fail(op, arg, "must be " + want + "] (" + what + "), got shape " + v.shape_str());
+}
+
+template <typename T>
+std::vector<T> copy_of(const TensorView& v) {
+  const T* p = static_cast<const T*>(v.data);
+  return std::vector<T>(p, p + v.numel());
+}
+
+template <typename T>
+py::object bytes_of(const std::vector<T>& v) {
+  if (v.empty()) return py::none();
+  return py::bytearray(reinterpret_cast<const char*>(v.data()), static_cast<py::ssize_t>(v.size() * sizeof(T)));
+}
+
+// The canonical form: n, k, bits, block, zero_mode; codes uint8 [N, K], scale / offset fp32 [N, K/block], zero
+// uint8 [N, K/block] (zero_point mode, else None), k_perm int32 [K] (or None: the identity).
+py::dict quantized_dict(const tl::QuantizedWeight& w) {
+  py::dict d;
+  d["n"] = w.n;
+  d["k"] = w.k;
+  d["bits"] = w.bits;
+  d["block"] = w.block;
+  d["zero_mode"] = zero_mode_name(w.zero_mode);
+  d["codes"] = bytes_of(w.codes);
+  d["scale"] = bytes_of(w.scale);
+  d["offset"] = bytes_of(w.offset);
+  d["zero"] = bytes_of(w.zero);
+  d["k_perm"] = bytes_of(w.k_perm);
+  return d;
+}
+
+// The prepacked form: the constants, compute_dtype, padded_n, padded_k, num_blocks; codes uint8 [Np, Kp·bits/8],
+// params compute_dtype [Np, num_blocks, 2], k_perm int32 [K] (or None).
+py::dict packed_dict(const tl::PackedWeight& p) {
+  py::dict d;
+  d["n"] = p.n;
+  d["k"] = p.k;
+  d["bits"] = p.bits;
+  d["block"] = p.block;
+  d["zero_mode"] = zero_mode_name(p.zero_mode);
+  d["compute_dtype"] = float_dtype_name(p.compute_dtype);
+  d["padded_n"] = p.padded_n();
+  d["padded_k"] = p.padded_k();
+  d["num_blocks"] = p.num_blocks();
+  d["codes"] = bytes_of(p.codes);
+  d["params"] = bytes_of(p.params);
+  d["k_perm"] = bytes_of(p.k_perm);
+  return d;
+}
+
+py::dict linear_quantize(const py::object& w, int bits, int64_t block, const std::string& zero_mode) {
+  constexpr const char* op = "tessera.linear.quantize";
+  const tl::ZeroMode mode = parse_zero_mode(zero_mode, op);
+  const TensorView wv = host_view(w, op, "w", {DType::kFP32}, 2);
+  tl::QuantizedWeight q;
+  {
+    py::gil_scoped_release no_gil;
+    q = tl::quantize_weight(static_cast<const float*>(wv.data), wv.shape[0], wv.shape[1], bits, block, mode);
+  }
+  return quantized_dict(q);
+}
+
+// The checkpoint's arrays are checked against the K and N that qweight implies before the importer reads them
+// (it takes raw pointers); the rules on the values are the importer's.
+py::dict linear_import_gptq(const py::object& qweight, const py::object& qzeros, const py::object& scales,
+                            const py::object& g_idx, int bits, int64_t group, bool zero_stored_minus_one) {
+  constexpr const char* op = "tessera.linear.import_gptq";
+  if (bits != 4 && bits != 8) fail(op, "bits", "must be 4 or 8, got " + std::to_string(bits));
+  const int64_t per_word = 32 / bits;
+  const TensorView qw = host_view(qweight, op, "qweight", {DType::kInt32}, 2);
+  const int64_t k = qw.shape[0] * per_word, n = qw.shape[1];
+  if (k <= 0 || n <= 0) fail(op, "qweight", "must be [K·bits/32, N] with K, N > 0, got shape " + qw.shape_str());
+  if (group <= 0 || k % group != 0)
+    fail(op, "group",
+         "must divide K = " + std::to_string(k) + " (qweight rows × " + std::to_string(per_word) + "), got " +
+             std::to_string(group));
+  if (n % per_word != 0)
+    fail(op, "qweight",
+         "must have N (dim 1) a multiple of " + std::to_string(per_word) +
+             " (qzeros packs N into 32-bit words), got shape " + qw.shape_str());
+  const TensorView qz = host_view(qzeros, op, "qzeros", {DType::kInt32}, 2);
+  shape_is(qz, op, "qzeros", {k / group, n / per_word}, "[K/group, N·bits/32]");
+  const TensorView sv = host_view(scales, op, "scales", {DType::kFP16}, 2);
+  shape_is(sv, op, "scales", {k / group, n}, "[K/group, N]");
+  const int32_t* g = nullptr;
+  if (!g_idx.is_none()) {
+    const TensorView gv = host_view(g_idx, op, "g_idx", {DType::kInt32}, 1);
+    shape_is(gv, op, "g_idx", {k}, "[K]");
+    g = static_cast<const int32_t*>(gv.data);
+  }
+  tl::QuantizedWeight w;
+  {
+    py::gil_scoped_release no_gil;
+    w = tl::import_gptq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>(qz.data),
+                        static_cast<const uint16_t*>(sv.data), g, k, n, bits, group, zero_stored_minus_one);
+  }
+  return quantized_dict(w);
+}
+
+py::dict linear_import_awq(const py::object& qweight, const py::object& qzeros, const py::object& scales,
+                           int64_t group) {
+  constexpr const char* op = "tessera.linear.import_awq";
+  const TensorView qw = host_view(qweight, op, "qweight", {DType::kInt32}, 2);
+  const int64_t k = qw.shape[0], n = qw.shape[1] * 8;
+  if (k <= 0 || n <= 0) fail(op, "qweight", "must be [K, N/8] with K, N > 0, got shape " + qw.shape_str());
+  if (group <= 0 || k % group != 0)
+    fail(op, "group", "must divide K = " + std::to_string(k) + " (qweight rows), got " + std::to_string(group));
+  const TensorView qz = host_view(qzeros, op, "qzeros", {DType::kInt32}, 2);
+  shape_is(qz, op, "qzeros", {k / group, n / 8}, "[K/group, N/8]");
+  const TensorView sv = host_view(scales, op, "scales", {DType::kFP16}, 2);
+  shape_is(sv, op, "scales", {k / group, n}, "[K/group, N]");
+  tl::QuantizedWeight w;
+  {
+    py::gil_scoped_release no_gil;
+    w = tl::import_awq(static_cast<const int32_t*>(qw.data), static_cast<const int32_t*>(qz.data),
+                       static_cast<const uint16_t*>(sv.data), k, n, group);
+  }
+  return quantized_dict(w);
+}
+
+// The canonical form's arrays (N and K from codes); offset may be None in zero_point mode, zero in offset mode.
+// The per-block arrays must have N rows here (prepack sees their sizes only); block, sizes and values are prepack's
+// to check.
+py::dict linear_prepack(const py::object& codes, const py::object& scale, const py::object& offset,
+                        const py::object& zero, const py::object& k_perm, int bits, int64_t block,
+                        const std::string& zero_mode, const std::string& compute_dtype) {
+  constexpr const char* op = "tessera.linear.prepack";
+  tl::QuantizedWeight w;
+  w.zero_mode = parse_zero_mode(zero_mode, op);
+  const DType dtype = parse_float_dtype(compute_dtype, op, "compute_dtype", false);
+  const TensorView cv = host_view(codes, op, "codes", {DType::kUInt8}, 2);
+  w.n = cv.shape[0];
+  w.k = cv.shape[1];
+  w.bits = bits;
+  w.block = block;
+  const auto per_block = [&](const py::object& obj, const char* arg, DType dt) {
+    const TensorView v = host_view(obj, op, arg, {dt}, 2);
+    if (v.shape[0] != w.n)
+      fail(op, arg,
+           "must be [N, K/block] with N = " + std::to_string(w.n) + " rows (codes' dim 0), got shape " + v.shape_str());
+    return v;
+  };
+  w.codes = copy_of<uint8_t>(cv);
+  w.scale = copy_of<float>(per_block(scale, "scale", DType::kFP32));
+  if (!offset.is_none())
+    w.offset = copy_of<float>(per_block(offset, "offset", DType::kFP32));
+  else if (w.zero_mode == tl::ZeroMode::kOffset)
+    fail(op, "offset", "is required with zero_mode='offset', got None");
+  if (!zero.is_none())
+    w.zero = copy_of<uint8_t>(per_block(zero, "zero", DType::kUInt8));
+  else if (w.zero_mode == tl::ZeroMode::kZeroPoint)
+    fail(op, "zero", "is required with zero_mode='zero_point', got None");
+  if (!k_perm.is_none()) {
+    const TensorView pv = host_view(k_perm, op, "k_perm", {DType::kInt32}, 1);
+    shape_is(pv, op, "k_perm", {w.k}, "[K]");
+    w.k_perm = copy_of<int32_t>(pv);
+  }
+  tl::PackedWeight p;
+  {
+    py::gil_scoped_release no_gil;
+    p = tl::prepack(w, dtype);
+  }
+  return packed_dict(p);
+}
+
+// The prepacked arrays back to the canonical form; params' dtype is the compute dtype. Shapes are checked here where
+// the constants are valid (else unpack names them), the array sizes again by unpack.
+py::dict linear_unpack(const py::object& codes, const py::object& params, const py::object& k_perm, int64_t n,
+                       int64_t k, int bits, int64_t block, const std::string& zero_mode) {
+  constexpr const char* op = "tessera.linear.unpack";
+  tl::PackedWeight p;
+  p.zero_mode = parse_zero_mode(zero_mode, op);
+  p.n = n;
+  p.k = k;
+  p.bits = bits;
+  p.block = block;
+  const TensorView cv = host_view(codes, op, "codes", {DType::kUInt8}, 2);
+  const TensorView pv = host_view(params, op, "params", {DType::kBF16, DType::kFP16}, 3);
+  p.compute_dtype = pv.dtype;
+  if ((bits == 4 || bits == 8) && n > 0 && k > 0 && block > 0 && k % block == 0) {
+    shape_is(cv, op, "codes", {p.padded_n(), p.padded_k() * bits / 8}, "[Np, Kp·bits/8]");
+    shape_is(pv, op, "params", {p.padded_n(), p.num_blocks(), 2}, "[Np, num_blocks, 2]");
+  }
+  p.codes = copy_of<uint8_t>(cv);
+  p.params = copy_of<uint16_t>(pv);
+  if (!k_perm.is_none()) {
+    const TensorView kv = host_view(k_perm, op, "k_perm", {DType::kInt32}, 1);
+    shape_is(kv, op, "k_perm", {k}, "[K]");
+    p.k_perm = copy_of<int32_t>(kv);
+  }
+  tl::QuantizedWeight w;
+  {
+    py::gil_scoped_release no_gil;
+    w = tl::unpack(p);
+  }
+  return quantized_dict(w);
+}
+
+tl::LinearWeight linear_weight_of(const char* op, const py::object& codes, const py::object& params,
+                                  const py::object& k_perm, int64_t n, int64_t k, int bits, int64_t block,
+                                  const std::string& zero_mode) {
+  tl::LinearWeight w;
+  w.zero_mode = parse_zero_mode(zero_mode, op);
+  w.codes = view_of(codes, op, "codes");
+  w.params = view_of(params, op, "params");
+  if (!k_perm.is_none()) w.k_perm = view_of(k_perm, op, "k_perm");
+  w.n = n;
+  w.k = k;
+  w.bits = bits;
+  w.block = block;
+  return w;
+}
+
+void linear(const py::object& x, const py::object& codes, const py::object& params, const py::object& k_perm,
+            const py::object& bias, const py::object& y, const py::object& workspace, int64_t n, int64_t k, int bits,
+            int64_t block, const std::string& zero_mode, float clamp_min, float clamp_max, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.linear";
+  const tl::LinearWeight w = linear_weight_of(op, codes, params, k_perm, n, k, bits, block, zero_mode);
+  const TensorView x_v = view_of(x, op, "x");
+  tl::LinearEpilogue epilogue;
+  if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
+  epilogue.clamp_min = clamp_min;
+  epilogue.clamp_max = clamp_max;
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+
+  py::gil_scoped_release no_gil;
+  tl::linear(x_v, w, y_v, epilogue, ws, as_stream(stream));
+}
+
+std::size_t linear_workspace_bytes(int64_t max_m, const py::object& codes, const py::object& params,
+                                   const py::object& k_perm, int64_t n, int64_t k, int bits, int64_t block,
+                                   const std::string& zero_mode, const std::string& x_dtype) {
+  constexpr const char* op = "tessera.linear_workspace_bytes";
+  const DType dtype = parse_float_dtype(x_dtype, op, "x_dtype", true);
+  const tl::LinearWeight w = linear_weight_of(op, codes, params, k_perm, n, k, bits, block, zero_mode);
+  return tl::linear_workspace_bytes(max_m, w, dtype);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
-      "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention) rather than "
-      "this module.";
+      "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention, "
+      "tessera.linear) rather than this module.";
 
   py::register_exception_translator(&tessera::python::translate_errors);
 
@@ -554,4 +853,49 @@ PYBIND11_MODULE(_C, m) {
         "(k_cache, v_cache, k_scale, v_scale, block_table, format, k_residual) as attention_decode's; cache_seqlens "
         "int32 [B] on the device, each sequence's length including its new tokens (read there only). Sequence b's "
         "queries are its last positions. Parameters as attention_prefill.");
+
+  m.def("linear_quantize", &linear_quantize, py::arg("w"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
+        "Round-to-nearest quantization of a host fp32 weight [N, K] (contiguous) into the canonical form, per block "
+        "of `block` columns (32, 64, 128 or K). zero_mode: 'offset' (w = q*scale + offset) | 'zero_point' "
+        "(w = (q - zero)*scale). Returns a dict: n, k, bits, block, zero_mode, and bytearrays of the row-major "
+        "arrays codes (uint8 [N, K]), scale and offset (fp32 [N, K/block]), zero (uint8 [N, K/block] or None), "
+        "k_perm (int32 [K] or None).");
+
+  m.def("linear_import_gptq", &linear_import_gptq, py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
+        py::arg("g_idx"), py::arg("bits"), py::arg("group"), py::arg("zero_stored_minus_one"),
+        "A GPTQ (AutoGPTQ layout) checkpoint's host tensors into the canonical form (a dict as linear_quantize's): "
+        "qweight int32 [K*bits/32, N], qzeros int32 [K/group, N*bits/32], scales fp16 [K/group, N], g_idx int32 "
+        "[K] or None; an act-order g_idx becomes k_perm.");
+
+  m.def("linear_import_awq", &linear_import_awq, py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
+        py::arg("group"),
+        "An AWQ (AutoAWQ GEMM layout, 4-bit) checkpoint's host tensors into the canonical form (a dict as "
+        "linear_quantize's): qweight int32 [K, N/8], qzeros int32 [K/group, N/8], scales fp16 [K/group, N].");
+
+  m.def("linear_prepack", &linear_prepack, py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("zero"),
+        py::arg("k_perm"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"), py::arg("compute_dtype"),
+        "The canonical form's host arrays (codes uint8 [N, K], scale fp32 [N, K/block], offset fp32 or None in "
+        "'zero_point' mode, zero uint8 or None in 'offset' mode, k_perm int32 [K] or None) into the kernels' "
+        "layout. compute_dtype: 'bfloat16' | 'float16'. Returns a dict: n, k, bits, block, zero_mode, "
+        "compute_dtype, padded_n, padded_k, num_blocks, and bytearrays codes (uint8 [Np, Kp*bits/8]), params "
+        "(compute_dtype [Np, num_blocks, 2]), k_perm (int32 [K] or None).");
+
+  m.def("linear_unpack", &linear_unpack, py::arg("codes"), py::arg("params"), py::arg("k_perm"), py::arg("n"),
+        py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
+        "The inverse of linear_prepack on host arrays (params bf16 | fp16): the canonical form as a dict, its "
+        "parameters those rounded to the compute dtype.");
+
+  m.def("linear", &linear, py::arg("x"), py::arg("codes"), py::arg("params"), py::arg("k_perm"), py::arg("bias"),
+        py::arg("y"), py::arg("workspace"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"),
+        py::arg("zero_mode"), py::arg("clamp_min"), py::arg("clamp_max"), py::arg("stream"),
+        "y = clamp(x @ dequant(W)^T + bias, clamp_min, clamp_max) into preallocated y [M, N] (x's dtype; fp32 x: "
+        "fp32 y): x [M, K] bf16 | fp16 | fp32, the prepacked weight as device tensors codes, params, k_perm (or "
+        "None) with its constants, bias [N] of y's dtype or None. workspace may be None when "
+        "linear_workspace_bytes is 0.");
+
+  m.def("linear_workspace_bytes", &linear_workspace_bytes, py::arg("max_m"), py::arg("codes"), py::arg("params"),
+        py::arg("k_perm"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
+        py::arg("x_dtype"),
+        "Bytes of device workspace linear needs for up to max_m rows of x of x_dtype ('bfloat16' | 'float16' | "
+        "'float32'), on the current device.");
 }

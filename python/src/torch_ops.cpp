@@ -24,18 +24,24 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "tessera/attention.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
+#include "tessera/linear.h"
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 
@@ -448,6 +454,75 @@ void attention_prefill_with_cache(const at::Tensor& q, const at::Tensor& cu_seql
   });
 }
 
+// ---- weight-only quantized linear --------------------------------------------------------------------------------
+// The prepacked weight travels as its three tensors (codes, params, k_perm or None) and its constants, zero_mode by
+// name. A workspace not given is allocated here, sized for x's rows (asked with the device current).
+
+namespace tl = tessera::linear;
+
+tl::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
+  static constexpr tessera::python::Choice<tl::ZeroMode> kChoices[] = {{"offset", tl::ZeroMode::kOffset},
+                                                                       {"zero_point", tl::ZeroMode::kZeroPoint}};
+  return tessera::python::parse_choice(s, op, "zero_mode", kChoices);
+}
+
+// A workspace for an m-row call. linear_workspace_bytes(max_m) takes the largest need of every M up to max_m (one
+// select_config each: ~30 us at M = 64, ~150 us at M = 256 on the host), which a per-call size cannot afford. So M
+// above 16 is rounded up to a power of two (the answer covers every M up to it) and the answers are kept per device
+// and shape: a few queries per weight shape in all. A query that throws (an invalid weight) keeps nothing.
+std::size_t linear_workspace_need(int device, int64_t m, const tl::LinearWeight& w, DType x_dtype) {
+  if (m > 16) {
+    int64_t bucket = 32;
+    while (bucket < m && bucket <= INT64_MAX / 2) bucket *= 2;
+    m = std::max(m, bucket);
+  }
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int, bool, int>;
+  static std::mutex mutex;
+  static std::map<Key, std::size_t> memo;
+  const Key key = std::make_tuple(device, m, w.n, w.k, w.bits, w.block, static_cast<int>(w.zero_mode),
+                                  w.k_perm.data != nullptr, static_cast<int>(x_dtype));
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+  }
+  const std::size_t bytes = tl::linear_workspace_bytes(m, w, x_dtype);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (memo.size() >= 4096) memo.clear();
+  memo.emplace(key, bytes);
+  return bytes;
+}
+
+void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+            const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias, const at::Tensor& y,
+            const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
+            std::string_view zero_mode, double clamp_min, double clamp_max) {
+  constexpr const char* op = "tessera.linear";
+  tl::LinearWeight w;
+  w.zero_mode = parse_zero_mode(zero_mode, op);
+  w.n = n;
+  w.k = k;
+  w.bits = narrow(bits, op, "bits");
+  w.block = block;
+  const c10::Device device = device_of(x, op, "x");
+  const TensorView xv = view_of(x, op, "x");
+  w.codes = view_of(codes, op, "codes");
+  w.params = view_of(params, op, "params");
+  if (k_perm.has_value()) w.k_perm = view_of(*k_perm, op, "k_perm");
+  tl::LinearEpilogue epilogue;
+  if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
+  epilogue.clamp_min = static_cast<float>(clamp_min);
+  epilogue.clamp_max = static_cast<float>(clamp_max);
+  const TensorView yv = view_of(y, op, "y");
+  run_on(device, [&](cudaStream_t s) {
+    // The size query validates nothing the op does not validate again; an x of another rank is reported by the op.
+    const std::size_t need =
+        workspace.has_value() || xv.rank != 2 ? 0 : linear_workspace_need(device.index(), xv.shape[0], w, xv.dtype);
+    const auto ws = workspace_or_new(workspace, need, device);
+    tl::linear(xv, w, yv, epilogue, workspace_of(ws, op), s);
+  });
+}
+
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
 // Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
 // direct path, which names them as argument errors.
@@ -773,6 +848,59 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_with_cache_ea
   return {o, m};
 }
 
+// tessera.linear's eager call in one crossing: x [..., K] is taken as [M, K] (a view where its strides allow, else a
+// copy, as torch.reshape), y [..., N] of x's dtype is allocated here unless out= (that shape, viewable as [M, N]) is
+// given, then the op. Returns y.
+void linear_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                     const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias,
+                     const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t n, int64_t k,
+                     int64_t bits, int64_t block, std::string_view zero_mode, double clamp_min, double clamp_max);
+
+std::string sizes_str(c10::IntArrayRef sizes) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < sizes.size(); ++d) s += (d ? ", " : "") + std::to_string(sizes[d]);
+  return s + "]";
+}
+
+at::Tensor linear_eager(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                        const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias,
+                        const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace, int64_t n,
+                        int64_t k, int64_t bits, int64_t block, std::string_view zero_mode, double clamp_min,
+                        double clamp_max) {
+  constexpr const char* op = "tessera.linear";
+  no_symbolic_sizes({&x});
+  // Checks before anything is allocated, with the torch layer's messages.
+  (void)parse_zero_mode(zero_mode, op);
+  at_least(n, 1, op, "n");
+  at_least(k, 1, op, "k");
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  if (x.dim() < 1 || x.size(-1) != k)
+    fail(op, "x", "must be [..., K] with K = " + std::to_string(k) + ", got shape " + sizes_str(x.sizes()));
+  std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end() - 1);
+  sizes.push_back(n);
+  const at::Tensor x2 = x.reshape({-1, k});
+  at::Tensor y, y2;
+  if (out.has_value()) {
+    if (!out->sizes().equals(sizes))
+      fail(op, "out", "must be [..., N] = " + sizes_str(sizes) + ", got shape " + sizes_str(out->sizes()));
+    y = *out;
+    if (y.dim() == 2) {
+      y2 = y;
+    } else {
+      try {
+        y2 = y.view({-1, n});
+      } catch (const c10::Error&) {
+        fail(op, "out", "must be viewable as [M, N] (M = the product of x's leading dims)");
+      }
+    }
+  } else {
+    y2 = at::empty({x2.size(0), n}, x.options());
+    y = y2.view(sizes);
+  }
+  linear_dispatch(x2, codes, params, k_perm, bias, y2, workspace, n, k, bits, block, zero_mode, clamp_min, clamp_max);
+  return y;
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -817,7 +945,7 @@ struct Entry<Fn> {
 // their schemas).
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
-  X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen)
+  X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen) X(linear)
 #define TESSERA_TORCH_OPS(X) \
   TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv) X(attention_prefill_with_cache)
 
@@ -905,6 +1033,14 @@ void attention_prefill_with_cache_dispatch(const at::Tensor& q, const at::Tensor
                                                window, causal, k_residual);
 }
 
+void linear_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                     const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias,
+                     const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t n, int64_t k,
+                     int64_t bits, int64_t block, std::string_view zero_mode, double clamp_min, double clamp_max) {
+  Entry<&linear>::python(x, codes, params, k_perm, bias, y, workspace, n, k, bits, block, zero_mode, clamp_min,
+                         clamp_max);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -946,4 +1082,5 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

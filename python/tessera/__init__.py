@@ -1,4 +1,5 @@
-"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, and weight-only
+quantized linear layers, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -11,7 +12,11 @@
     o = tessera.attention_decode(q, k_cache, v_cache, seqlens, format="int8", k_scale=ks, v_scale=vs)
     o = tessera.prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal=True)
 
-The ops live in tessera.moe, tessera.gemm and tessera.attention and are re-exported here. They take torch
+    packed = tessera.linear.prepack(tessera.linear.quantize(w, bits=4, block=128)).cuda()
+    y = tessera.linear.linear(x, packed, bias, activation="relu")
+
+The ops live in tessera.moe, tessera.gemm, tessera.attention and tessera.linear; those of the first three are
+re-exported here (tessera.linear's op keeps its module's name: tessera.linear.linear). They take torch
 tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and workspace=) to write
 into preallocated memory, raise ValueError for invalid arguments and RuntimeError for CUDA/device errors.
 Each is a PyTorch custom operator underneath (torch.ops.tessera.*, defined in tessera._torch_ops), so
@@ -38,7 +43,7 @@ if _torch is not None:
 
     _dlpack.bind_ops(_torch_ops)
 
-from . import attention, dlpack, gemm, moe
+from . import attention, dlpack, gemm, linear, moe
 from .attention import (
     append_kv,
     attention_decode,
@@ -55,6 +60,7 @@ from .gemm import (
     grouped_gemm_fp8_masked,
     grouped_gemm_workspace_bytes,
 )
+from .linear import PackedLinearWeight, QuantizedLinearWeight
 from .moe import (
     PermuteResult,
     fused_gate,
@@ -68,7 +74,9 @@ version = _C.version
 __version__ = _C.version
 
 __all__ = [
+    "PackedLinearWeight",
     "PermuteResult",
+    "QuantizedLinearWeight",
     "append_kv",
     "attention",
     "attention_decode",
@@ -82,6 +90,7 @@ __all__ = [
     "grouped_gemm_fp8",
     "grouped_gemm_fp8_masked",
     "grouped_gemm_workspace_bytes",
+    "linear",
     "moe",
     "permute",
     "permute_capacity_rows",

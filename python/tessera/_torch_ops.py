@@ -2,8 +2,8 @@
 
 Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
 (``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
-layer (tessera.moe, tessera.gemm, tessera.attention) allocates the outputs, and torch.compile traces that
-allocation like any other torch code. The CUDA implementations live in tessera._torch_C (python/src/torch_ops.cpp),
+layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear) allocates the outputs, and torch.compile traces
+that allocation like any other torch code. The CUDA implementations live in tessera._torch_C (python/src/torch_ops.cpp),
 which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
 
 Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op>; eager calls go to
@@ -68,6 +68,10 @@ OPS = {
         "Tensor v_cache, Tensor? k_scale, Tensor? v_scale, Tensor? block_table, Tensor cache_seqlens, "
         "Tensor(a!) out, Tensor(b!)? lse, str format, float softmax_scale, float softcap, int window, bool causal, "
         "Tensor? k_residual=None) -> ()"),
+    "linear": (
+        "linear(Tensor x, Tensor codes, Tensor params, Tensor? k_perm, Tensor? bias, Tensor(a!) y, "
+        "Tensor(b!)? workspace, int n, int k, int bits, int block, str zero_mode, float clamp_min, "
+        "float clamp_max) -> ()"),
 }
 
 

@@ -6,7 +6,9 @@ the options as plain values, and the stream as a raw ``cudaStream_t`` int (0: th
 are asked for their capsule with no stream argument, i.e. under the producer's default-stream contract: pass the
 stream your arrays were produced on (for CuPy, ``cupy.cuda.get_current_stream().ptr``) and make sure that work is
 ordered before it. Argument errors raise ValueError, CUDA and device errors RuntimeError, as in the torch layer.
-fp8 e4m3 operands may be uint8 arrays of the e4m3 bytes.
+fp8 e4m3 operands may be uint8 arrays of the e4m3 bytes. The weight-only linear layer's host steps (linear_quantize,
+linear_import_gptq, linear_import_awq, linear_prepack, linear_unpack) take host arrays and return a dict whose
+arrays are bytearrays (numpy.frombuffer views them); tessera.linear wraps them for torch.
 
     import cupy as cp, tessera.dlpack as td
     logits = cp.random.randn(16, 256, dtype=cp.float32)
@@ -31,6 +33,13 @@ from ._C import (
     grouped_gemm_fp8,
     grouped_gemm_fp8_masked,
     grouped_gemm_workspace_bytes,
+    linear,
+    linear_import_awq,
+    linear_import_gptq,
+    linear_prepack,
+    linear_quantize,
+    linear_unpack,
+    linear_workspace_bytes,
     permute,
     permute_capacity_rows,
     permute_workspace_bytes,
@@ -50,6 +59,13 @@ __all__ = [
     "grouped_gemm_fp8",
     "grouped_gemm_fp8_masked",
     "grouped_gemm_workspace_bytes",
+    "linear",
+    "linear_import_awq",
+    "linear_import_gptq",
+    "linear_prepack",
+    "linear_quantize",
+    "linear_unpack",
+    "linear_workspace_bytes",
     "permute",
     "permute_capacity_rows",
     "permute_workspace_bytes",

@@ -7,7 +7,7 @@
 #include "common/host_numeric.h"
 #include "common/validate.h"
 
-namespace tessera::linear::detail {
+namespace tessera::linear {
 namespace {
 
 void check_common(const ::tessera::detail::ArgCheck& check, const void* qweight, const void* qzeros, const void* scales,
@@ -67,9 +67,11 @@ QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const
   w.k = k;
   w.bits = bits;
   w.block = group;
+  w.zero_mode = ZeroMode::kZeroPoint;
   w.codes.resize(static_cast<size_t>(n * k));
   w.scale.resize(static_cast<size_t>(n * groups));
   w.offset.resize(w.scale.size());
+  w.zero.resize(w.scale.size());
   if (!identity) w.k_perm = order;
   const int64_t zero_cols = n / per_word;
   for (int64_t g = 0; g < groups; ++g)
@@ -79,6 +81,7 @@ QuantizedWeight import_gptq(const int32_t* qweight, const int32_t* qzeros, const
       const uint32_t z = zero_stored_minus_one ? (stored + 1u) & ((1u << bits) - 1u) : stored;
       w.scale[c * groups + g] = s;
       w.offset[c * groups + g] = -static_cast<float>(z) * s;  // exact: z < 256, s an fp16 value
+      w.zero[c * groups + g] = static_cast<uint8_t>(z);
     }
   for (int64_t j = 0; j < k; ++j) {
     const int64_t src = order[j];
@@ -100,9 +103,11 @@ QuantizedWeight import_awq(const int32_t* qweight, const int32_t* qzeros, const 
   w.k = k;
   w.bits = 4;
   w.block = group;
+  w.zero_mode = ZeroMode::kZeroPoint;
   w.codes.resize(static_cast<size_t>(n * k));
   w.scale.resize(static_cast<size_t>(n * groups));
   w.offset.resize(w.scale.size());
+  w.zero.resize(w.scale.size());
   for (int64_t row = 0; row < k; ++row)
     for (int64_t c = 0; c < cols; ++c)
       for (int i = 0; i < 8; ++i)
@@ -113,9 +118,11 @@ QuantizedWeight import_awq(const int32_t* qweight, const int32_t* qzeros, const 
         const int64_t col = 8 * c + kOrder[i];
         const float s = host::fp16_to_f32(scales[g * n + col]);
         w.scale[col * groups + g] = s;
-        w.offset[col * groups + g] = -static_cast<float>(field(qzeros[g * cols + c], i, 4)) * s;
+        const uint32_t z = field(qzeros[g * cols + c], i, 4);
+        w.offset[col * groups + g] = -static_cast<float>(z) * s;
+        w.zero[col * groups + g] = static_cast<uint8_t>(z);
       }
   return w;
 }
 
-}  // namespace tessera::linear::detail
+}  // namespace tessera::linear

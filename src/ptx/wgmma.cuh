@@ -61,6 +61,8 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
 //   Wgmma<N>::mma_e4m3 / mma_bf16 / mma_f16(d, desc_a, desc_b, scale_d)   d = A·Bᵀ + (scale_d ? d : 0)
 // and m64nNk16 with A from registers and B MN-major in shared memory (attention's P·V):
 //   Wgmma<N>::mma_bf16_rs_tb / mma_f16_rs_tb(d, a, desc_b, scale_d)    a: the warp's m16n8k16 A fragment
+// and the same with B K-major (the weight-only linear layer: dequantized weights in A, tokens in B):
+//   Wgmma<N>::mma_bf16_rs / mma_f16_rs(d, a, desc_b, scale_d)
 #include "ptx/wgmma_mma.inc"
 
 }  // namespace tessera::ptx

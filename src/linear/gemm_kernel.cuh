@@ -1,0 +1,302 @@
+// Internal: the weight-only linear layer's kernel (docs/perf/linear.md), one for every M.
+//
+// The product is transposed, yᵀ = W · xᵀ, because wgmma takes only its left operand from registers: a CTA owns 128
+// weight rows (8 stripes of 16) and kBN token rows, over a range of K (one of `splits`). Threads 256..383 are the
+// producer warpgroup: one lane loads, per 64-column k-block, the 8 stripes' codes, their block parameters and the
+// tokens' x tile (K-major, 128-byte swizzle) by TMA into a ring of stages. The two consumer warpgroups each own 4
+// stripes (64 rows, wgmma's M): every warp converts its stripe's codes into its A fragments in registers
+// (linear/dequant.cuh) and issues wgmma m64 n{kBN} k16 with A from registers and x from shared memory. The
+// conversion of k-block kb + 1 runs while the wgmma of k-block kb execute (two fragment buffers); a stage is
+// released once the wgmma that read its x tile have completed.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/numeric.cuh"
+#include "linear/config.h"
+#include "linear/dequant.cuh"
+#include "pipeline/pipeline.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/mma.cuh"
+#include "ptx/smem.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace tessera::linear::detail {
+
+using ::tessera::detail::from_float;
+using ::tessera::detail::to_float;
+
+// Registers per thread after setmaxnreg (the CTA launches with 65536 / 384 = 168 a thread): the producer lane needs
+// few, the consumers hold up to 128 accumulators (kBN 256), two fragment buffers and the stage addresses.
+inline constexpr int kProducerRegs = 40;
+inline constexpr int kConsumerRegs = 232;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "setmaxnreg budget exceeds the register file");
+
+struct GemmArgs {
+  int64_t m, n, k;
+  void* y;  // compute type or fp32 (y_f32), [m, ldy]
+  int64_t ldy;
+  const void* bias;  // y's type, [n], or null
+  float clamp_min, clamp_max;
+  float* partial;  // [splits, m, n] when splits > 1
+  int k_blocks;    // 64-column k-blocks of Kp
+  int splits, stages;
+  int block_shift;                     // log2(block), or 31 for one block per row
+  int tiles_per_kblock, stage_blocks;  // code tiles per k-block, parameter blocks per stage
+  uint32_t stage_bytes, tx_bytes, x_bytes, code_bytes;
+  bool zero_point, y_f32;
+};
+
+// y's value at (row, col) after bias and clamp, stored in y's type.
+template <class T>
+__device__ __forceinline__ void store_output(const GemmArgs& a, int64_t row, int64_t col, float v) {
+  if (a.bias != nullptr)
+    v += a.y_f32 ? static_cast<const float*>(a.bias)[col] : to_float(static_cast<const T*>(a.bias)[col]);
+  v = fminf(fmaxf(v, a.clamp_min), a.clamp_max);
+  if (a.y_f32)
+    static_cast<float*>(a.y)[row * a.ldy + col] = v;
+  else
+    static_cast<T*>(a.y)[row * a.ldy + col] = from_float<T>(v);
+}
+
+template <class T, int kBits, int kBN>
+__global__ void __launch_bounds__(gemm_threads(kBN), ctas_per_sm(kBN))
+    linear_gemm_kernel(const __grid_constant__ CUtensorMap codes_map, const __grid_constant__ CUtensorMap params_map,
+                       const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Mma = ptx::Wgmma<kBN>;
+  constexpr int kKBlocks = kblocks_per_stage(kBN);
+  // Token tiles up to kMmaSyncMaxBN multiply with warp-level mma.sync (each warp its own stripe, no wgmma
+  // round trips: at small N a wgmma batch is latency-bound); larger ones with wgmma.
+  constexpr bool kWarpMma = kBN <= kMmaSyncMaxBN;
+  constexpr int kAcc = Mma::kRegs;
+  constexpr bool kFP16 = std::is_same_v<T, __half>;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // Barriers first (2 · kMaxStages · 8 bytes), the stages from the next 1024-byte boundary.
+  uint64_t* const bars = reinterpret_cast<uint64_t*>(smem);
+  unsigned char* const stages = smem + 1024;
+  const pipeline::StageRing ring{bars, bars + kMaxStages, a.stages};
+
+  const int n_tile = blockIdx.x, m_tile = blockIdx.y, split = blockIdx.z;
+  // Splits own whole stages (a stage's parameter box assumes it starts on a stage boundary).
+  const int num_stages_k = (a.k_blocks + kKBlocks - 1) / kKBlocks;
+  const int kb_begin = static_cast<int>(static_cast<int64_t>(split) * num_stages_k / a.splits) * kKBlocks;
+  const int kb_end =
+      min(a.k_blocks, static_cast<int>(static_cast<int64_t>(split + 1) * num_stages_k / a.splits) * kKBlocks);
+
+  // full: the TMA lane's arrival plus the transaction bytes; empty: every consumer thread (they read the codes and
+  // parameters with ordinary loads; an arrival releases only the arriving thread's own accesses).
+  constexpr int kConsumerWGs = consumer_warpgroups(kBN), kConsumerThreads = kConsumerWGs * 128;
+  if (threadIdx.x == 0) ring.init(1, kConsumerThreads);
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == kConsumerWGs) {
+    // ---------------------------------------------------------------- producer warpgroup: one TMA lane
+    if constexpr (!kWarpMma) ptx::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x % 128 == 0) {
+      ptx::prefetch_tensormap(&codes_map);
+      ptx::prefetch_tensormap(&params_map);
+      ptx::prefetch_tensormap(&x_map);
+      pipeline::PipelineState st;
+      for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
+        ring.producer_acquire(st);
+        uint64_t* const full = ring.full_barrier(st);
+        unsigned char* const s = stages + st.stage * a.stage_bytes;
+        // Always kKBlocks x boxes (past K they read zeros and still count), so the byte count is fixed.
+        ptx::mbarrier_arrive_expect_tx(full, a.tx_bytes);
+#pragma unroll
+        for (int j = 0; j < kKBlocks; ++j)
+          ptx::tma_load_3d(s + j * kBN * 128, &x_map, full, (kb0 + j) * kKBlock, m_tile * kBN, 0);
+        ptx::tma_load_4d(s + a.x_bytes, &codes_map, full, 0, 0, kb0 * a.tiles_per_kblock, n_tile * kGemmStripes);
+        const int block0 = static_cast<int>((static_cast<uint32_t>(kb0) * kKBlock) >> a.block_shift);
+        ptx::tma_load_3d(s + a.x_bytes + a.code_bytes, &params_map, full, 0, block0, n_tile * kGemmStripes);
+        st.advance(a.stages);
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumer warpgroups
+  if constexpr (!kWarpMma) ptx::setmaxnreg_inc<kConsumerRegs>();
+  const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4;
+  // Of the CTA's 8 stripes; with four warpgroups, warpgroups 2 and 3 take the same stripes as 0 and 1 (half 1).
+  const int stripe = (wg % 2) * 4 + warp, half = wg / 2;
+  // Accumulator register 4j + e (wgmma m64nN, and mma.sync's n-tile j alike): weight row 16·warp + g (+8 for
+  // e >= 2) of the warpgroup, token 8j + 2t + (e & 1).
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
+
+  // The A fragments of a k-block's four 16-column steps from the stage's codes and parameters.
+  // k-block `kb`, the j-th of the stage at `s` that starts at k-block kb0.
+  auto convert = [&](const unsigned char* s, int kb, int kb0, int j, uint32_t(&f)[4][4]) {
+    const unsigned char* codes = s + a.x_bytes + ((stripe * kKBlocks + j) * a.tiles_per_kblock * 32 + lane) * 16;
+    const unsigned char* params = s + a.x_bytes + a.code_bytes + (stripe * a.stage_blocks * 16 + 2 * g) * 4;
+    const int block0 = static_cast<int>((static_cast<uint32_t>(kb0) * kKBlock) >> a.block_shift);
+    // The parameter pair of the block holding column kb · 64 + 32h (h = 0, 1: the k-block's two halves).
+    auto pair = [&](int h) {
+      const int block = static_cast<int>((static_cast<uint32_t>(kb) * kKBlock + 32 * h) >> a.block_shift);
+      return *reinterpret_cast<const uint2*>(params + (block - block0) * 64);
+    };
+    if constexpr (kBits == 4) {
+      const uint4 c = *reinterpret_cast<const uint4*>(codes);
+      DequantParams<T, kBits> p0, p1;
+      p0.load(pair(0), a.zero_point);
+      p1.load(pair(1), a.zero_point);
+      dequant_step<T, kBits>(c.x, 0u, p0, f[0]);
+      dequant_step<T, kBits>(c.y, 0u, p0, f[1]);
+      dequant_step<T, kBits>(c.z, 0u, p1, f[2]);
+      dequant_step<T, kBits>(c.w, 0u, p1, f[3]);
+    } else {
+      // int8: two 32-column tiles per k-block, each two steps (16 bytes a lane).
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 c = *reinterpret_cast<const uint4*>(codes + h * 512);
+        DequantParams<T, kBits> p;
+        p.load(pair(h), a.zero_point);
+        dequant_step<T, kBits>(c.x, c.y, p, f[2 * h]);
+        dequant_step<T, kBits>(c.z, c.w, p, f[2 * h + 1]);
+      }
+    }
+  };
+  auto issue = [&](const unsigned char* s, const uint32_t(&f)[4][4], bool accumulate) {
+    const uint64_t desc = ptx::wgmma_desc_k_major_sw128(s);
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int step = 0; step < 4; ++step) {
+      const int scale_d = (accumulate || step > 0) ? 1 : 0;
+      if constexpr (kFP16)
+        Mma::mma_f16_rs(acc, f[step], desc + 2 * step, scale_d);
+      else
+        Mma::mma_bf16_rs(acc, f[step], desc + 2 * step, scale_d);
+    }
+    ptx::wgmma_commit_group();
+  };
+
+  // wgmma reads its A registers asynchronously: a buffer's registers are pinned (an empty asm that "writes" them)
+  // once the batch that reads them is known complete, so the compiler cannot reuse them while it is in flight.
+  auto pin = [](uint32_t(&f)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
+  };
+  pipeline::PipelineState st, prev;
+  if constexpr (kWarpMma) {
+    // Each warp multiplies its 16 rows with every 8-token n-tile of the stage's x tiles (128-byte swizzled rows:
+    // the 16-byte chunk c of row r sits at chunk c ^ (r % 8)); warpgroups 0-1 take the first half of each stage's
+    // k-blocks, 2-3 the second. (A scale-after form, codes as magic + q with Σ x beside them and the block
+    // parameters applied once per block, took fewer instructions and measured 20 % slower: docs/perf/linear.md.)
+    const int t = lane % 4;
+    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
+      ring.consumer_wait(st);
+      const unsigned char* const s = stages + st.stage * a.stage_bytes;
+#pragma unroll
+      for (int j = 0; j < kKBlocks; ++j) {
+        if (kb0 + j >= kb_end) break;
+        if (j / (kKBlocks / 2) != half) continue;  // the other warp of this stripe takes it
+        uint32_t f[4][4];
+        convert(s, kb0 + j, kb0, j, f);
+        const unsigned char* const xt = s + j * kBN * 128;
+#pragma unroll
+        for (int step = 0; step < 4; ++step)
+#pragma unroll
+          for (int nt = 0; nt < kBN / 8; ++nt) {
+            const unsigned char* const row = xt + (nt * 8 + g) * 128 + 4 * t;
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row + (((2 * step) ^ g) * 16));
+            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + (((2 * step + 1) ^ g) * 16));
+            ptx::mma_m16n8k16<kFP16>(*reinterpret_cast<float(*)[4]>(acc + 4 * nt), f[step], b0, b1);
+          }
+      }
+      ring.consumer_release(st);
+      st.advance(a.stages);
+    }
+    // The two halves of each stripe meet in shared memory (stage 0 of the ring: every stage has been consumed and
+    // no TMA is pending once all consumers pass the first barrier); half 0 adds half 1's sums in a fixed order.
+    float* const red = reinterpret_cast<float*>(stages) + ((wg % 2) * 128 + threadIdx.x % 128) * kAcc;
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    if (half == 1)
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) red[i] = acc[i];
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    if (half == 1) return;
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) acc[i] += red[i];
+  } else {
+    // One k-block into fragment buffer `cur` (compile-time, so the buffers stay in registers); the stage is awaited
+    // at its first k-block and the previous stage released once the batch before this one has completed.
+    auto step = [&](int kb, uint32_t(&cur)[4][4], uint32_t(&other)[4][4]) {
+      const int j = (kb - kb_begin) % kKBlocks, kb0 = kb - j;
+      if (j == 0) ring.consumer_wait(st);
+      const unsigned char* const s = stages + st.stage * a.stage_bytes;
+      convert(s, kb, kb0, j, cur);
+      issue(s + j * kBN * 128, cur, kb > kb_begin);
+      ptx::wgmma_wait_group<1>();
+      ptx::wgmma_fence_registers(acc);
+      pin(other);
+      if (j == 0 && kb > kb_begin) ring.consumer_release(prev);
+      if (j == kKBlocks - 1 || kb + 1 == kb_end) {
+        prev = st;
+        st.advance(a.stages);
+      }
+    };
+    uint32_t frag[2][4][4];
+    for (int kb = kb_begin; kb < kb_end; kb += 2) {
+      step(kb, frag[0], frag[1]);
+      if (kb + 1 < kb_end) step(kb + 1, frag[1], frag[0]);
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(acc);
+    pin(frag[0]);
+    pin(frag[1]);
+    if (kb_end > kb_begin) ring.consumer_release(prev);
+  }
+
+  const int t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    const int j = i / 4, e = i % 4;
+    const int64_t n = static_cast<int64_t>(n_tile) * kGemmRows + stripe * 16 + g + (e >= 2 ? 8 : 0);
+    const int64_t m = static_cast<int64_t>(m_tile) * kBN + 8 * j + 2 * t + (e & 1);
+    if (m >= a.m || n >= a.n) continue;
+    if (a.splits == 1)
+      store_output<T>(a, m, n, acc[i]);
+    else
+      a.partial[(split * a.m + m) * a.n + n] = acc[i];
+  }
+#endif
+}
+
+// y = epilogue(Σ_split partial[split]) in split order.
+template <class T>
+__global__ void reduce_partials(const GemmArgs a) {
+  const int64_t total = a.m * a.n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < a.splits; ++s) v += a.partial[s * total + i];
+    store_output<T>(a, i / a.n, i % a.n, v);
+  }
+}
+
+// xw[m, j] = T(x[m, k_perm[j]]) (k_perm null: j): act-order's column permutation and fp32 x's rounding, one pass.
+template <class T, class Src>
+__global__ void prepare_x(const Src* __restrict__ x, int64_t ldx, const int32_t* __restrict__ k_perm,
+                          T* __restrict__ xw, int64_t m, int64_t k) {
+  const int64_t total = m * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / k, j = i % k;
+    const int64_t src = k_perm != nullptr ? k_perm[j] : j;
+    xw[i] = from_float<T>(to_float(x[r * ldx + src]));
+  }
+}
+
+}  // namespace tessera::linear::detail
