@@ -52,6 +52,9 @@ default_tests=(
   'PermuteGpu.UnpermuteInCudaGraph'
   'GroupedGemmGpu.CudaGraphCapture'
   'GroupedGemmGpu.EdgeShapes'
+  'LinearGpu.BiasAndClamps'
+  'LinearGpu.CudaGraphCapture'
+  'LinearGpu.DocumentedSmallestAlignmentsRun'
 )
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}
