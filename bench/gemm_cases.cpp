@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "common/host_numeric.h"
+#include "cublaslt_util.h"
 #include "device_random.h"
 #include "harness.h"
 #include "reference/gemm_reference.h"
@@ -406,35 +407,6 @@ class GroupedGemmCase final : public CaseInstance {
 // TODO(verify on the GPU): the B stride when m_g is not a multiple of 4 (skewed_zipf, skew_one_big and the routed
 // shapes have such groups);
 // --check on the cublaslt_fp8_loop rows tells whether these layouts are the ones cuBLASLt reads.
-[[noreturn]] void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw Error(std::string("tessera-bench: ") + expr + " failed: " + cublasLtGetStatusName(st) + " (" +
-              cublasLtGetStatusString(st) + ") at " + file + ":" + std::to_string(line));
-}
-#define BENCH_CUBLAS_CHECK(expr)                                                                \
-  do {                                                                                          \
-    const cublasStatus_t bench_st_ = (expr);                                                    \
-    if (bench_st_ != CUBLAS_STATUS_SUCCESS) throw_cublas(bench_st_, #expr, __FILE__, __LINE__); \
-  } while (0)
-
-template <typename T, auto Destroy>
-struct LtDeleter {
-  void operator()(T h) const noexcept { (void)Destroy(h); }
-};
-template <typename T, auto Destroy>
-using LtPtr = std::unique_ptr<std::remove_pointer_t<T>, LtDeleter<T, Destroy>>;
-using LtHandle = LtPtr<cublasLtHandle_t, cublasLtDestroy>;
-using LtMatmulDesc = LtPtr<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using LtLayout = LtPtr<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using LtPreference = LtPtr<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
-
-LtLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t h = nullptr;
-  BENCH_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&h, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
-  return LtLayout(h);
-}
-
-constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kScaleAlign = 64;                                 // floats: 256 bytes
 
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }

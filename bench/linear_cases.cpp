@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "common/host_numeric.h"
+#include "cublaslt_util.h"
 #include "device_random.h"
 #include "harness.h"
 #include "reference/format.h"
@@ -315,35 +316,6 @@ class LinearCase final : public CaseInstance {
 // ============================================================================================================
 // cuBLASLt bf16 peer: y = x · Wᵀ as, column-major, yᵀ [N, M] = W [N, K] · xᵀ: A = W stored K x N (ld K, = row-major
 // [N, K]) with transa = T; B = x stored K x M (ld K) with transb = N; D = y stored N x M (ld N, = row-major [M, N]).
-[[noreturn]] void throw_cublas(cublasStatus_t st, const char* expr, const char* file, int line) {
-  throw Error(std::string("tessera-bench: ") + expr + " failed: " + cublasLtGetStatusName(st) + " (" +
-              cublasLtGetStatusString(st) + ") at " + file + ":" + std::to_string(line));
-}
-#define LINEAR_CUBLAS_CHECK(expr)                                                               \
-  do {                                                                                          \
-    const cublasStatus_t bench_st_ = (expr);                                                    \
-    if (bench_st_ != CUBLAS_STATUS_SUCCESS) throw_cublas(bench_st_, #expr, __FILE__, __LINE__); \
-  } while (0)
-
-template <typename T, auto Destroy>
-struct LtDeleter {
-  void operator()(T h) const noexcept { (void)Destroy(h); }
-};
-template <typename T, auto Destroy>
-using LtPtr = std::unique_ptr<std::remove_pointer_t<T>, LtDeleter<T, Destroy>>;
-using LtHandle = LtPtr<cublasLtHandle_t, cublasLtDestroy>;
-using LtMatmulDesc = LtPtr<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using LtLayout = LtPtr<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using LtPreference = LtPtr<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
-
-LtLayout make_layout(int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t h = nullptr;
-  LINEAR_CUBLAS_CHECK(
-      cublasLtMatrixLayoutCreate(&h, CUDA_R_16BF, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
-  return LtLayout(h);
-}
-
-constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
 struct DenseShape {
   int64_t m = 0, n = 0, k = 0;
@@ -370,23 +342,23 @@ class CublasLtLinearCase final : public CaseInstance {
     workspace_.allocate(kLtWorkspaceBytes);
 
     cublasLtHandle_t handle = nullptr;
-    LINEAR_CUBLAS_CHECK(cublasLtCreate(&handle));
+    BENCH_CUBLAS_CHECK(cublasLtCreate(&handle));
     handle_.reset(handle);
     cublasLtMatmulDesc_t desc = nullptr;
-    LINEAR_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     desc_.reset(desc);
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    LINEAR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-    LINEAR_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-    a_ = make_layout(sh.k, sh.n, sh.k);
-    b_ = make_layout(sh.k, sh.m, sh.k);
-    d_ = make_layout(sh.n, sh.m, sh.n);
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    a_ = make_layout(CUDA_R_16BF, sh.k, sh.n, sh.k);
+    b_ = make_layout(CUDA_R_16BF, sh.k, sh.m, sh.k);
+    d_ = make_layout(CUDA_R_16BF, sh.n, sh.m, sh.n);
 
     cublasLtMatmulPreference_t pref_h = nullptr;
-    LINEAR_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_h));
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_h));
     LtPreference pref(pref_h);
     const uint64_t ws_bytes = kLtWorkspaceBytes;
-    LINEAR_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &ws_bytes, sizeof(ws_bytes)));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -395,7 +367,7 @@ class CublasLtLinearCase final : public CaseInstance {
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
       throw Unsupported("cuBLASLt has no bf16 algorithm for M=" + std::to_string(sh.m) + " N=" + std::to_string(sh.n) +
                         " K=" + std::to_string(sh.k));
-    LINEAR_CUBLAS_CHECK(st);
+    BENCH_CUBLAS_CHECK(st);
     algo_ = result.algo;
   }
 
@@ -404,7 +376,7 @@ class CublasLtLinearCase final : public CaseInstance {
   void run(cudaStream_t stream, int set) override {
     const Set& s = sets_data_[set];
     const float alpha = 1.0f, beta = 0.0f;
-    LINEAR_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), desc_.get(), &alpha, s.w.get(), a_.get(), s.x.get(), b_.get(),
+    BENCH_CUBLAS_CHECK(cublasLtMatmul(handle_.get(), desc_.get(), &alpha, s.w.get(), a_.get(), s.x.get(), b_.get(),
                                        &beta, y_.get(), d_.get(), y_.get(), d_.get(), &algo_, workspace_.get(),
                                        kLtWorkspaceBytes, stream));
   }

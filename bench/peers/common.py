@@ -380,6 +380,20 @@ def peer_labels(rows):
     return labels
 
 
+
+def peer_cells(r, labels):
+    """Each peer's (time, ratio) cells of row r, blank where it did not run, and whether any time is eager ("e")."""
+    cells, eager = [], False
+    for label in labels:
+        if label not in r.peers:
+            cells += ["", ""]
+            continue
+        mode, us, ratio = r.headline(label)
+        mark = "e" if mode == "eager" else ""
+        eager |= bool(mark)
+        cells += [fmt_us(us) + mark, fmt_ratio(ratio)]
+    return cells, eager
+
 def print_family(title, rows, copy_bps=None, metric="gbps"):
     """One family's table: a row per case; tessera's µs (tessera-bench's when merged, and this process's), its
     GB/s or TFLOP/s and % of a ceiling, then per peer its µs and peer/tessera; then the notes and errors."""
@@ -412,14 +426,9 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
                 cells.append(fmt_num(pct, ".1f"))
             else:
                 cells.append(fmt_num(100 * bw * 1e9 / copy_bps if (bw and copy_bps) else None, ".1f"))
-        for label in labels:
-            if label not in r.peers:
-                cells += ["", ""]
-                continue
-            mode, us, ratio = r.headline(label)
-            mark = "e" if mode == "eager" else ""
-            eager_marks |= bool(mark)
-            cells += [fmt_us(us) + mark, fmt_ratio(ratio)]
+        peer, eager = peer_cells(r, labels)
+        cells += peer
+        eager_marks |= eager
         cells.append(fmt_err(r.rel_err.get("tessera")))
         body.append(cells)
     print(f"== {title}")

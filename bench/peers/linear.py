@@ -376,14 +376,9 @@ def print_family(rows, copy_bps=None):
                 bound = "read (copy)"
                 pct = 100.0 * bw * 1e9 / copy_bps if (bw and copy_bps) else None
         cells += [bound, C.fmt_num(pct, ".1f"), C.fmt_num(tflops, ".1f")]
-        for label in labels:
-            if label not in r.peers:
-                cells += ["", ""]
-                continue
-            mode, us, ratio = r.headline(label)
-            mark = "e" if mode == "eager" else ""
-            eager_marks |= bool(mark)
-            cells += [C.fmt_us(us) + mark, C.fmt_ratio(ratio)]
+        peer, eager = C.peer_cells(r, labels)
+        cells += peer
+        eager_marks |= eager
         cells.append(C.fmt_err(r.rel_err.get("tessera")))
         body.append(cells)
     print(f"== {TITLE}")

@@ -501,15 +501,21 @@ py::object bytes_of(const std::vector<T>& v) {
   return py::bytearray(reinterpret_cast<const char*>(v.data()), static_cast<py::ssize_t>(v.size() * sizeof(T)));
 }
 
-// The canonical form: n, k, bits, block, zero_mode; codes uint8 [N, K], scale / offset fp32 [N, K/block], zero
-// uint8 [N, K/block] (zero_point mode, else None), k_perm int32 [K] (or None: the identity).
-py::dict quantized_dict(const tl::QuantizedWeight& w) {
-  py::dict d;
+// The constants both host forms carry.
+template <class W>
+void put_constants(py::dict& d, const W& w) {
   d["n"] = w.n;
   d["k"] = w.k;
   d["bits"] = w.bits;
   d["block"] = w.block;
   d["zero_mode"] = zero_mode_name(w.zero_mode);
+}
+
+// The canonical form: n, k, bits, block, zero_mode; codes uint8 [N, K], scale / offset fp32 [N, K/block], zero
+// uint8 [N, K/block] (zero_point mode, else None), k_perm int32 [K] (or None: the identity).
+py::dict quantized_dict(const tl::QuantizedWeight& w) {
+  py::dict d;
+  put_constants(d, w);
   d["codes"] = bytes_of(w.codes);
   d["scale"] = bytes_of(w.scale);
   d["offset"] = bytes_of(w.offset);
@@ -522,11 +528,7 @@ py::dict quantized_dict(const tl::QuantizedWeight& w) {
 // params compute_dtype [Np, num_blocks, 2], k_perm int32 [K] (or None).
 py::dict packed_dict(const tl::PackedWeight& p) {
   py::dict d;
-  d["n"] = p.n;
-  d["k"] = p.k;
-  d["bits"] = p.bits;
-  d["block"] = p.block;
-  d["zero_mode"] = zero_mode_name(p.zero_mode);
+  put_constants(d, p);
   d["compute_dtype"] = float_dtype_name(p.compute_dtype);
   d["padded_n"] = p.padded_n();
   d["padded_k"] = p.padded_k();

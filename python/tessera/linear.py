@@ -195,12 +195,19 @@ def _float_array(op, arg, obj, dtype):
     return t.to(dtype).contiguous()
 
 
-def _int32_array(op, arg, obj):
-    """Integer tensors as int32; 32-bit words held in wider types (uint32 values in int64) keep their bits."""
+def _integer_host(op, arg, obj, what="an integer tensor"):
+    """obj as a host tensor, which must hold integers."""
     torch = torch_module()
     t = _host(obj, op, arg)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{op}: '{arg}' must be an integer tensor (int32 words), got {t.dtype}")
+        raise ValueError(f"{op}: '{arg}' must be {what}, got {t.dtype}")
+    return t
+
+
+def _int32_array(op, arg, obj):
+    """Integer tensors as int32; 32-bit words held in wider types (uint32 values in int64) keep their bits."""
+    torch = torch_module()
+    t = _integer_host(op, arg, obj, "an integer tensor (int32 words)")
     if t.dtype != torch.int32:
         if t.element_size() == 4:
             t = t.view(torch.int32)  # uint32
@@ -215,10 +222,8 @@ def _int32_array(op, arg, obj):
 def _byte_array(op, arg, obj, hi=255):
     """Codes or zero points as uint8, checked to lie in [0, hi] when converted from another integer type."""
     torch = torch_module()
-    t = _host(obj, op, arg)
+    t = _integer_host(op, arg, obj)
     if t.dtype != torch.uint8:
-        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-            raise ValueError(f"{op}: '{arg}' must be an integer tensor, got {t.dtype}")
         if t.numel() and (int(t.min()) < 0 or int(t.max()) > hi):
             raise ValueError(f"{op}: '{arg}' must hold values in [0, {hi}], got [{int(t.min())}, {int(t.max())}]")
         t = t.to(torch.uint8)
@@ -227,9 +232,7 @@ def _byte_array(op, arg, obj, hi=255):
 
 def _index_array(op, arg, obj):
     torch = torch_module()
-    t = _host(obj, op, arg)
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise ValueError(f"{op}: '{arg}' must be an integer tensor, got {t.dtype}")
+    t = _integer_host(op, arg, obj)
     if t.dtype != torch.int32:
         if t.numel() and (int(t.min()) < -2**31 or int(t.max()) >= 2**31):
             raise ValueError(f"{op}: '{arg}' holds values outside int32")
