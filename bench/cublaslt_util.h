@@ -43,4 +43,29 @@ inline LtLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int
 
 constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
+// A cuBLASLt handle and an fp32-accumulating matmul descriptor in the "TN" form the peers use (A = the weight,
+// transposed; B = the tokens): yᵀ = W · xᵀ in column-major terms.
+inline void create_tn_matmul(LtHandle& handle, LtMatmulDesc& desc) {
+  cublasLtHandle_t h = nullptr;
+  BENCH_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle.reset(h);
+  cublasLtMatmulDesc_t d = nullptr;
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  desc.reset(d);
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+}
+
+// A heuristic preference that allows kLtWorkspaceBytes of workspace.
+inline LtPreference workspace_preference() {
+  cublasLtMatmulPreference_t h = nullptr;
+  BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&h));
+  LtPreference pref(h);
+  const uint64_t ws_bytes = kLtWorkspaceBytes;
+  BENCH_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
+  return pref;
+}
+
 }  // namespace tessera::bench

@@ -461,15 +461,7 @@ class CublasLtLoopCase final : public CaseInstance {
     y_.allocate(M * N * 2);
     workspace_.allocate(kLtWorkspaceBytes);
 
-    cublasLtHandle_t handle = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtCreate(&handle));
-    handle_.reset(handle);
-    cublasLtMatmulDesc_t desc = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    desc_.reset(desc);
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    set_attr(CUBLASLT_MATMUL_DESC_TRANSA, trans_a);
-    set_attr(CUBLASLT_MATMUL_DESC_TRANSB, trans_b);
+    create_tn_matmul(handle_, desc_);
     if (v.scale == Scale::kBlockwise) {
       const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
       const int32_t b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
@@ -479,12 +471,8 @@ class CublasLtLoopCase final : public CaseInstance {
     const cudaDataType_t in = v.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     a_layout_ = make_layout(in, K, N, K);
 
-    cublasLtMatmulPreference_t pref_h = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_h));
-    LtPreference pref(pref_h);
-    const uint64_t ws_bytes = kLtWorkspaceBytes;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                            sizeof(ws_bytes)));
+    const LtPreference pref = workspace_preference();
+    cublasLtMatmulPreference_t const pref_h = pref.get();
     // One plan (B / D layouts + the heuristic's algorithm) per distinct group size.
     for (int g = 0; g < sh.groups; ++g) {
       const int64_t m = sh.rows[g];

@@ -341,29 +341,16 @@ class CublasLtLinearCase final : public CaseInstance {
     y_.allocate(sh.m * sh.n * 2);
     workspace_.allocate(kLtWorkspaceBytes);
 
-    cublasLtHandle_t handle = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtCreate(&handle));
-    handle_.reset(handle);
-    cublasLtMatmulDesc_t desc = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    desc_.reset(desc);
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-    BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    create_tn_matmul(handle_, desc_);
     a_ = make_layout(CUDA_R_16BF, sh.k, sh.n, sh.k);
     b_ = make_layout(CUDA_R_16BF, sh.k, sh.m, sh.k);
     d_ = make_layout(CUDA_R_16BF, sh.n, sh.m, sh.n);
 
-    cublasLtMatmulPreference_t pref_h = nullptr;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref_h));
-    LtPreference pref(pref_h);
-    const uint64_t ws_bytes = kLtWorkspaceBytes;
-    BENCH_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref_h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &ws_bytes, sizeof(ws_bytes)));
+    const LtPreference pref = workspace_preference();
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), a_.get(), b_.get(), d_.get(),
-                                                             d_.get(), pref_h, 1, &result, &found);
+                                                             d_.get(), pref.get(), 1, &result, &found);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
       throw Unsupported("cuBLASLt has no bf16 algorithm for M=" + std::to_string(sh.m) + " N=" + std::to_string(sh.n) +
                         " K=" + std::to_string(sh.k));

@@ -440,12 +440,6 @@ void attention_prefill_with_cache(const py::object& q, const py::object& cu_seql
 
 namespace tl = tessera::linear;
 
-tl::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
-  static constexpr tessera::python::Choice<tl::ZeroMode> kChoices[] = {{"offset", tl::ZeroMode::kOffset},
-                                                                       {"zero_point", tl::ZeroMode::kZeroPoint}};
-  return tessera::python::parse_choice(s, op, "zero_mode", kChoices);
-}
-
 const char* zero_mode_name(tl::ZeroMode mode) { return mode == tl::ZeroMode::kZeroPoint ? "zero_point" : "offset"; }
 
 // The 16-bit type the kernels compute in ("bfloat16" | "float16"), or also "float32" for x's dtype.
@@ -541,7 +535,7 @@ py::dict packed_dict(const tl::PackedWeight& p) {
 
 py::dict linear_quantize(const py::object& w, int bits, int64_t block, const std::string& zero_mode) {
   constexpr const char* op = "tessera.linear.quantize";
-  const tl::ZeroMode mode = parse_zero_mode(zero_mode, op);
+  const tl::ZeroMode mode = tessera::python::parse_zero_mode(zero_mode, op);
   const TensorView wv = host_view(w, op, "w", {DType::kFP32}, 2);
   tl::QuantizedWeight q;
   {
@@ -617,7 +611,7 @@ py::dict linear_prepack(const py::object& codes, const py::object& scale, const 
                         const std::string& zero_mode, const std::string& compute_dtype) {
   constexpr const char* op = "tessera.linear.prepack";
   tl::QuantizedWeight w;
-  w.zero_mode = parse_zero_mode(zero_mode, op);
+  w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
   const DType dtype = parse_float_dtype(compute_dtype, op, "compute_dtype", false);
   const TensorView cv = host_view(codes, op, "codes", {DType::kUInt8}, 2);
   w.n = cv.shape[0];
@@ -660,7 +654,7 @@ py::dict linear_unpack(const py::object& codes, const py::object& params, const 
                        int64_t k, int bits, int64_t block, const std::string& zero_mode) {
   constexpr const char* op = "tessera.linear.unpack";
   tl::PackedWeight p;
-  p.zero_mode = parse_zero_mode(zero_mode, op);
+  p.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
   p.n = n;
   p.k = k;
   p.bits = bits;
@@ -691,7 +685,7 @@ tl::LinearWeight linear_weight_of(const char* op, const py::object& codes, const
                                   const py::object& k_perm, int64_t n, int64_t k, int bits, int64_t block,
                                   const std::string& zero_mode) {
   tl::LinearWeight w;
-  w.zero_mode = parse_zero_mode(zero_mode, op);
+  w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
   w.codes = view_of(codes, op, "codes");
   w.params = view_of(params, op, "params");
   if (!k_perm.is_none()) w.k_perm = view_of(k_perm, op, "k_perm");

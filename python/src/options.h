@@ -12,6 +12,7 @@
 #include "tessera/attention.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
+#include "tessera/linear.h"
 #include "tessera/moe.h"
 
 namespace tessera::python {
@@ -64,6 +65,12 @@ inline gemm::ScaleMode parse_scale_mode(std::string_view s, const char* op) {
   static constexpr Choice<gemm::ScaleMode> kChoices[] = {{"per_tensor", gemm::ScaleMode::kPerTensor},
                                                          {"blockwise", gemm::ScaleMode::kBlockwise}};
   return parse_choice(s, op, "scale_mode", kChoices);
+}
+
+inline linear::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
+  static constexpr Choice<linear::ZeroMode> kChoices[] = {{"offset", linear::ZeroMode::kOffset},
+                                                          {"zero_point", linear::ZeroMode::kZeroPoint}};
+  return parse_choice(s, op, "zero_mode", kChoices);
 }
 
 inline attention::KVFormat parse_kv_format(std::string_view s, const char* op) {

@@ -29,8 +29,6 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -460,46 +458,13 @@ void attention_prefill_with_cache(const at::Tensor& q, const at::Tensor& cu_seql
 
 namespace tl = tessera::linear;
 
-tl::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
-  static constexpr tessera::python::Choice<tl::ZeroMode> kChoices[] = {{"offset", tl::ZeroMode::kOffset},
-                                                                       {"zero_point", tl::ZeroMode::kZeroPoint}};
-  return tessera::python::parse_choice(s, op, "zero_mode", kChoices);
-}
-
-// A workspace for an m-row call. linear_workspace_bytes(max_m) takes the largest need of every M up to max_m (one
-// select_config each: ~30 us at M = 64, ~150 us at M = 256 on the host), which a per-call size cannot afford. So M
-// above 16 is rounded up to a power of two (the answer covers every M up to it) and the answers are kept per device
-// and shape: a few queries per weight shape in all. A query that throws (an invalid weight) keeps nothing.
-std::size_t linear_workspace_need(int device, int64_t m, const tl::LinearWeight& w, DType x_dtype) {
-  if (m > 16) {
-    int64_t bucket = 32;
-    while (bucket < m && bucket <= INT64_MAX / 2) bucket *= 2;
-    m = std::max(m, bucket);
-  }
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int64_t, int, bool, int>;
-  static std::mutex mutex;
-  static std::map<Key, std::size_t> memo;
-  const Key key = std::make_tuple(device, m, w.n, w.k, w.bits, w.block, static_cast<int>(w.zero_mode),
-                                  w.k_perm.data != nullptr, static_cast<int>(x_dtype));
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto it = memo.find(key);
-    if (it != memo.end()) return it->second;
-  }
-  const std::size_t bytes = tl::linear_workspace_bytes(m, w, x_dtype);
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (memo.size() >= 4096) memo.clear();
-  memo.emplace(key, bytes);
-  return bytes;
-}
-
 void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
             const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias, const at::Tensor& y,
             const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
             std::string_view zero_mode, double clamp_min, double clamp_max) {
   constexpr const char* op = "tessera.linear";
   tl::LinearWeight w;
-  w.zero_mode = parse_zero_mode(zero_mode, op);
+  w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
   w.n = n;
   w.k = k;
   w.bits = narrow(bits, op, "bits");
@@ -515,9 +480,9 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
   epilogue.clamp_max = static_cast<float>(clamp_max);
   const TensorView yv = view_of(y, op, "y");
   run_on(device, [&](cudaStream_t s) {
-    // The size query validates nothing the op does not validate again; an x of another rank is reported by the op.
-    const std::size_t need =
-        workspace.has_value() || xv.rank != 2 ? 0 : linear_workspace_need(device.index(), xv.shape[0], w, xv.dtype);
+    // The size query (a closed-form bound) validates nothing the op does not validate again; an x of another rank is
+    // reported by the op.
+    const std::size_t need = workspace.has_value() || xv.rank != 2 ? 0 : tl::linear_workspace_bytes(xv.shape[0], w, xv.dtype);
     const auto ws = workspace_or_new(workspace, need, device);
     tl::linear(xv, w, yv, epilogue, workspace_of(ws, op), s);
   });
@@ -870,7 +835,7 @@ at::Tensor linear_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   constexpr const char* op = "tessera.linear";
   no_symbolic_sizes({&x});
   // Checks before anything is allocated, with the torch layer's messages.
-  (void)parse_zero_mode(zero_mode, op);
+  (void)tessera::python::parse_zero_mode(zero_mode, op);
   at_least(n, 1, op, "n");
   at_least(k, 1, op, "k");
   if (!needs_dispatcher(x)) (void)device_of(x, op, "x");

@@ -6,6 +6,7 @@
 #include "common/device_info.h"
 #include "common/validate.h"
 #include "linear/problem.h"
+#include "linear/weight_formats.h"
 #include "tessera/linear.h"
 
 namespace tessera::linear {
@@ -20,10 +21,7 @@ DType check_weight(const ArgCheck& check, const LinearWeight& w) {
   if (w.bits != 4 && w.bits != 8) check.fail("w.bits", "must be 4 or 8, got " + std::to_string(w.bits));
   if (w.n <= 0) check.fail("w.n", "must be positive, got " + std::to_string(w.n));
   if (w.k <= 0 || w.k % 8 != 0) check.fail("w.k", "must be a positive multiple of 8, got " + std::to_string(w.k));
-  if (w.block != w.k && w.block != 32 && w.block != 64 && w.block != 128)
-    check.fail("w.block", "must be 32, 64, 128 or K (per output channel), got " + std::to_string(w.block));
-  if (w.k % w.block != 0)
-    check.fail("w.block", std::to_string(w.block) + " does not divide K = " + std::to_string(w.k));
+  detail::check_bits_and_block(check, w.bits, w.k, w.block);
   if (w.zero_mode != ZeroMode::kOffset && w.zero_mode != ZeroMode::kZeroPoint)
     check.fail("w.zero_mode", "must be kOffset or kZeroPoint");
   const int64_t np = round_up(w.n, 16), kp = round_up(w.k, tile_k(w.bits));

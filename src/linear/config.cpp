@@ -64,12 +64,12 @@ LinearConfig select_config(const LinearShape& s) {
     c.n_tiles = n_tiles;
     c.m_tiles = ceil_div(s.m, bn);
     const StageBytes sb = stage_bytes(bn, s.bits, s.block, s.k);
-    c.stages = static_cast<int>(std::min<int64_t>(kMaxStages, (gemm_smem_budget(bn) - 1024) / sb.total));
+    c.stages = static_cast<int>(std::min<int64_t>(kMaxStages, (kGemmSmemBudget - 1024) / sb.total));
     // Splits own whole stages, at least two each.
     const int64_t k_stages = ceil_div(k_blocks, kblocks_per_stage(bn));
     const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, k_stages / 2));
     for (int64_t splits = 1; splits <= max_splits; ++splits) {
-      const int64_t ctas = n_tiles * c.m_tiles * splits, waves = ceil_div(ctas, s.num_sms * ctas_per_sm(bn));
+      const int64_t ctas = n_tiles * c.m_tiles * splits, waves = ceil_div(ctas, s.num_sms);
       // A split grid stays within two waves: this bounds the partials (linear_workspace_bytes relies on it).
       if (splits > 1 && ctas > 2 * s.num_sms) break;
       const double cols = static_cast<double>(k_blocks) * kKBlock / splits;

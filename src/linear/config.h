@@ -18,13 +18,11 @@ inline constexpr int kMaxStages = 16;
 inline constexpr int kMaxSplits = 16;
 // Token tiles up to this many rows use warp-level mma.sync instead of wgmma (gemm_kernel.cuh).
 inline constexpr int kMmaSyncMaxBN = 32;
-// One CTA per SM (measured on an H200: two CTAs with half the ring each were 20-25 % slower at M 1 and 16).
-constexpr int ctas_per_sm(int) { return 1; }
 constexpr int consumer_warpgroups(int bn) { return bn <= kMmaSyncMaxBN ? 4 : 2; }
 constexpr int gemm_threads(int bn) { return (consumer_warpgroups(bn) + 1) * 128; }
-// Dynamic shared memory: 1 KB of barriers, then the ring (per CTA: the SM's 227 KB over its CTAs).
+// Dynamic shared memory: 1 KB of barriers, then the ring; one CTA per SM (measured on an H200: two CTAs with half the
+// ring each were 20-25 % slower at M 1 and 16).
 inline constexpr int kGemmSmemBudget = 226 * 1024;
-constexpr int gemm_smem_budget(int) { return kGemmSmemBudget; }
 
 struct LinearShape {
   int64_t m = 0, n = 0, k = 0;  // k: the real K (columns of x)

@@ -66,7 +66,7 @@ __device__ __forceinline__ void store_output(const GemmArgs& a, int64_t row, int
 }
 
 template <class T, int kBits, int kBN>
-__global__ void __launch_bounds__(gemm_threads(kBN), ctas_per_sm(kBN))
+__global__ void __launch_bounds__(gemm_threads(kBN), 1)
     linear_gemm_kernel(const __grid_constant__ CUtensorMap codes_map, const __grid_constant__ CUtensorMap params_map,
                        const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -166,29 +166,7 @@ __global__ void __launch_bounds__(gemm_threads(kBN), ctas_per_sm(kBN))
       }
     }
   };
-  auto issue = [&](const unsigned char* s, const uint32_t(&f)[4][4], bool accumulate) {
-    const uint64_t desc = ptx::wgmma_desc_k_major_sw128(s);
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int step = 0; step < 4; ++step) {
-      const int scale_d = (accumulate || step > 0) ? 1 : 0;
-      if constexpr (kFP16)
-        Mma::mma_f16_rs(acc, f[step], desc + 2 * step, scale_d);
-      else
-        Mma::mma_bf16_rs(acc, f[step], desc + 2 * step, scale_d);
-    }
-    ptx::wgmma_commit_group();
-  };
-
-  // wgmma reads its A registers asynchronously: a buffer's registers are pinned (an empty asm that "writes" them)
-  // once the batch that reads them is known complete, so the compiler cannot reuse them while it is in flight.
-  auto pin = [](uint32_t(&f)[4][4]) {
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
-  };
-  pipeline::PipelineState st, prev;
+  pipeline::PipelineState st;
   if constexpr (kWarpMma) {
     // Each warp multiplies its 16 rows with every 8-token n-tile of the stage's x tiles (128-byte swizzled rows:
     // the 16-byte chunk c of row r sits at chunk c ^ (r % 8)); warpgroups 0-1 take the first half of each stage's
@@ -230,6 +208,29 @@ __global__ void __launch_bounds__(gemm_threads(kBN), ctas_per_sm(kBN))
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] += red[i];
   } else {
+    auto issue = [&](const unsigned char* s, const uint32_t(&f)[4][4], bool accumulate) {
+      const uint64_t desc = ptx::wgmma_desc_k_major_sw128(s);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < 4; ++step) {
+        const int scale_d = (accumulate || step > 0) ? 1 : 0;
+        if constexpr (kFP16)
+          Mma::mma_f16_rs(acc, f[step], desc + 2 * step, scale_d);
+        else
+          Mma::mma_bf16_rs(acc, f[step], desc + 2 * step, scale_d);
+      }
+      ptx::wgmma_commit_group();
+    };
+
+    // wgmma reads its A registers asynchronously: a buffer's registers are pinned (an empty asm that "writes" them)
+    // once the batch that reads them is known complete, so the compiler cannot reuse them while it is in flight.
+    auto pin = [](uint32_t(&f)[4][4]) {
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
+    };
+    pipeline::PipelineState prev;
     // One k-block into fragment buffer `cur` (compile-time, so the buffers stay in registers); the stage is awaited
     // at its first k-block and the previous stage released once the batch before this one has completed.
     auto step = [&](int kb, uint32_t(&cur)[4][4], uint32_t(&other)[4][4]) {

@@ -1,5 +1,6 @@
-// Internal: the prepacked layout of a weight-only quantized matrix (tessera/linear.h, docs/ops/linear.md), shared by
-// prepack (host) and the kernels (device), so that the two cannot disagree.
+// Internal: the prepacked layout of a weight-only quantized matrix (tessera/linear.h, docs/ops/linear.md), as prepack
+// and unpack write and read it; the kernel reads the same bytes by TMA boxes (launch.cu) and fragment offsets
+// (gemm_kernel.cuh).
 //
 // Rows go in 16-row stripes, columns in tiles of kTileK (64 int4 / 32 int8) columns; a (stripe, tile) is 512 bytes:
 // lane l = 4g + t of a warp holds 16 bytes, its mma.m16n8k16 A-fragment codes for the tile's kTileK / 16 steps of 16
@@ -12,12 +13,6 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define TESSERA_LINEAR_HD __host__ __device__
-#else
-#define TESSERA_LINEAR_HD
-#endif
-
 namespace tessera::linear::detail {
 
 // Nibble that holds fragment value v (int4); its inverse orders the nibbles of a word as values 0,2,4,6,1,3,5,7.
@@ -25,7 +20,7 @@ inline constexpr int kNibbleOf[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 // Index (in 16-bit elements) of the scale of row r, block b; the second parameter (offset or zero) follows it.
 // Per 16-row stripe and block: 16 pairs, rows in the order 0, 8, 1, 9, ..., 7, 15, so that lane group g reads the
 // pairs of rows g and g + 8 with one 8-byte load.
-TESSERA_LINEAR_HD inline int64_t param_index(int64_t r, int64_t b, int64_t num_blocks) {
+inline int64_t param_index(int64_t r, int64_t b, int64_t num_blocks) {
   const int64_t rr = r % 16;
   return (((r / 16) * num_blocks + b) * 16 + (rr % 8) * 2 + rr / 8) * 2;
 }

@@ -8,6 +8,7 @@
 #include "common/host_numeric.h"
 #include "common/validate.h"
 #include "linear/layout.h"
+#include "linear/weight_formats.h"
 #include "tessera/linear.h"
 
 namespace tessera::linear {
@@ -24,11 +25,7 @@ void check_quantized(const ArgCheck& check, const QuantizedWeight& w) {
   if (w.n <= 0 || w.k <= 0)
     check.fail("w", "must have N > 0 and K > 0, got N " + std::to_string(w.n) + ", K " + std::to_string(w.k));
   if (w.k % 8 != 0) check.fail("w.k", "must be a multiple of 8, got " + std::to_string(w.k));
-  const bool per_channel = w.block == w.k;
-  if (!per_channel && w.block != 32 && w.block != 64 && w.block != 128)
-    check.fail("w.block", "must be 32, 64, 128 or K (per output channel), got " + std::to_string(w.block));
-  if (w.k % w.block != 0)
-    check.fail("w.block", std::to_string(w.block) + " does not divide K = " + std::to_string(w.k));
+  detail::check_bits_and_block(check, w.bits, w.k, w.block);
   const auto n_codes = static_cast<size_t>(w.n * w.k);
   const auto n_params = static_cast<size_t>(w.n * (w.k / w.block));
   if (w.codes.size() != n_codes)

@@ -125,4 +125,15 @@ QuantizedWeight import_awq(const int32_t* qweight, const int32_t* qzeros, const 
   return w;
 }
 
+namespace detail {
+
+void check_bits_and_block(const ::tessera::detail::ArgCheck& check, int bits, int64_t k, int64_t block) {
+  if (bits != 4 && bits != 8) check.fail("w.bits", "must be 4 or 8, got " + std::to_string(bits));
+  if (block != k && block != 32 && block != 64 && block != 128)
+    check.fail("w.block", "must be 32, 64, 128 or K (per output channel), got " + std::to_string(block));
+  if (block <= 0 || k % block != 0)
+    check.fail("w.block", std::to_string(block) + " does not divide K = " + std::to_string(k));
+}
+
+}  // namespace detail
 }  // namespace tessera::linear

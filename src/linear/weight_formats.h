@@ -5,7 +5,14 @@
 
 #include "tessera/linear.h"
 
+namespace tessera::detail {
+class ArgCheck;
+}
+
 namespace tessera::linear::detail {
+
+// The format rules prepack and the op share: bits 4 or 8 ("w.bits"); block 32, 64, 128 or K, dividing K ("w.block").
+void check_bits_and_block(const ::tessera::detail::ArgCheck& check, int bits, int64_t k, int64_t block);
 
 // The canonical form and the importers are public (tessera/linear.h); the names stay here for the library's code.
 using ::tessera::linear::import_awq;
