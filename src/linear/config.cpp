@@ -83,7 +83,10 @@ LinearConfig select_config(const LinearShape& s) {
       // mma.sync tiles (bn <= kMmaSyncMaxBN) run at about a third of the wgmma rate.
       const double mma = 2.0 * kGemmRows * cols * bn / kWgmmaFlopsPerUsPerSm * (bn <= kMmaSyncMaxBN ? 3.0 : 1.0);
       const double dequant = (cols / kKBlock) * (s.bits == 4 ? kKBlockUsInt4 : kKBlockUsInt8);
-      double us = static_cast<double>(waves) * (std::max({mem, mma, dequant}) + kRampUs);
+      // wgmma tiles pay the conversion on top of the products (measured: per k-block, 128-token tiles cost ~2/3 of
+      // 256-token ones, not 1/2), so larger tiles amortize it; the mma.sync tiles are bound by the slower of the two.
+      const double compute = bn <= kMmaSyncMaxBN ? std::max(mma, dequant) : mma + dequant;
+      double us = static_cast<double>(waves) * (std::max(mem, compute) + kRampUs);
       if (splits > 1)
         us += kReduceLaunchUs + 2.0 * splits * static_cast<double>(s.m) * s.n * 4.0 / (3.0 * kDramBytesPerUs);
       // Ties (within 2 %) keep the earlier candidate: fewer splits, smaller tiles.

@@ -111,24 +111,46 @@ __device__ __forceinline__ float unit_float(uint32_t w) {
   return __uint_as_float(__byte_perm(w, 0x3f800000u, 0x7604u | (kByte << 4)));
 }
 
+// int4 codes on a magic exponent, exactly: the A registers of one 16-column step hold magic + q (rows g: kMagicLo, rows
+// g + 8: kMagicHi; fp16 keeps row g + 8's nibbles at bits 4-7 on 64, whose unit is 1/16). The scale-before form
+// (dequant_step) scales them in registers; the scale-after form (the mma.sync consumers of gemm_kernel.cuh) multiplies
+// them as they are and applies the block parameters to the sums: Σ w·x = s·Σ (magic + q)·x + (o − magic·s)·Σ x.
+template <class T>
+struct Int4Codes {
+  static constexpr bool kFP16 = std::is_same_v<T, __half>;
+  static constexpr float kMagicLo = kFP16 ? 1024.f : 128.f;
+  static constexpr float kMagicHi = kFP16 ? 64.f : 128.f;
+  static constexpr uint32_t kOnes = kFP16 ? 0x3c003c00u : 0x3f803f80u;  // a pair of 1.0: the A operand of Σ x
+
+  static __device__ __forceinline__ void step(uint32_t w, uint32_t (&a)[4]) {
+    using ::tessera::detail::and_or;
+    if constexpr (kFP16) {
+      const uint32_t w8 = w >> 8;
+      a[0] = and_or<0x000f000fu>(w, 0x64006400u);
+      a[1] = and_or<0x00f000f0u>(w, 0x54005400u);
+      a[2] = and_or<0x000f000fu>(w8, 0x64006400u);
+      a[3] = and_or<0x00f000f0u>(w8, 0x54005400u);
+    } else {
+      a[0] = and_or<0x000f000fu>(w, 0x43004300u);
+      a[1] = and_or<0x000f000fu>(w >> 4, 0x43004300u);
+      a[2] = and_or<0x000f000fu>(w >> 8, 0x43004300u);
+      a[3] = and_or<0x000f000fu>(w >> 12, 0x43004300u);
+    }
+  }
+};
+
 // The four A registers of one 16-column step from its codes: int4 one 32-bit word (`w0`), int8 two (`w0`, `w1`).
 template <class T, int kBits>
 __device__ __forceinline__ void dequant_step(uint32_t w0, uint32_t w1, const DequantParams<T, kBits>& p,
                                              uint32_t (&a)[4]) {
   using T2 = typename Half2Of<T>::Type;
-  using ::tessera::detail::and_or;
   constexpr bool kFP16 = std::is_same_v<T, __half>;
-  if constexpr (kBits == 4 && kFP16) {
-    const uint32_t w8 = w0 >> 8;
-    a[0] = scale_pair<T2>(and_or<0x000f000fu>(w0, 0x64006400u), p.sub_lo, p.scale_lo, p.off_lo);
-    a[1] = scale_pair<T2>(and_or<0x00f000f0u>(w0, 0x54005400u), p.sub_hi, p.scale_hi, p.off_hi);
-    a[2] = scale_pair<T2>(and_or<0x000f000fu>(w8, 0x64006400u), p.sub_lo, p.scale_lo, p.off_lo);
-    a[3] = scale_pair<T2>(and_or<0x00f000f0u>(w8, 0x54005400u), p.sub_hi, p.scale_hi, p.off_hi);
-  } else if constexpr (kBits == 4) {
-    a[0] = scale_pair<T2>(and_or<0x000f000fu>(w0, 0x43004300u), p.sub_lo, p.scale_lo, p.off_lo);
-    a[1] = scale_pair<T2>(and_or<0x000f000fu>(w0 >> 4, 0x43004300u), p.sub_hi, p.scale_hi, p.off_hi);
-    a[2] = scale_pair<T2>(and_or<0x000f000fu>(w0 >> 8, 0x43004300u), p.sub_lo, p.scale_lo, p.off_lo);
-    a[3] = scale_pair<T2>(and_or<0x000f000fu>(w0 >> 12, 0x43004300u), p.sub_hi, p.scale_hi, p.off_hi);
+  if constexpr (kBits == 4) {
+    Int4Codes<T>::step(w0, a);
+    a[0] = scale_pair<T2>(a[0], p.sub_lo, p.scale_lo, p.off_lo);
+    a[1] = scale_pair<T2>(a[1], p.sub_hi, p.scale_hi, p.off_hi);
+    a[2] = scale_pair<T2>(a[2], p.sub_lo, p.scale_lo, p.off_lo);
+    a[3] = scale_pair<T2>(a[3], p.sub_hi, p.scale_hi, p.off_hi);
   } else if constexpr (kFP16) {
     // Bytes v0..v3 in w0, v4..v7 in w1; each pair next to 0x64 makes 1024 + q.
     a[0] = scale_pair<T2>(__byte_perm(w0, 0x64u, 0x4140), p.sub_lo, p.scale_lo, p.off_lo);

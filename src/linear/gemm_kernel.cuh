@@ -170,31 +170,106 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
   if constexpr (kWarpMma) {
     // Each warp multiplies its 16 rows with every 8-token n-tile of the stage's x tiles (128-byte swizzled rows:
     // the 16-byte chunk c of row r sits at chunk c ^ (r % 8)); warpgroups 0-1 take the first half of each stage's
-    // k-blocks, 2-3 the second. (A scale-after form, codes as magic + q with Σ x beside them and the block
-    // parameters applied once per block, took fewer instructions and measured 20 % slower: docs/perf/linear.md.)
-    const int t = lane % 4;
-    for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
-      ring.consumer_wait(st);
-      const unsigned char* const s = stages + st.stage * a.stage_bytes;
+    // k-blocks, 2-3 the second. int4 multiplies the codes as they are and applies the block parameters to the sums
+    // (scale-after, below); int8 converts the weights first (scale-before, as the wgmma tiles do).
+    if constexpr (kBits == 4) {
+      // Scale-after (linear/dequant.cuh Int4Codes): the A fragments are magic + q straight from the codes; the
+      // products accumulate per parameter block in `raw`, Σ x (an mma with A = 1) in `sx`, and each block is folded
+      // into acc once, in fp32: acc += s·raw + (o − magic·s)·sx (zero point: o = −z·s). One lop3 (and a shift) per
+      // pair instead of four operations, and no rounding of the weights to 16 bits.
+      float raw[kAcc], sx[kAcc];
+      float s_lo = 0.f, c_lo = 0.f, s_hi = 0.f, c_hi = 0.f;
+      int open = -1;  // the parameter block raw / sx belong to
+      const uint32_t ones[4] = {Int4Codes<T>::kOnes, Int4Codes<T>::kOnes, Int4Codes<T>::kOnes, Int4Codes<T>::kOnes};
+      auto fold = [&]() {
 #pragma unroll
-      for (int j = 0; j < kKBlocks; ++j) {
-        if (kb0 + j >= kb_end) break;
-        if (j / (kKBlocks / 2) != half) continue;  // the other warp of this stripe takes it
-        uint32_t f[4][4];
-        convert(s, kb0 + j, kb0, j, f);
-        const unsigned char* const xt = s + j * kBN * 128;
+        for (int i = 0; i < kAcc; ++i) {
+          const bool hi = (i % 4) >= 2;
+          acc[i] = fmaf(hi ? s_hi : s_lo, raw[i], acc[i]);
+          acc[i] = fmaf(hi ? c_hi : c_lo, sx[i], acc[i]);
+        }
+      };
+      // ldmatrix row addresses: lane i reads token row 8·nt + i % 8, 16-byte chunk (i / 8) of a 64-byte half of the
+      // k-block's 128-byte row, swizzled (chunk c of row r sits at c ^ (r % 8)).
+      const int lrow = lane % 8, lchunk = lane / 8;
+      for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
+        ring.consumer_wait(st);
+        const unsigned char* const s = stages + st.stage * a.stage_bytes;
+        const int block0 = static_cast<int>((static_cast<uint32_t>(kb0) * kKBlock) >> a.block_shift);
+        const unsigned char* const params = s + a.x_bytes + a.code_bytes + (stripe * a.stage_blocks * 16 + 2 * g) * 4;
 #pragma unroll
-        for (int step = 0; step < 4; ++step)
+        for (int jj = 0; jj < kKBlocks / 2; ++jj) {
+          const int j = half * (kKBlocks / 2) + jj, kb = kb0 + j;
+          if (kb >= kb_end) break;
+          const uint4 c = *reinterpret_cast<const uint4*>(s + a.x_bytes + ((stripe * kKBlocks + j) * 32 + lane) * 16);
+          const uint32_t words[4] = {c.x, c.y, c.z, c.w};
+          const uint32_t xt = ptx::smem_u32(s + j * kBN * 128);
 #pragma unroll
-          for (int nt = 0; nt < kBN / 8; ++nt) {
-            const unsigned char* const row = xt + (nt * 8 + g) * 128 + 4 * t;
-            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row + (((2 * step) ^ g) * 16));
-            const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + (((2 * step + 1) ^ g) * 16));
-            ptx::mma_m16n8k16<kFP16>(*reinterpret_cast<float(*)[4]>(acc + 4 * nt), f[step], b0, b1);
+          for (int h = 0; h < 2; ++h) {
+            const int block = static_cast<int>((static_cast<uint32_t>(kb) * kKBlock + 32 * h) >> a.block_shift);
+            if (block != open) {
+              if (open >= 0) fold();
+#pragma unroll
+              for (int i = 0; i < kAcc; ++i) raw[i] = sx[i] = 0.f;
+              const uint2 pr = *reinterpret_cast<const uint2*>(params + (block - block0) * 64);
+              using T2 = typename Half2Of<T>::Type;
+              const T2 lo = as_pair<T2>(pr.x), hi = as_pair<T2>(pr.y);
+              s_lo = to_float(lo.x);
+              s_hi = to_float(hi.x);
+              // kOffset: c = o − magic·s; zero point: c = −(z + magic)·s (magic·s exact: a power of two).
+              c_lo = a.zero_point ? -(to_float(lo.y) + Int4Codes<T>::kMagicLo) * s_lo
+                                  : to_float(lo.y) - Int4Codes<T>::kMagicLo * s_lo;
+              c_hi = a.zero_point ? -(to_float(hi.y) + Int4Codes<T>::kMagicHi) * s_hi
+                                  : to_float(hi.y) - Int4Codes<T>::kMagicHi * s_hi;
+              open = block;
+            }
+            uint32_t f[2][4];
+            Int4Codes<T>::step(words[2 * h], f[0]);
+            Int4Codes<T>::step(words[2 * h + 1], f[1]);
+#pragma unroll
+            for (int nt = 0; nt < kBN / 8; ++nt) {
+              // Chunks 4h .. 4h + 3 of token rows 8·nt ..: b0 / b1 of steps 2h and 2h + 1.
+              const int row = nt * 8 + lrow;
+              uint32_t b[4];
+              ptx::ldmatrix_x4(b, xt + row * 128 + (((4 * h + lchunk) ^ (row % 8)) << 4));
+              float(&r)[4] = *reinterpret_cast<float(*)[4]>(raw + 4 * nt);
+              float(&x)[4] = *reinterpret_cast<float(*)[4]>(sx + 4 * nt);
+              ptx::mma_m16n8k16<kFP16>(r, f[0], b[0], b[1]);
+              ptx::mma_m16n8k16<kFP16>(x, ones, b[0], b[1]);
+              ptx::mma_m16n8k16<kFP16>(r, f[1], b[2], b[3]);
+              ptx::mma_m16n8k16<kFP16>(x, ones, b[2], b[3]);
+            }
           }
+        }
+        ring.consumer_release(st);
+        st.advance(a.stages);
       }
-      ring.consumer_release(st);
-      st.advance(a.stages);
+      if (open >= 0) fold();
+    } else {
+      const int t = lane % 4;
+      for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
+        ring.consumer_wait(st);
+        const unsigned char* const s = stages + st.stage * a.stage_bytes;
+#pragma unroll
+        for (int j = 0; j < kKBlocks; ++j) {
+          if (kb0 + j >= kb_end) break;
+          if (j / (kKBlocks / 2) != half) continue;  // the other warp of this stripe takes it
+          uint32_t f[4][4];
+          convert(s, kb0 + j, kb0, j, f);
+          const unsigned char* const xt = s + j * kBN * 128;
+#pragma unroll
+          for (int step = 0; step < 4; ++step)
+#pragma unroll
+            for (int nt = 0; nt < kBN / 8; ++nt) {
+              const unsigned char* const row = xt + (nt * 8 + g) * 128 + 4 * t;
+              const uint32_t b0 = *reinterpret_cast<const uint32_t*>(row + (((2 * step) ^ g) * 16));
+              const uint32_t b1 = *reinterpret_cast<const uint32_t*>(row + (((2 * step + 1) ^ g) * 16));
+              ptx::mma_m16n8k16<kFP16>(*reinterpret_cast<float(*)[4]>(acc + 4 * nt), f[step], b0, b1);
+            }
+        }
+        ring.consumer_release(st);
+        st.advance(a.stages);
+      }
     }
     // The two halves of each stripe meet in shared memory (stage 0 of the ring: every stage has been consumed and
     // no TMA is pending once all consumers pass the first barrier); half 0 adds half 1's sums in a fixed order.
