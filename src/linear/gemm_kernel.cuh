@@ -90,10 +90,10 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
   const int kb_end =
       min(a.k_blocks, static_cast<int>(static_cast<int64_t>(split + 1) * num_stages_k / a.splits) * kKBlocks);
 
-  // full: the TMA lane's arrival plus the transaction bytes; empty: every consumer thread (they read the codes and
-  // parameters with ordinary loads; an arrival releases only the arriving thread's own accesses).
+  // full: the TMA lane's arrival plus the transaction bytes; empty: one arrival per consumer warp, after the warp's
+  // reads of the stage (StageRing::consumer_release_warp).
   constexpr int kConsumerWGs = consumer_warpgroups(kBN), kConsumerThreads = kConsumerWGs * 128;
-  if (threadIdx.x == 0) ring.init(1, kConsumerThreads);
+  if (threadIdx.x == 0) ring.init(1, kConsumerThreads / 32);
   __syncthreads();
 
   const int wg = threadIdx.x / 128;
@@ -189,29 +189,35 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
           acc[i] = fmaf(hi ? c_hi : c_lo, sx[i], acc[i]);
         }
       };
-      // ldmatrix row addresses: lane i reads token row 8·nt + i % 8, 16-byte chunk (i / 8) of a 64-byte half of the
-      // k-block's 128-byte row, swizzled (chunk c of row r sits at c ^ (r % 8)).
+      // Offsets within a stage, fixed per warp: this warp's first k-block of the stage (k-block jj adds 512 bytes
+      // of codes and kBN·128 of x), its lane's 16 code bytes, its rows' parameter pairs; ldmatrix: lane i gives token
+      // row 8·nt + i % 8, 16-byte chunk 4h + i / 8 of the 128-byte row (swizzled: chunk c of row r sits at
+      // c ^ (r % 8)), so that b[0..3] are the B fragments of steps 2h and 2h + 1.
       const int lrow = lane % 8, lchunk = lane / 8;
+      const int code_off = a.x_bytes + ((stripe * kKBlocks + half * 2) * 32 + lane) * 16;
+      const int par_off = a.x_bytes + a.code_bytes + (stripe * a.stage_blocks * 16 + 2 * g) * 4;
+      const int x_off = half * 2 * kBN * 128 + lrow * 128;
+      const int lx[2] = {((0 + lchunk) ^ lrow) << 4, ((4 + lchunk) ^ lrow) << 4};
+      // A new parameter block can start every 32 columns (block 32), every k-block (64) or only with this warp's
+      // part of a stage (128, and per output channel: never inside one).
+      const int check_mask = a.block_shift >= 7 ? 3 : a.block_shift == 6 ? 1 : 0;
       for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
         ring.consumer_wait(st);
         const unsigned char* const s = stages + st.stage * a.stage_bytes;
+        const int kbw = kb0 + half * 2;  // this warp's first k-block of the stage
+        const int nkb = min(2, kb_end - kbw);
         const int block0 = static_cast<int>((static_cast<uint32_t>(kb0) * kKBlock) >> a.block_shift);
-        const unsigned char* const params = s + a.x_bytes + a.code_bytes + (stripe * a.stage_blocks * 16 + 2 * g) * 4;
 #pragma unroll
-        for (int jj = 0; jj < kKBlocks / 2; ++jj) {
-          const int j = half * (kKBlocks / 2) + jj, kb = kb0 + j;
-          if (kb >= kb_end) break;
-          const uint4 c = *reinterpret_cast<const uint4*>(s + a.x_bytes + ((stripe * kKBlocks + j) * 32 + lane) * 16);
-          const uint32_t words[4] = {c.x, c.y, c.z, c.w};
-          const uint32_t xt = ptx::smem_u32(s + j * kBN * 128);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int block = static_cast<int>((static_cast<uint32_t>(kb) * kKBlock + 32 * h) >> a.block_shift);
+        for (int hb = 0; hb < 4; ++hb) {  // 32-column halves of the warp's two k-blocks
+          const int jj = hb / 2, h = hb % 2;
+          if (jj >= nkb) break;
+          if ((hb & check_mask) == 0) {
+            const int block = static_cast<int>((static_cast<uint32_t>(kbw) * kKBlock + 32 * hb) >> a.block_shift);
             if (block != open) {
               if (open >= 0) fold();
 #pragma unroll
               for (int i = 0; i < kAcc; ++i) raw[i] = sx[i] = 0.f;
-              const uint2 pr = *reinterpret_cast<const uint2*>(params + (block - block0) * 64);
+              const uint2 pr = *reinterpret_cast<const uint2*>(s + par_off + (block - block0) * 64);
               using T2 = typename Half2Of<T>::Type;
               const T2 lo = as_pair<T2>(pr.x), hi = as_pair<T2>(pr.y);
               s_lo = to_float(lo.x);
@@ -223,25 +229,25 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
                                   : to_float(hi.y) - Int4Codes<T>::kMagicHi * s_hi;
               open = block;
             }
-            uint32_t f[2][4];
-            Int4Codes<T>::step(words[2 * h], f[0]);
-            Int4Codes<T>::step(words[2 * h + 1], f[1]);
+          }
+          const uint2 w = *reinterpret_cast<const uint2*>(s + code_off + jj * 512 + h * 8);
+          uint32_t f[2][4];
+          Int4Codes<T>::step(w.x, f[0]);
+          Int4Codes<T>::step(w.y, f[1]);
+          const uint32_t xt = ptx::smem_u32(s + x_off + jj * kBN * 128) + lx[h];
 #pragma unroll
-            for (int nt = 0; nt < kBN / 8; ++nt) {
-              // Chunks 4h .. 4h + 3 of token rows 8·nt ..: b0 / b1 of steps 2h and 2h + 1.
-              const int row = nt * 8 + lrow;
-              uint32_t b[4];
-              ptx::ldmatrix_x4(b, xt + row * 128 + (((4 * h + lchunk) ^ (row % 8)) << 4));
-              float(&r)[4] = *reinterpret_cast<float(*)[4]>(raw + 4 * nt);
-              float(&x)[4] = *reinterpret_cast<float(*)[4]>(sx + 4 * nt);
-              ptx::mma_m16n8k16<kFP16>(r, f[0], b[0], b[1]);
-              ptx::mma_m16n8k16<kFP16>(x, ones, b[0], b[1]);
-              ptx::mma_m16n8k16<kFP16>(r, f[1], b[2], b[3]);
-              ptx::mma_m16n8k16<kFP16>(x, ones, b[2], b[3]);
-            }
+          for (int nt = 0; nt < kBN / 8; ++nt) {
+            uint32_t b[4];
+            ptx::ldmatrix_x4(b, xt + nt * 1024);
+            float(&r)[4] = *reinterpret_cast<float(*)[4]>(raw + 4 * nt);
+            float(&x)[4] = *reinterpret_cast<float(*)[4]>(sx + 4 * nt);
+            ptx::mma_m16n8k16<kFP16>(r, f[0], b[0], b[1]);
+            ptx::mma_m16n8k16<kFP16>(x, ones, b[0], b[1]);
+            ptx::mma_m16n8k16<kFP16>(r, f[1], b[2], b[3]);
+            ptx::mma_m16n8k16<kFP16>(x, ones, b[2], b[3]);
           }
         }
-        ring.consumer_release(st);
+        ring.consumer_release_warp(st);
         st.advance(a.stages);
       }
       if (open >= 0) fold();
@@ -267,7 +273,7 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
               ptx::mma_m16n8k16<kFP16>(*reinterpret_cast<float(*)[4]>(acc + 4 * nt), f[step], b0, b1);
             }
         }
-        ring.consumer_release(st);
+        ring.consumer_release_warp(st);
         st.advance(a.stages);
       }
     }
@@ -317,7 +323,7 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
       ptx::wgmma_wait_group<1>();
       ptx::wgmma_fence_registers(acc);
       pin(other);
-      if (j == 0 && kb > kb_begin) ring.consumer_release(prev);
+      if (j == 0 && kb > kb_begin) ring.consumer_release_warp(prev);
       if (j == kKBlocks - 1 || kb + 1 == kb_end) {
         prev = st;
         st.advance(a.stages);
@@ -332,7 +338,7 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     ptx::wgmma_fence_registers(acc);
     pin(frag[0]);
     pin(frag[1]);
-    if (kb_end > kb_begin) ring.consumer_release(prev);
+    if (kb_end > kb_begin) ring.consumer_release_warp(prev);
   }
 
   const int t = lane % 4;

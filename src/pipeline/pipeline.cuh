@@ -63,6 +63,13 @@ struct StageRing {
   __device__ __forceinline__ void consumer_release(const PipelineState& st) const {
     ptx::mbarrier_arrive(&empty[st.stage]);
   }
+  // One arrival per warp, for a ring whose empty barriers count consumer warps: every lane's reads of the stage have
+  // completed (their values are in registers, or the wgmma that read it has been waited for); __syncwarp orders them
+  // before the elected lane's arrival.
+  __device__ __forceinline__ void consumer_release_warp(const PipelineState& st) const {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) ptx::mbarrier_arrive(&empty[st.stage]);
+  }
 };
 
 }  // namespace tessera::pipeline
