@@ -55,6 +55,7 @@ default_tests=(
   'LinearGpu.BiasAndClamps'
   'LinearGpu.CudaGraphCapture'
   'LinearGpu.DocumentedSmallestAlignmentsRun'
+  'LinearGpu.OneSignXOverLongBlocks'
 )
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}

@@ -19,8 +19,9 @@
 //   16-bit x must be compute_dtype; fp32 x is rounded to compute_dtype on the way into the tensor cores (one
 //   rounding: relative error at most 2^-8 for bf16, 2^-11 for fp16) and y is fp32.
 // y: [M, N], x's dtype (fp32 x → fp32 y), unit stride along N (any row stride, any N).
-// The products run on the tensor cores in compute_dtype (w rounded once to compute_dtype from q, scale, offset) with
-// fp32 accumulation.
+// The products run on the tensor cores in compute_dtype with fp32 accumulation: w rounded once to compute_dtype from
+// q, scale, offset; or, for int4 weights at small M (token tiles <= 32), the exact codes multiplied and each block's
+// scale and offset applied to the fp32 sums (no rounding of w). docs/ops/linear.md states both.
 //
 // The op runs asynchronously on the given stream, never synchronizes the host, never allocates (workspace sized by
 // linear_workspace_bytes), and can be captured in a CUDA graph. Arguments are validated before anything is launched;

@@ -249,8 +249,12 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
         }
         ring.consumer_release_warp(st);
         st.advance(a.stages);
+        // raw never spans more than this warp's 128 columns of a stage: with per-channel blocks (block = K) and
+        // x of one sign, a sum over all of K would carry magic·Σx ~ 1e7 and lose the product's low bits in fp32.
+        fold();
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) raw[i] = sx[i] = 0.f;
       }
-      if (open >= 0) fold();
     } else {
       const int t = lane % 4;
       for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {

@@ -80,6 +80,7 @@ struct Case {
   Clamp clamp = Clamp::kNone;
   bool act_order = false;
   int64_t x_pad = 0, y_pad = 0;  // extra elements per row, multiples of 8
+  bool x_one_sign = false;       // x > 0 everywhere (activations after ReLU / SiLU-like gates are mostly positive)
   int64_t block_size() const { return block ? block : k; }
 };
 
@@ -90,7 +91,7 @@ std::string describe(const Case& c) {
                    : c.hand_built                 ? "offset(hand-built)"
                                                   : "offset") +
                   " x=" + dtype_name(c.x_dtype) + " compute=" + dtype_name(c.compute) + (c.bias ? " bias" : "") +
-                  clamp_name(c.clamp) + (c.act_order ? " act-order" : "");
+                  clamp_name(c.clamp) + (c.act_order ? " act-order" : "") + (c.x_one_sign ? " x>0" : "");
   if (c.x_pad || c.y_pad) s += " pad x/y=" + std::to_string(c.x_pad) + "/" + std::to_string(c.y_pad);
   return s;
 }
@@ -235,7 +236,8 @@ Host make_host(const Case& c, uint64_t seed) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t r = 0; r < c.m; ++r)
     for (int64_t j = 0; j < c.k; ++j) {
-      const float v = normal(rng) * (j % 37 == 5 ? 4.0f : 1.0f);
+      float v = normal(rng) * (j % 37 == 5 ? 4.0f : 1.0f);
+      if (c.x_one_sign) v = 0.25f + std::fabs(v);
       store(c.x_dtype, v, &h.x_raw[(r * h.ldx + j) * es], &h.x[r * c.k + j]);
     }
   if (c.bias) {
@@ -585,6 +587,32 @@ std::vector<Case> bias_and_clamp_cases() {
         cases.push_back(c);
       }
   return cases;
+}
+
+// x of one sign over long parameter blocks (per output channel, K 16384, and 128): Σ x grows with K, so any
+// accumulation that carries the codes' magic offset (magic·Σx) across a whole block loses the product's low bits.
+std::vector<Case> one_sign_x_cases() {
+  std::vector<Case> cases;
+  for (int64_t block : {int64_t{0}, int64_t{128}})
+    for (int bits : {4, 8})
+      for (int dtypes = 0; dtypes < 4; ++dtypes)
+        for (int64_t m : {int64_t{1}, int64_t{16}, int64_t{40}}) {
+          Case c;
+          c.m = m;
+          c.n = 136;
+          c.k = 16384;
+          c.bits = bits;
+          c.block = block;
+          set_format(c, dtypes + static_cast<int>(m));
+          set_dtypes(c, dtypes);
+          c.x_one_sign = true;
+          cases.push_back(c);
+        }
+  return cases;
+}
+
+TEST_F(LinearGpu, OneSignXOverLongBlocks) {
+  for (const Case& c : one_sign_x_cases()) check_case(c);
 }
 
 TEST_F(LinearGpu, ShapeGrid) {
