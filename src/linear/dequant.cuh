@@ -37,6 +37,14 @@ template <class T2>
 __device__ __forceinline__ uint32_t pair_bits(T2 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
+// Both halves v (exactly representable values only: the callers pass small integers).
+template <class T2>
+__device__ __forceinline__ T2 broadcast_pair(float v) {
+  if constexpr (std::is_same_v<T2, __half2>)
+    return __float2half2_rn(v);
+  else
+    return __float2bfloat162_rn(v);
+}
 
 // One lane's constants for one block: rows g ("lo") and g + 8 ("hi").
 template <class T, int kBits>
@@ -113,8 +121,8 @@ __device__ __forceinline__ float unit_float(uint32_t w) {
 
 // int4 codes on a magic exponent, exactly: the A registers of one 16-column step hold magic + q (rows g: kMagicLo, rows
 // g + 8: kMagicHi; fp16 keeps row g + 8's nibbles at bits 4-7 on 64, whose unit is 1/16). The scale-before form
-// (dequant_step) scales them in registers; the scale-after form (the mma.sync consumers of gemm_kernel.cuh) multiplies
-// them as they are and applies the block parameters to the sums: Σ w·x = s·Σ (magic + q)·x + (o − magic·s)·Σ x.
+// (dequant_step) scales them in registers; the scale-after form (the mma.sync consumers of gemm_kernel.cuh) centres
+// them (one add: q − z, exact) and applies the block parameters to the sums: Σ w·x = s·Σ (q − z)·x + c·Σ x.
 template <class T>
 struct Int4Codes {
   static constexpr bool kFP16 = std::is_same_v<T, __half>;

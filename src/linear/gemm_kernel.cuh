@@ -173,13 +173,17 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     // k-blocks, 2-3 the second. int4 multiplies the codes as they are and applies the block parameters to the sums
     // (scale-after, below); int8 converts the weights first (scale-before, as the wgmma tiles do).
     if constexpr (kBits == 4) {
-      // Scale-after (linear/dequant.cuh Int4Codes): the A fragments are magic + q straight from the codes; the
-      // products accumulate per parameter block in `raw`, Σ x (an mma with A = 1) in `sx`, and each block is folded
-      // into acc once, in fp32: acc += s·raw + (o − magic·s)·sx (zero point: o = −z·s). One lop3 (and a shift) per
-      // pair instead of four operations, and no rounding of the weights to 16 bits.
+      // Scale-after (linear/dequant.cuh Int4Codes): the A fragments are the centered codes q − z (zero point) or
+      // q − 8 (offset), exact small integers (magic + q from one lop3, minus magic + z by one add); the products
+      // accumulate per parameter block in `raw`, Σ x (an mma with A = 1) in `sx`, and each block is folded into acc
+      // in fp32: acc += s·raw + c·sx with c = 0 (zero point) or o + 8·s (offset). No rounding of the weights to 16
+      // bits. The codes are centered because the tensor cores' fp32 accumulation truncates: a sum that carried
+      // magic·Σx (1024·Σx for fp16) lost ~2e-3 of y on one-sign x over per-channel blocks (the OneSignX test).
       float raw[kAcc], sx[kAcc];
       float s_lo = 0.f, c_lo = 0.f, s_hi = 0.f, c_hi = 0.f;
-      int open = -1;  // the parameter block raw / sx belong to
+      using T2 = typename Half2Of<T>::Type;
+      T2 nsub_lo = as_pair<T2>(0u), nsub_hi = as_pair<T2>(0u);  // −(magic + z) or −(magic + 8), both halves
+      int open = -1;                                            // the parameter block raw / sx belong to
       const uint32_t ones[4] = {Int4Codes<T>::kOnes, Int4Codes<T>::kOnes, Int4Codes<T>::kOnes, Int4Codes<T>::kOnes};
       auto fold = [&]() {
 #pragma unroll
@@ -218,15 +222,16 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
 #pragma unroll
               for (int i = 0; i < kAcc; ++i) raw[i] = sx[i] = 0.f;
               const uint2 pr = *reinterpret_cast<const uint2*>(s + par_off + (block - block0) * 64);
-              using T2 = typename Half2Of<T>::Type;
               const T2 lo = as_pair<T2>(pr.x), hi = as_pair<T2>(pr.y);
               s_lo = to_float(lo.x);
               s_hi = to_float(hi.x);
-              // kOffset: c = o − magic·s; zero point: c = −(z + magic)·s (magic·s exact: a power of two).
-              c_lo = a.zero_point ? -(to_float(lo.y) + Int4Codes<T>::kMagicLo) * s_lo
-                                  : to_float(lo.y) - Int4Codes<T>::kMagicLo * s_lo;
-              c_hi = a.zero_point ? -(to_float(hi.y) + Int4Codes<T>::kMagicHi) * s_hi
-                                  : to_float(hi.y) - Int4Codes<T>::kMagicHi * s_hi;
+              // The centre: the integer zero point, or 8 for the offset form (w = (q − 8)·s + (o + 8·s)); magic + z
+              // is exact in either type (fp16 holds integers to 2048, bf16 128 + z < 256).
+              const float z_lo = a.zero_point ? to_float(lo.y) : 8.f, z_hi = a.zero_point ? to_float(hi.y) : 8.f;
+              c_lo = a.zero_point ? 0.f : fmaf(8.f, s_lo, to_float(lo.y));
+              c_hi = a.zero_point ? 0.f : fmaf(8.f, s_hi, to_float(hi.y));
+              nsub_lo = broadcast_pair<T2>(-(Int4Codes<T>::kMagicLo + z_lo));
+              nsub_hi = broadcast_pair<T2>(-(Int4Codes<T>::kMagicHi + z_hi));
               open = block;
             }
           }
@@ -234,6 +239,11 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
           uint32_t f[2][4];
           Int4Codes<T>::step(w.x, f[0]);
           Int4Codes<T>::step(w.y, f[1]);
+#pragma unroll
+          for (int u = 0; u < 2; ++u)
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+              f[u][r] = pair_bits(__hadd2(as_pair<T2>(f[u][r]), r % 2 == 0 ? nsub_lo : nsub_hi));
           const uint32_t xt = ptx::smem_u32(s + x_off + jj * kBN * 128) + lx[h];
 #pragma unroll
           for (int nt = 0; nt < kBN / 8; ++nt) {
