@@ -252,9 +252,11 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
             float(&r)[4] = *reinterpret_cast<float(*)[4]>(raw + 4 * nt);
             float(&x)[4] = *reinterpret_cast<float(*)[4]>(sx + 4 * nt);
             ptx::mma_m16n8k16<kFP16>(r, f[0], b[0], b[1]);
-            ptx::mma_m16n8k16<kFP16>(x, ones, b[0], b[1]);
             ptx::mma_m16n8k16<kFP16>(r, f[1], b[2], b[3]);
-            ptx::mma_m16n8k16<kFP16>(x, ones, b[2], b[3]);
+            if (!a.zero_point) {  // the zero-point form has c = 0: no Σ x term
+              ptx::mma_m16n8k16<kFP16>(x, ones, b[0], b[1]);
+              ptx::mma_m16n8k16<kFP16>(x, ones, b[2], b[3]);
+            }
           }
         }
         ring.consumer_release_warp(st);
