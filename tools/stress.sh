@@ -15,6 +15,9 @@
 #        STRESS_CHUNK       seeds per process (default 25)
 #        STRESS_MAX_SECONDS start no new chunk after this many seconds (default: none); N then counts the seeds run
 #        STRESS_TIMEOUT     seconds per process (default 600)
+#        STRESS_JOBS        chunks run at once, each its own process (default 1). The tests' time is mostly host-side
+#                           data generation and references, so on a 16-core GPU machine 3-4 jobs run ~3x the seeds in
+#                           the same time (session 16: 4 processes of the linear tests side by side)
 #        STRESS_LOG         the full gtest output (default: BUILD_DIR/stress.log)
 #
 # Reproduce a failure: TESSERA_SEED=S BUILD_DIR/tests/tessera_gpu_tests --gtest_filter=Suite.Name
@@ -95,41 +98,73 @@ done
 : >"$log"
 failures=0 passed=0 skipped=0 seeds_run=0
 start=$(date +%s)
-echo "stress: $num_seeds seeds from $base (seed s runs with TESSERA_SEED=s), $chunk per process; log $log"
-for ((first = 0; first < num_seeds; first += chunk)); do
-  if [ "$max_seconds" -gt 0 ] && [ $(($(date +%s) - start)) -ge "$max_seconds" ]; then
-    echo "stress: stopped after $seeds_run seeds: STRESS_MAX_SECONDS=$max_seconds reached"
-    break
-  fi
-  n_chunk=$((num_seeds - first < chunk ? num_seeds - first : chunk))
-  seed=$((base + first))
+jobs=${STRESS_JOBS:-1}
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+  echo "stress: STRESS_JOBS must be a positive integer, got '$jobs'" >&2
+  exit 2
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# One chunk: every (binary, filter) pair over seeds first .. first + n - 1. Writes "<failures> <passed> <skipped>" to
+# $work/<first>.sum, the FAIL lines to $work/<first>.fail and the gtest output to $work/<first>.log.
+run_chunk() {
+  local first=$1 n_chunk=$2 seed=$(($1 + base)) f_total=0 p_total=0 s_total=0 r bin f name part rc n completed
+  : >"$work/$first.fail"
+  : >"$work/$first.log"
   for ((r = 0; r < ${#runs[@]}; r += 2)); do
     bin=${runs[r]} f=${runs[r + 1]} name=$(basename "${runs[r]}")
-    part=$(mktemp)
+    part="$work/$first.$r.part"
     TESSERA_SEED=$seed timeout "$limit" "$bin" --gtest_repeat="$n_chunk" --gtest_filter="$f" --gtest_color=no \
       >"$part" 2>&1
     rc=$?
-    cat "$part" >>"$log"
+    cat "$part" >>"$work/$first.log"
     # One line per failed test run: "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."
     n=$(grep -c '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part")
-    grep '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part" | sed "s/^\[   SEED   \] /FAIL $name /"
-    failures=$((failures + n))
+    grep '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part" | sed "s/^\[   SEED   \] /FAIL $name /" >>"$work/$first.fail"
+    f_total=$((f_total + n))
     completed=$(grep -c '^\[==========\] .* ran\.' "$part")
     if [ "$completed" -lt "$n_chunk" ] || { [ "$rc" -ne 0 ] && [ "$n" -eq 0 ]; }; then
       # Crashed, hung or failed outside a test: the last test that started and the seed of its repeat.
+      local last_test last_seed why
       last_test=$(grep '^\[ RUN      \]' "$part" | tail -n 1 | sed 's/^\[ RUN      \] //')
       last_seed=$(grep -o 'run seed [0-9]*' "$part" | tail -n 1 | sed 's/run seed //')
       why=$([ "$rc" -eq 124 ] && echo "timed out after ${limit}s" || echo "exited with $rc")
       echo "FAIL $name ${last_test:-<no test started>} TESSERA_SEED=${last_seed:-$seed}: $why" \
-           "after $completed of $n_chunk repeats"
-      failures=$((failures + 1))
+           "after $completed of $n_chunk repeats" >>"$work/$first.fail"
+      f_total=$((f_total + 1))
     fi
-    passed=$((passed + $(grep -c '^\[       OK \]' "$part")))
-    skipped=$((skipped + $(grep -c '^\[  SKIPPED \] .*(' "$part")))
+    p_total=$((p_total + $(grep -c '^\[       OK \]' "$part")))
+    s_total=$((s_total + $(grep -c '^\[  SKIPPED \] .*(' "$part")))
     rm -f "$part"
   done
-  seeds_run=$((seeds_run + n_chunk))
-  echo "stress: seeds $seed..$((seed + n_chunk - 1)) done, $failures failures so far, $(($(date +%s) - start))s"
+  echo "$f_total $p_total $s_total" >"$work/$first.sum"
+}
+
+echo "stress: $num_seeds seeds from $base (seed s runs with TESSERA_SEED=s), $chunk per process, $jobs at once;" \
+     "log $log"
+for ((wave = 0; wave < num_seeds; wave += chunk * jobs)); do
+  if [ "$max_seconds" -gt 0 ] && [ $(($(date +%s) - start)) -ge "$max_seconds" ]; then
+    echo "stress: stopped after $seeds_run seeds: STRESS_MAX_SECONDS=$max_seconds reached"
+    break
+  fi
+  firsts=()
+  for ((first = wave; first < num_seeds && first < wave + chunk * jobs; first += chunk)); do
+    n_chunk=$((num_seeds - first < chunk ? num_seeds - first : chunk))
+    run_chunk "$first" "$n_chunk" &
+    firsts+=("$first:$n_chunk")
+  done
+  wait
+  for fc in "${firsts[@]}"; do
+    first=${fc%%:*} n_chunk=${fc##*:}
+    cat "$work/$first.log" >>"$log"
+    cat "$work/$first.fail"
+    read -r f_n p_n s_n <"$work/$first.sum"
+    failures=$((failures + f_n)) passed=$((passed + p_n)) skipped=$((skipped + s_n))
+    seeds_run=$((seeds_run + n_chunk))
+    echo "stress: seeds $((base + first))..$((base + first + n_chunk - 1)) done, $failures failures so far," \
+         "$(($(date +%s) - start))s"
+  done
 done
 elapsed=$(($(date +%s) - start))
 echo "stress: $passed test runs passed, $skipped skipped; ${elapsed}s in all," \
