@@ -173,11 +173,11 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     // k-blocks, 2-3 the second. int4 multiplies the codes as they are and applies the block parameters to the sums
     // (scale-after, below); int8 converts the weights first (scale-before, as the wgmma tiles do).
     if constexpr (kBits == 4) {
-      // Scale-after (linear/dequant.cuh Int4Codes): the A fragments are the centered codes q − z (zero point) or
+      // Scale-after (linear/dequant.cuh Int4Codes): the A fragments are the centred codes q − z (zero point) or
       // q − 8 (offset), exact small integers (magic + q from one lop3, minus magic + z by one add); the products
       // accumulate per parameter block in `raw`, Σ x (an mma with A = 1) in `sx`, and each block is folded into acc
       // in fp32: acc += s·raw + c·sx with c = 0 (zero point) or o + 8·s (offset). No rounding of the weights to 16
-      // bits. The codes are centered because the tensor cores' fp32 accumulation truncates: a sum that carried
+      // bits. The codes are centred because the tensor cores' fp32 accumulation truncates: a sum that carried
       // magic·Σx (1024·Σx for fp16) lost ~2e-3 of y on one-sign x over per-channel blocks (the OneSignX test).
       float raw[kAcc], sx[kAcc];
       float s_lo = 0.f, c_lo = 0.f, s_hi = 0.f, c_hi = 0.f;
@@ -261,8 +261,8 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
         }
         ring.consumer_release_warp(st);
         st.advance(a.stages);
-        // raw never spans more than this warp's 128 columns of a stage: with per-channel blocks (block = K) and
-        // x of one sign, a sum over all of K would carry magic·Σx ~ 1e7 and lose the product's low bits in fp32.
+        // raw and sx never span more than this warp's 128 columns of a stage (short fp32 sums; a block that goes on,
+        // per output channel, keeps its parameters loaded).
         fold();
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) raw[i] = sx[i] = 0.f;
