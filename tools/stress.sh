@@ -68,7 +68,8 @@ max_seconds=${STRESS_MAX_SECONDS:-0}
 limit=${STRESS_TIMEOUT:-600}
 log=${STRESS_LOG:-$build/stress.log}
 
-for v in num_seeds chunk; do
+jobs=${STRESS_JOBS:-1}
+for v in num_seeds chunk jobs; do
   if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
     echo "stress: $v must be a positive integer, got '${!v}'" >&2
     exit 2
@@ -98,11 +99,6 @@ done
 : >"$log"
 failures=0 passed=0 skipped=0 seeds_run=0
 start=$(date +%s)
-jobs=${STRESS_JOBS:-1}
-if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
-  echo "stress: STRESS_JOBS must be a positive integer, got '$jobs'" >&2
-  exit 2
-fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -159,7 +155,10 @@ for ((wave = 0; wave < num_seeds; wave += chunk * jobs)); do
     first=${fc%%:*} n_chunk=${fc##*:}
     cat "$work/$first.log" >>"$log"
     cat "$work/$first.fail"
-    read -r f_n p_n s_n <"$work/$first.sum"
+    # A chunk whose subshell died before its summary counts as one failure.
+    f_n=1 p_n=0 s_n=0
+    [ -s "$work/$first.sum" ] && read -r f_n p_n s_n <"$work/$first.sum"
+    [ -s "$work/$first.sum" ] || echo "FAIL chunk from TESSERA_SEED=$((base + first)): no summary (the chunk's shell died)"
     failures=$((failures + f_n)) passed=$((passed + p_n)) skipped=$((skipped + s_n))
     seeds_run=$((seeds_run + n_chunk))
     echo "stress: seeds $((base + first))..$((base + first + n_chunk - 1)) done, $failures failures so far," \

@@ -179,7 +179,9 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
       // in fp32: acc += s·raw + c·sx with c = 0 (zero point) or o + 8·s (offset). No rounding of the weights to 16
       // bits. The codes are centred because the tensor cores' fp32 accumulation truncates: a sum that carried
       // magic·Σx (1024·Σx for fp16) lost ~2e-3 of y on one-sign x over per-channel blocks (the OneSignX test).
-      float raw[kAcc], sx[kAcc];
+      static_assert(kKBlocks == 4, "two warps per stripe take two k-blocks each");
+      // Zeroed here too: a half-1 warp with nothing in the first stage (K <= 128) folds before it opens a block.
+      float raw[kAcc] = {}, sx[kAcc] = {};
       float s_lo = 0.f, c_lo = 0.f, s_hi = 0.f, c_hi = 0.f;
       using T2 = typename Half2Of<T>::Type;
       T2 nsub_lo = as_pair<T2>(0u), nsub_hi = as_pair<T2>(0u);  // −(magic + z) or −(magic + 8), both halves
