@@ -16,8 +16,9 @@
 #        STRESS_MAX_SECONDS start no new chunk after this many seconds (default: none); N then counts the seeds run
 #        STRESS_TIMEOUT     seconds per process (default 600)
 #        STRESS_JOBS        chunks run at once, each its own process (default 1). The tests' time is mostly host-side
-#                           data generation and references, so on a 16-core GPU machine 3-4 jobs run ~3x the seeds in
-#                           the same time (session 16: 4 processes of the linear tests side by side)
+#                           data generation and references: on the 16-core H200 machine 4 processes of the linear
+#                           tests side by side each took ~10.5 s a seed (session 16), about what one such seed takes
+#                           alone in ctest, so the seeds per minute grow with the jobs
 #        STRESS_LOG         the full gtest output (default: BUILD_DIR/stress.log)
 #
 # Reproduce a failure: TESSERA_SEED=S BUILD_DIR/tests/tessera_gpu_tests --gtest_filter=Suite.Name

@@ -15,7 +15,8 @@ constexpr double kWgmmaFlopsPerUsPerSm = 6.0e6;
 constexpr double kL2Weight = 0.25;  // x re-reads come from L2
 constexpr double kRampUs = 1.5;
 // The consumers' cost of one 64-column k-block of the CTA's 128 rows (conversion, fragments, barriers), measured on an
-// H200 at M 1 (docs/perf/linear.md): ~0.33 µs int4, ~0.47 µs int8; wgmma tiles overlap it with the products.
+// H200 at M 1 with the session-15 scale-before kernel (docs/perf/linear.md): ~0.33 µs int4, ~0.47 µs int8. The wgmma
+// tiles pay it on top of the products (measured not overlapped, session 16), the mma.sync tiles the larger of the two.
 constexpr double kKBlockUsInt4 = 0.33, kKBlockUsInt8 = 0.47;
 constexpr double kReduceLaunchUs = 1.5;
 

@@ -1,13 +1,15 @@
 // Internal: the weight-only linear layer's kernel (docs/perf/linear.md), one for every M.
 //
 // The product is transposed, yᵀ = W · xᵀ, because wgmma takes only its left operand from registers: a CTA owns 128
-// weight rows (8 stripes of 16) and kBN token rows, over a range of K (one of `splits`). Threads 256..383 are the
-// producer warpgroup: one lane loads, per 64-column k-block, the 8 stripes' codes, their block parameters and the
-// tokens' x tile (K-major, 128-byte swizzle) by TMA into a ring of stages. The two consumer warpgroups each own 4
-// stripes (64 rows, wgmma's M): every warp converts its stripe's codes into its A fragments in registers
-// (linear/dequant.cuh) and issues wgmma m64 n{kBN} k16 with A from registers and x from shared memory. The
-// conversion of k-block kb + 1 runs while the wgmma of k-block kb execute (two fragment buffers); a stage is
-// released once the wgmma that read its x tile have completed.
+// weight rows (8 stripes of 16) and kBN token rows, over a range of K (one of `splits`). The last warpgroup is the
+// producer: one lane loads, per stage of 1-4 64-column k-blocks, the 8 stripes' codes, their block parameters and the
+// tokens' x tiles (K-major, 128-byte swizzle) by TMA into a ring. Token tiles up to kMmaSyncMaxBN have four consumer
+// warpgroups (two warps per stripe) multiplying with mma.sync: int4 multiplies the exact centred codes and applies
+// the block parameters to the fp32 sums (scale-after), int8 converts first. Larger tiles have two consumer
+// warpgroups of 4 stripes (64 rows, wgmma's M): every warp converts its stripe's codes into A fragments in registers
+// (linear/dequant.cuh) and issues wgmma m64 n{kBN} k16 with A from registers and x from shared memory, converting
+// k-block kb + 1 while the wgmma of kb run (two fragment buffers; ptxas serializes the int4 batches regardless:
+// docs/perf/linear.md, session 16); a stage is released once the wgmma that read its x tile have completed.
 #pragma once
 
 #include <cuda.h>
@@ -322,7 +324,8 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     };
 
     // wgmma reads its A registers asynchronously: a buffer's registers are pinned (an empty asm that "writes" them)
-    // once the batch that reads them is known complete, so the compiler cannot reuse them while it is in flight.
+    // once the batch that reads them is known complete, so that NVVM cannot reuse them while it is in flight (the
+    // pins do not reach ptxas, which serializes the int4 batches on its own: docs/perf/linear.md).
     auto pin = [](uint32_t(&f)[4][4]) {
 #pragma unroll
       for (int s = 0; s < 4; ++s)
