@@ -433,19 +433,29 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
         body.append(cells)
     print(f"== {title}")
     print_aligned(head, body, text_cols=(0, 1) if "op" in head else (0,))
+
+    # decode rows of one shape (its formats) share their peers' notes: each is printed once, under the shape
+    def where(r):
+        return r.case.rsplit("/", 1)[0] if r.op == "decode" else r.case
+
+    print_row_notes(rows, eager_marks, key=lambda r, text: (where(r), text),
+                    tag=lambda r: where(r) + (" | " + r.op if "op" in head else ""), dedup_errors=True)
+
+
+def print_row_notes(rows, eager_marks, key, tag, dedup_errors):
+    """A family table's footer: the eager-capture mark, then each row's notes and errors under "[tag(row)]"; a note
+    (an error too when dedup_errors) is printed once per key(row, text); then an empty line."""
     if eager_marks:
         print("  e: this peer's CUDA-graph capture failed: its eager time against tessera's eager (stream) time")
     seen = set()
     for r in rows:
-        # decode rows of one shape (its formats) share their peers' notes: each is printed once, under the shape
-        where = r.case.rsplit("/", 1)[0] if r.op == "decode" else r.case
-        tag = where + (" | " + r.op if "op" in head else "")
         for kind, texts in (("note ", r.notes), ("error", r.errors)):
             for text in dict.fromkeys(texts):
-                if (where, text) in seen:
+                k = key(r, text)
+                if k in seen and (kind == "note " or dedup_errors):
                     continue
-                seen.add((where, text))
-                print(f"  {kind} [{tag}] {text}")
+                seen.add(k)
+                print(f"  {kind} [{tag(r)}] {text}")
     print()
 
 

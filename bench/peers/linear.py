@@ -387,16 +387,8 @@ def print_family(rows, copy_bps=None):
           "; compute-bound rows against the bf16 GEMM ceiling row, " +
           (f"{ceiling:.0f} TFLOP/s" if ceiling else "not measured in this run"))
     C.print_aligned(head, body, text_cols=(0, 3 if merged else 2))
-    if eager_marks:
-        print("  e: this peer's CUDA-graph capture failed: its eager time against tessera's eager (stream) time")
-    seen = set()
-    for r in rows:
-        for kind, texts in (("note ", r.notes), ("error", r.errors)):
-            for text in dict.fromkeys(texts):
-                # the shared torch bf16 / tinygemm notes are printed once per (shape, M) / format
-                key = (r.case.rsplit("/", 1)[0], text) if text.startswith("torch bf16") else (None, text)
-                if key in seen and kind == "note ":
-                    continue
-                seen.add(key)
-                print(f"  {kind} [{r.case}] {text}")
-    print()
+    # the shared torch bf16 / tinygemm notes are printed once per (shape, M) / format
+    C.print_row_notes(rows, eager_marks,
+                      key=lambda r, text: (r.case.rsplit("/", 1)[0], text) if text.startswith("torch bf16")
+                      else (None, text),
+                      tag=lambda r: r.case, dedup_errors=False)
