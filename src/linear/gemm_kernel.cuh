@@ -300,11 +300,11 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     // The two halves of each stripe meet in shared memory (stage 0 of the ring: every stage has been consumed and
     // no TMA is pending once all consumers pass the first barrier); half 0 adds half 1's sums in a fixed order.
     float* const red = reinterpret_cast<float*>(stages) + ((wg % 2) * 128 + threadIdx.x % 128) * kAcc;
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    ptx::named_barrier_sync(1, kConsumerThreads);
     if (half == 1)
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) red[i] = acc[i];
-    asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+    ptx::named_barrier_sync(1, kConsumerThreads);
     if (half == 1) return;
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) acc[i] += red[i];
@@ -323,15 +323,10 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
       ptx::wgmma_commit_group();
     };
 
-    // wgmma reads its A registers asynchronously: a buffer's registers are pinned (an empty asm that "writes" them)
-    // once the batch that reads them is known complete, so that NVVM cannot reuse them while it is in flight (the
-    // pins do not reach ptxas, which serializes the int4 batches on its own: docs/perf/linear.md).
-    auto pin = [](uint32_t(&f)[4][4]) {
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(f[s][i])::"memory");
-    };
+    // wgmma reads its A registers asynchronously: a buffer is pinned (ptx::wgmma_fence_registers) once the batch that
+    // reads it is known complete (the pins act in NVVM; ptxas serializes the int4 batches on its own:
+    // docs/perf/linear.md).
+    auto pin = [](uint32_t(&f)[4][4]) { ptx::wgmma_fence_registers(f); };
     pipeline::PipelineState prev;
     // One k-block into fragment buffer `cur` (compile-time, so the buffers stay in registers); the stage is awaited
     // at its first k-block and the previous stage released once the batch before this one has completed.

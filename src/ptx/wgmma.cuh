@@ -56,6 +56,15 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The same for A-fragment registers (RS form): once the batch that read them is known complete, so that NVVM does not
+// reuse them while it is in flight (ptxas does its own analysis and may serialize the batch instead).
+template <int S, int R>
+__device__ __forceinline__ void wgmma_fence_registers(uint32_t (&a)[S][R]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
 
 // m64nNk32 e4m3 × e4m3 → fp32 and m64nNk16 bf16 / fp16 → fp32, both operands K-major from shared memory:
 //   Wgmma<N>::mma_e4m3 / mma_bf16 / mma_f16(d, desc_a, desc_b, scale_d)   d = A·Bᵀ + (scale_d ? d : 0)
