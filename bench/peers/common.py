@@ -404,9 +404,7 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
     head = ["case"] + (["op"] if len({r.op for r in rows}) > 1 else [])
     head += ["tessera µs"] + (["py µs"] if merged else [])
     head += ["TFLOP/s"] if metric == "tflops" else ["GB/s", "% copy" if not merged else "% ceil"]
-    for label in labels:
-        head += [f"{label} µs", "x"]
-    head.append("rel err")
+    head += peer_head(labels)
     body = []
     eager_marks = False
     for r in rows:
@@ -440,6 +438,11 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
 
     print_row_notes(rows, eager_marks, key=lambda r, text: (where(r), text),
                     tag=lambda r: where(r) + (" | " + r.op if "op" in head else ""), dedup_errors=True)
+
+
+def peer_head(labels):
+    """The header cells after tessera's own: per peer its µs and peer / tessera, then tessera's rel err."""
+    return [cell for label in labels for cell in (f"{label} µs", "x")] + ["rel err"]
 
 
 def print_row_notes(rows, eager_marks, key, tag, dedup_errors):

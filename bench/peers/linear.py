@@ -348,9 +348,7 @@ def print_family(rows, copy_bps=None):
     ceiling = _ceiling_tflops(rows)
     labels = C.peer_labels(rows)
     head = ["case", "tessera µs"] + (["py µs"] if merged else []) + ["bound", "% ceil", "TFLOP/s"]
-    for label in labels:
-        head += [f"{label} µs", "x"]
-    head.append("rel err")
+    head += C.peer_head(labels)
     body = []
     eager_marks = False
     for r in rows:
