@@ -23,11 +23,14 @@ RS_KINDS = (
     ("mma_bf16_rs", "k16.f32.bf16.bf16", "1, 1, 0"),
     ("mma_f16_rs", "k16.f32.f16.f16", "1, 1, 0"),
 )
+# Integer products with int32 accumulators (W8A8): no scale or transpose immediates (int8 operands are K-major only).
+INT_KINDS = (("mma_s8", "k32.s32.s8.s8", None),)
 
 
-def emit_def(out, name, suffix, imms, n, a_regs=False):
-    """One wrapper: A from shared memory (desc_a), or from four 32-bit registers (a_regs)."""
+def emit_def(out, name, suffix, imms, n, a_regs=False, integer=False):
+    """One wrapper: A from shared memory (desc_a), or from four 32-bit registers (a_regs); int32 accumulators."""
     regs = n // 2
+    acc_t, acc_c = ("int32_t", "r") if integer else ("float", "f")
     dlist = ", ".join(f"%{i}" for i in range(regs))
     if a_regs:
         a_param, b, s = "const uint32_t (&a)[4]", regs + 4, regs + 5
@@ -36,12 +39,13 @@ def emit_def(out, name, suffix, imms, n, a_regs=False):
     else:
         a_param, a_ops, b, s = "uint64_t desc_a", f"%{regs}", regs + 1, regs + 2
         ins = '"l"(desc_a), "l"(desc_b), "r"(scale_d)'
-    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}(float (&d)[{regs}], {a_param}, "
+    out.write(f"__device__ __forceinline__ void Wgmma<{n}>::{name}({acc_t} (&d)[{regs}], {a_param}, "
               f"uint64_t desc_b, int scale_d) {{\n")
     out.write("  asm volatile(\n")
     out.write('      "{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(s) + ', 0;\\n"\n')
-    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, {a_ops}, %{b}, p, {imms};\\n}}\\n"\n')
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    tail = f"p, {imms}" if imms else "p"
+    out.write(f'      "wgmma.mma_async.sync.aligned.m64n{n}{suffix} {{{dlist}}}, {a_ops}, %{b}, {tail};\\n}}\\n"\n')
+    outs = ", ".join(f'"+{acc_c}"(d[{i}])' for i in range(regs))
     out.write(f"      : {outs}\n")
     out.write(f"      : {ins});\n")
     out.write("}\n\n")
@@ -59,12 +63,17 @@ def main():
         for name, _, _ in RS_KINDS:
             out.write(f"  __device__ __forceinline__ static void {name}(float (&d)[{n // 2}], const uint32_t (&a)[4], "
                       "uint64_t desc_b, int scale_d);\n")
+        for name, _, _ in INT_KINDS:
+            out.write(f"  __device__ __forceinline__ static void {name}(int32_t (&d)[{n // 2}], uint64_t desc_a, "
+                      "uint64_t desc_b, int scale_d);\n")
         out.write("};\n\n")
     for n in NS:
         for name, suffix, imms in KINDS:
             emit_def(out, name, suffix, imms, n)
         for name, suffix, imms in RS_KINDS:
             emit_def(out, name, suffix, imms, n, a_regs=True)
+        for name, suffix, imms in INT_KINDS:
+            emit_def(out, name, suffix, imms, n, integer=True)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ __device__ __forceinline__ void wgmma_fence_registers(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+template <int R>
+__device__ __forceinline__ void wgmma_fence_registers(int32_t (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 // The same for A-fragment registers (RS form): once the batch that read them is known complete, so that NVVM does not
 // reuse them while it is in flight (ptxas does its own analysis and may serialize the batch instead).
 template <int S, int R>
@@ -72,6 +77,8 @@ __device__ __forceinline__ void wgmma_fence_registers(uint32_t (&a)[S][R]) {
 //   Wgmma<N>::mma_bf16_rs_tb / mma_f16_rs_tb(d, a, desc_b, scale_d)    a: the warp's m16n8k16 A fragment
 // and the same with B K-major (the weight-only linear layer: dequantized weights in A, tokens in B):
 //   Wgmma<N>::mma_bf16_rs / mma_f16_rs(d, a, desc_b, scale_d)
+// and m64nNk32 s8 × s8 → int32 (W8A8), both operands K-major from shared memory, d int32 (same register layout):
+//   Wgmma<N>::mma_s8(d, desc_a, desc_b, scale_d)
 #include "ptx/wgmma_mma.inc"
 
 }  // namespace tessera::ptx
