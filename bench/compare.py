@@ -11,10 +11,11 @@
     PYTHONPATH=build/python python3 bench/compare.py --ops decode [--decode-cases llama3_8b] [--decode-formats int4]
     PYTHONPATH=build/python python3 bench/compare.py --ops linear [--linear-cases gate_up/N14336_K4096/M1/] \
         [--linear-peers torch,tinygemm]
+    PYTHONPATH=build/python python3 bench/compare.py --ops w8a8 [--w8a8-cases /M16/,g128] [--w8a8-peak-tops 1979]
 
 Case names are tessera-bench's (bench/*_cases.cpp: 'dsv3/T4096/fp32', 'hq8kv1/B128/T8192/paged16/native', ...).
 The peers of each family live in bench/peers/ (common.py: timing and tables; gate.py, permute.py, gemm.py,
-decode.py, linear.py; merge.py: the tessera-bench join); their docstrings say exactly what each peer runs.
+decode.py, linear.py, w8a8.py; merge.py: the tessera-bench join); their docstrings say exactly what each peer runs.
 
 Ratios are peer µs / tessera µs of the same timing mode, CUDA graphs where both have them (> 1: tessera is faster).
 With --with-bench / --bench-json, tessera's µs is tessera-bench's and the µs measured here through tessera's
@@ -31,15 +32,20 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from peers import common as C  # noqa: E402
-from peers import decode, fi_jit, gate, gemm, linear, merge, permute  # noqa: E402
+from peers import decode, fi_jit, gate, gemm, linear, merge, permute, w8a8  # noqa: E402
 
 # The linear family's registration in the tessera-bench join (its tables live in peers/linear.py).
 merge.FAMILIES.update({op: ("linear", linear) for op in linear.MERGED_OPS})
 merge.BENCH_OPS["linear"] = list(linear.BENCH_OPS)
 merge.CPP_PEER_LABELS.update(linear.CPP_PEER_LABELS)
 merge.TITLES["linear"] = linear.TITLE
+# W8A8 (peers/w8a8.py): quantize_per_block, gemm_w8a8 and the layer, with tessera-bench's memcpy / cuBLASLt peers.
+merge.FAMILIES.update({op: ("w8a8", w8a8) for op in w8a8.MERGED_OPS})
+merge.BENCH_OPS["w8a8"] = list(w8a8.BENCH_OPS)
+merge.CPP_PEER_LABELS.update(w8a8.CPP_PEER_LABELS)
+merge.TITLES["w8a8"] = w8a8.TITLE
 
-OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear")
+OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8")
 
 
 def standalone_cases(args):
@@ -49,12 +55,13 @@ def standalone_cases(args):
                   unpermute=lambda: permute.cases_from_args(args, permute.UNPERMUTE),
                   gemm=lambda: gemm.cases_from_args(args),
                   decode=lambda: decode.cases_from_args(args),
-                  linear=lambda: linear.cases_from_args(args))
+                  linear=lambda: linear.cases_from_args(args),
+                  w8a8=lambda: w8a8.cases_from_args(args))
     return {op: makers[op]() for op in args.ops_list}
 
 
 def run_families(cases_by_family, args):
-    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear)
+    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear, w8a8=w8a8)
     results = {}
     for key, cases in cases_by_family.items():
         if not cases:
@@ -108,6 +115,12 @@ def parse_args(argv):
                     "comma-separated substrings (gate_up, /M1/, int8_g128, ...); default all (the ceiling row stays)")
     ap.add_argument("--linear-peers", default=",".join(linear.PEERS), help="linear: comma list of " +
                     ",".join(linear.PEERS))
+    ap.add_argument("--w8a8-cases", default="", help="w8a8: only cases whose name contains one of these "
+                    "comma-separated substrings (M4096_K4096, /M16/, g128, per_channel, ...); default all")
+    ap.add_argument("--w8a8-peers", default=",".join(w8a8.PEERS), help="w8a8: comma list of " + ",".join(w8a8.PEERS)
+                    + " (torch: torch._int_mm, torch.matmul bf16, the quantizer in torch ops)")
+    ap.add_argument("--w8a8-peak-tops", type=float, default=w8a8.PEAK_TOPS, help="w8a8: the dense int8 peak the "
+                    "compute-bound rows' %% ceil divides by (default %(default)s: H100 / H200 SXM)")
     args = ap.parse_args(argv)
     args.ops_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in args.ops_list:
@@ -128,6 +141,11 @@ def parse_args(argv):
     for p in args.linear_peers.split(","):
         if p and p not in linear.PEERS:
             ap.error(f"unknown --linear-peers item {p!r} (expected {', '.join(linear.PEERS)})")
+    for p in args.w8a8_peers.split(","):
+        if p and p not in w8a8.PEERS:
+            ap.error(f"unknown --w8a8-peers item {p!r} (expected {', '.join(w8a8.PEERS)})")
+    if args.w8a8_peak_tops <= 0:
+        ap.error("--w8a8-peak-tops must be positive")
     if args.with_bench and args.bench_json:
         ap.error("--with-bench and --bench-json exclude each other")
     return args
@@ -146,12 +164,14 @@ def header():
     return h
 
 
-def print_results(results, copy_bps):
-    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "other")
+def print_results(results, copy_bps, args=None):
+    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "other")
     C.print_legend(any(r.bench is not None for rows in results.values() for r in rows))
     for key in order:
         if key == "linear" and key in results:
             linear.print_family(results[key], copy_bps)
+        elif key == "w8a8" and key in results:
+            w8a8.print_family(results[key], copy_bps, getattr(args, "w8a8_peak_tops", w8a8.PEAK_TOPS))
         elif key in results:
             metric = "tflops" if key == "gemm" else "gbps"
             C.print_family(merge.TITLES[key], results[key], copy_bps, metric)
@@ -216,7 +236,7 @@ def main(argv=None):
     results = run_families(cases, args)
     if bench is not None:
         results = merge.merge(bench, results, args.ops_list)
-    missing = print_results(results, copy_bps)
+    missing = print_results(results, copy_bps, args)
     if args.json:
         doc = dict(h, rows=[r.as_dict() for key in results for r in results[key]],
                    peers_missing={name: why for name, why in missing}, notes=C.NOTES)

@@ -1,4 +1,5 @@
-// tessera-bench: the cuBLASLt pieces the peer cases share (error check, RAII handles, layouts, the workspace size).
+// tessera-bench: the cuBLASLt pieces the peer cases share (error check, RAII handles, layouts, the workspace size,
+// the heuristic's first algorithm).
 #pragma once
 
 #include <cublasLt.h>
@@ -66,6 +67,37 @@ inline LtPreference workspace_preference() {
   BENCH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
   return pref;
+}
+
+// create_tn_matmul with another compute / scale type: the int8 peers use CUBLAS_COMPUTE_32I with CUDA_R_32I scales
+// (int32 alpha / beta), the IMMA path cuBLASLt supports only in this "TN" form on row-major [rows, K] operands.
+inline void create_tn_matmul(LtHandle& handle, LtMatmulDesc& desc, cublasComputeType_t compute,
+                             cudaDataType_t scale_type) {
+  cublasLtHandle_t h = nullptr;
+  BENCH_CUBLAS_CHECK(cublasLtCreate(&h));
+  handle.reset(h);
+  cublasLtMatmulDesc_t d = nullptr;
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, scale_type));
+  desc.reset(d);
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+}
+
+// The heuristic's first algorithm for D = op(A)·op(B) with C = D and kLtWorkspaceBytes of workspace. Returns false
+// when cuBLASLt has none for the problem (NOT_SUPPORTED, or no result), so that the caller can report the case as
+// unsupported instead of failing; any other status throws.
+inline bool first_heuristic_algo(const LtHandle& handle, const LtMatmulDesc& desc, const LtLayout& a, const LtLayout& b,
+                                 const LtLayout& d, cublasLtMatmulAlgo_t& algo) {
+  const LtPreference pref = workspace_preference();
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle.get(), desc.get(), a.get(), b.get(), d.get(),
+                                                           d.get(), pref.get(), 1, &result, &found);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0)) return false;
+  BENCH_CUBLAS_CHECK(st);
+  algo = result.algo;
+  return true;
 }
 
 }  // namespace tessera::bench

@@ -16,6 +16,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "linear/w8a8/config.h"
 #include "pipeline/pipeline.cuh"
@@ -138,6 +139,106 @@ __device__ __forceinline__ float per_row_value(const Args& a, int64_t m, int64_t
   return a.a_scale[m] * a.w_scale[n] * d;
 }
 
+// What the block-wise mainloop needs of the kernel's state.
+struct BlockwiseCtx {
+  pipeline::StageRing ring;
+  unsigned char* stages;
+  int stage_begin, stage_end;
+  int wg, row_in_tile, t;
+};
+
+// Stage s's parameter planes (StageBytes: each on a 128-byte boundary): three token planes of kBps·kBN floats, then
+// three weight planes of kBps·kRows.
+template <int kBN, int kBps>
+struct PlaneSlots {
+  static constexpr int kToken = (kBps * kBN * 4 + 127) / 128 * 32, kWeight = kBps * kRows;
+};
+
+// Block j of stage s, whose int32 sums are c, into the fp32 total: total += sA·sB·D with
+// D = acc − zA·(ΣBq − block·zB) − zB·ΣAq formed exactly (every term an integer below 2^24 in magnitude; acc read as the
+// float 1.5·2^23 + acc through its bits, exact for |acc| < 2^22). kZA / kZB: the activations / weights have zero
+// points (compile-time: this is the kernel's hot loop, 4 to 6 operations an element).
+template <int kBN, int kBlock, bool kZA, bool kZB, int kAcc>
+__device__ __forceinline__ void promote_block(const Args& a, const BlockwiseCtx& x, float (&total)[kAcc],
+                                              const int32_t (&c)[kAcc], const unsigned char* s, int j) {
+  constexpr int kBps = kblocks_per_stage(kBN, true) * kKBlock / kBlock;
+  using Slots = PlaneSlots<kBN, kBps>;
+  constexpr float kMagic = 12582912.f;
+  const float* const par = reinterpret_cast<const float*>(s + a.w_bytes + a.x_bytes);
+  const float* const wpar = par + 3 * Slots::kToken;
+  float sb[2], nzb[2] = {0.f, 0.f}, nsbq[2] = {0.f, 0.f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = x.row_in_tile + 8 * h;
+    sb[h] = wpar[j * kRows + r];
+    if constexpr (kZB) nzb[h] = -wpar[Slots::kWeight + j * kRows + r];
+    // −(ΣBq − block·zB): the activation zero point's coefficient.
+    if constexpr (kZA) nsbq[h] = -fmaf(static_cast<float>(kBlock), nzb[h], wpar[2 * Slots::kWeight + j * kRows + r]);
+  }
+#pragma unroll
+  for (int q = 0; q < kBN / 8; ++q) {
+    const int tok = 8 * q + 2 * x.t;
+    const float2 sa = *reinterpret_cast<const float2*>(par + j * kBN + tok);
+    float2 za = make_float2(0.f, 0.f), sq = make_float2(0.f, 0.f);
+    if constexpr (kZA) za = *reinterpret_cast<const float2*>(par + Slots::kToken + j * kBN + tok);
+    if constexpr (kZB) sq = *reinterpret_cast<const float2*>(par + 2 * Slots::kToken + j * kBN + tok);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      float corr = -kMagic;
+      if constexpr (kZB) corr = fmaf(nzb[h], (e & 1) ? sq.y : sq.x, corr);
+      if constexpr (kZA) corr = fmaf((e & 1) ? za.y : za.x, nsbq[h], corr);
+      const float d = __int_as_float(c[4 * q + e] + 0x4B400000) + corr;
+      total[4 * q + e] = fmaf(((e & 1) ? sa.y : sa.x) * sb[h], d, total[4 * q + e]);
+    }
+  }
+}
+
+// The block-wise mainloop, straight-line within a stage (kBps is even and known at compile time): block j into set
+// j % 2, then block j − 1's set is promoted while block j's wgmma run. ptxas serializes every wgmma of a kernel whose
+// accumulators are read while a batch may be pending across a loop back edge (C7514), so each stage drains its last
+// set before the next stage's first batch.
+template <int kBN, int kBlock, bool kZA, bool kZB, int kAcc>
+__device__ __forceinline__ void blockwise_mainloop(const Args& a, const BlockwiseCtx& x, float (&total)[kAcc],
+                                                   int32_t (&acc)[kAcc], int32_t (&acc1)[kAcc]) {
+  using Mma = ptx::Wgmma<kBN>;
+  constexpr int kBps = kblocks_per_stage(kBN, true) * kKBlock / kBlock;
+  pipeline::PipelineState st;
+  for (int si = x.stage_begin; si < x.stage_end; ++si) {
+    x.ring.consumer_wait(st);
+    const unsigned char* const s = x.stages + st.stage * a.stage_bytes;
+    auto issue = [&](int j, int32_t(&c)[kAcc]) {
+      const int col = j * kBlock, kb = col / kKBlock, byte = col % kKBlock;
+      const uint64_t da = ptx::wgmma_desc_k_major_sw128(s + (kb * kRows + x.wg * 64) * kKBlock) + (byte >> 4);
+      const uint64_t db = ptx::wgmma_desc_k_major_sw128(s + a.w_bytes + kb * kBN * kKBlock) + (byte >> 4);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int step = 0; step < kBlock / 32; ++step) Mma::mma_s8(c, da + 2 * step, db + 2 * step, step > 0 ? 1 : 0);
+      ptx::wgmma_commit_group();
+    };
+    issue(0, acc);
+#pragma unroll
+    for (int j = 1; j < kBps; ++j) {
+      if (j % 2 == 1) {
+        issue(j, acc1);
+        ptx::wgmma_wait_group<1>();
+        ptx::wgmma_fence_registers(acc);
+        promote_block<kBN, kBlock, kZA, kZB>(a, x, total, acc, s, j - 1);
+      } else {
+        issue(j, acc);
+        ptx::wgmma_wait_group<1>();
+        ptx::wgmma_fence_registers(acc1);
+        promote_block<kBN, kBlock, kZA, kZB>(a, x, total, acc1, s, j - 1);
+      }
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_registers(acc1);
+    promote_block<kBN, kBlock, kZA, kZB>(a, x, total, acc1, s, kBps - 1);
+    x.ring.consumer_release_warp(st);
+    st.advance(a.stages);
+  }
+}
+
 template <int kBN, int kBlock>
 __global__ void __launch_bounds__(kThreads, 1) w8a8_gemm_kernel(const __grid_constant__ Maps maps, const Args a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -146,8 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) w8a8_gemm_kernel(const __grid_con
   constexpr int kKbps = kblocks_per_stage(kBN, kBlock != 0);
   constexpr bool kBlockwise = kBlock != 0;
   constexpr int kBps = kBlockwise ? kKbps * kKBlock / kBlock : 0;  // parameter blocks per stage
-  // Plane slots in floats (StageBytes: each on a 128-byte boundary): three token planes, then three weight planes.
-  constexpr int kTokenPlane = (kBps * kBN * 4 + 127) / 128 * 32, kWeightPlane = kBps * kRows;
+  constexpr int kTokenPlane = PlaneSlots<kBN, kBps>::kToken, kWeightPlane = PlaneSlots<kBN, kBps>::kWeight;
   static_assert(!kBlockwise || kBN <= kMaxBlockwiseBN, "block-wise tiles hold two accumulator sets and a total");
   static_assert(!kBlockwise || kBps % 2 == 0, "block-wise stages alternate two accumulator sets");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -264,75 +364,17 @@ __global__ void __launch_bounds__(kThreads, 1) w8a8_gemm_kernel(const __grid_con
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
     int32_t acc1[kAcc];
-    // Block b − 1's set into the total, from the parameters of stage s, block j of it.
-    auto promote = [&](const int32_t(&c)[kAcc], const unsigned char* s, int j) {
-      const float* const par = reinterpret_cast<const float*>(s + a.w_bytes + a.x_bytes);
-      const float* const wpar = par + 3 * kTokenPlane;
-      float sb[2], zb[2], sbq[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row_in_tile + 8 * h;
-        sb[h] = wpar[j * kRows + r];
-        zb[h] = a.has_zb ? wpar[kWeightPlane + j * kRows + r] : 0.f;
-        // ΣBq − block·zB: the activation zero point's coefficient.
-        sbq[h] = a.has_za ? fmaf(-static_cast<float>(kBlock), zb[h], wpar[2 * kWeightPlane + j * kRows + r]) : 0.f;
-      }
-#pragma unroll
-      for (int q = 0; q < kBN / 8; ++q) {
-        const int tok = 8 * q + 2 * t;
-        const float2 sa = *reinterpret_cast<const float2*>(par + j * kBN + tok);
-        const float2 za =
-            a.has_za ? *reinterpret_cast<const float2*>(par + kTokenPlane + j * kBN + tok) : make_float2(0, 0);
-        const float2 sq =
-            a.has_zb ? *reinterpret_cast<const float2*>(par + 2 * kTokenPlane + j * kBN + tok) : make_float2(0, 0);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          const float sa_e = (e & 1) ? sa.y : sa.x, za_e = (e & 1) ? za.y : za.x, sq_e = (e & 1) ? sq.y : sq.x;
-          // 1.5·2^23 + acc as a float is exact for |acc| < 2^22; so is every correction term below 2^24.
-          const float f = __int_as_float(c[4 * q + e] + 0x4B400000);
-          const float corr = fmaf(za_e, sbq[h], fmaf(zb[h], sq_e, 12582912.f));
-          total[4 * q + e] = fmaf(sa_e * sb[h], f - corr, total[4 * q + e]);
-        }
-      }
-    };
-    // Straight-line within a stage (kBps is even and known at compile time): block j into set j % 2, then block
-    // j − 1's set is promoted while block j's wgmma run. ptxas serializes every wgmma of a kernel whose accumulators
-    // are read while a batch may be pending across a loop back edge (C7514), so each stage drains its last set
-    // before the next stage's first batch.
-    pipeline::PipelineState st;
-    for (int si = stage_begin; si < stage_end; ++si) {
-      ring.consumer_wait(st);
-      const unsigned char* const s = stages + st.stage * a.stage_bytes;
-      auto issue = [&](int j, int32_t(&c)[kAcc]) {
-        const int col = j * kBlock;
-        ptx::wgmma_fence();
-#pragma unroll
-        for (int step = 0; step < kBlock / 32; ++step)
-          Mma::mma_s8(c, desc_a(s, col / kKBlock, col % kKBlock) + 2 * step,
-                      desc_b(s, col / kKBlock, col % kKBlock) + 2 * step, step > 0 ? 1 : 0);
-        ptx::wgmma_commit_group();
-      };
-      issue(0, acc);
-#pragma unroll
-      for (int j = 1; j < kBps; ++j) {
-        if (j % 2 == 1) {
-          issue(j, acc1);
-          ptx::wgmma_wait_group<1>();
-          ptx::wgmma_fence_registers(acc);
-          promote(acc, s, j - 1);
-        } else {
-          issue(j, acc);
-          ptx::wgmma_wait_group<1>();
-          ptx::wgmma_fence_registers(acc1);
-          promote(acc1, s, j - 1);
-        }
-      }
-      ptx::wgmma_wait_group<0>();
-      ptx::wgmma_fence_registers(acc1);
-      promote(acc1, s, kBps - 1);
-      ring.consumer_release_warp(st);
-      st.advance(a.stages);
+    const BlockwiseCtx ctx{ring, stages, stage_begin, stage_end, wg, row_in_tile, t};
+    if (a.has_za) {
+      if (a.has_zb)
+        blockwise_mainloop<kBN, kBlock, true, true>(a, ctx, total, acc, acc1);
+      else
+        blockwise_mainloop<kBN, kBlock, true, false>(a, ctx, total, acc, acc1);
+    } else {
+      if (a.has_zb)
+        blockwise_mainloop<kBN, kBlock, false, true>(a, ctx, total, acc, acc1);
+      else
+        blockwise_mainloop<kBN, kBlock, false, false>(a, ctx, total, acc, acc1);
     }
   }
 
