@@ -37,6 +37,7 @@
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
 #include "tessera/version.h"
+#include "tessera/w8a8.h"
 
 #include "options.h"
 
@@ -722,13 +723,101 @@ std::size_t linear_workspace_bytes(int64_t max_m, const py::object& codes, const
   return tl::linear_workspace_bytes(max_m, w, dtype);
 }
 
+// ---- W8A8 ------------------------------------------------------------------------------------------------------
+// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block. The
+// parameter planes are taken as the torch layer allocates them, [K / block, ld] with ld >= rows (the row stride a
+// multiple of 4), and narrowed here to the [K / block, rows] views tessera::linear::Int8BlockTensor holds; rows is
+// the codes' row count. Planes already [K / block, rows] (a strided view) pass unchanged. prepack_w8a8 takes a host
+// weight and returns a dict of bytearrays, as linear_prepack does.
+
+// A plane narrowed to its first `rows` columns. A plane of another rank, or codes of another rank (rows < 0), is
+// left to the op's validation, which names it.
+TensorView plane_of(const py::object& obj, int64_t rows, const char* op, const char* arg) {
+  TensorView v = view_of(obj, op, arg);
+  if (v.rank != 2 || rows < 0) return v;
+  if (v.shape[1] < rows)
+    fail(op, arg,
+         "must be [K / block, ld] with ld >= rows (" + std::to_string(rows) + ", the codes' rows), got shape " +
+             v.shape_str());
+  v.shape[1] = rows;
+  return v;
+}
+
+tl::Int8BlockTensor int8_blocks_of(const char* op, const char* prefix, const py::object& codes,
+                                   const py::object& scale, const py::object& zero, const py::object& sums,
+                                   int64_t block) {
+  const std::string p(prefix);
+  const std::string codes_arg = p + "codes", scale_arg = p + "scale", zero_arg = p + "zero", sums_arg = p + "sums";
+  tl::Int8BlockTensor t;
+  t.codes = view_of(codes, op, codes_arg.c_str());
+  const int64_t rows = t.codes.rank == 2 ? t.codes.shape[0] : -1;
+  t.scale = plane_of(scale, rows, op, scale_arg.c_str());
+  if (!zero.is_none()) t.zero = plane_of(zero, rows, op, zero_arg.c_str());
+  if (!sums.is_none()) t.sums = plane_of(sums, rows, op, sums_arg.c_str());
+  t.block = block;
+  return t;
+}
+
+void w8a8_quantize(const py::object& x, const py::object& codes, const py::object& scale, const py::object& zero,
+                   const py::object& sums, int64_t block, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.w8a8_quantize";
+  const TensorView x_v = view_of(x, op, "x");
+  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block);
+
+  py::gil_scoped_release no_gil;
+  tl::quantize_per_block(x_v, out, as_stream(stream));
+}
+
+void gemm_w8a8(const py::object& a_codes, const py::object& a_scale, const py::object& a_zero,
+               const py::object& a_sums, const py::object& w_codes, const py::object& w_scale,
+               const py::object& w_zero, const py::object& w_sums, const py::object& bias, const py::object& y,
+               const py::object& workspace, int64_t block, float clamp_min, float clamp_max, float out_scale,
+               std::uintptr_t stream) {
+  constexpr const char* op = "tessera.gemm_w8a8";
+  const tl::Int8BlockTensor a = int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block);
+  const tl::Int8BlockTensor w = int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block);
+  tl::W8A8Epilogue epilogue;
+  if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
+  epilogue.clamp_min = clamp_min;
+  epilogue.clamp_max = clamp_max;
+  epilogue.out_scale = out_scale;
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+
+  py::gil_scoped_release no_gil;
+  tl::gemm_w8a8(a, w, y_v, epilogue, ws, as_stream(stream));
+}
+
+// n, k, block, ld, symmetric; codes int8 [N, K], scale / zero / sums fp32 [K / block, ld] (zero None when
+// symmetric), rows N..ld-1 of every plane 0.
+py::dict prepack_w8a8(const py::object& w, int64_t block, bool symmetric) {
+  constexpr const char* op = "tessera.prepack_w8a8";
+  const TensorView wv = host_view(w, op, "w", {DType::kFP32}, 2);
+  tl::W8A8HostWeight q;
+  {
+    py::gil_scoped_release no_gil;
+    q = tl::prepack_w8a8(static_cast<const float*>(wv.data), wv.shape[0], wv.shape[1], block, symmetric);
+  }
+  py::dict d;
+  d["n"] = q.n;
+  d["k"] = q.k;
+  d["block"] = q.block;
+  d["ld"] = q.ld;
+  d["symmetric"] = q.symmetric;
+  d["codes"] = bytes_of(q.codes);
+  d["scale"] = bytes_of(q.scale);
+  d["zero"] = bytes_of(q.zero);
+  d["sums"] = bytes_of(q.sums);
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
       "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention, "
-      "tessera.linear) rather than this module.";
+      "tessera.linear, tessera.w8a8) rather than this module.";
 
   py::register_exception_translator(&tessera::python::translate_errors);
 
@@ -894,4 +983,28 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x_dtype"),
         "Bytes of device workspace linear needs for up to max_m rows of x of x_dtype ('bfloat16' | 'float16' | "
         "'float32'), on the current device.");
+
+  m.def("w8a8_quantize", &w8a8_quantize, py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("zero"),
+        py::arg("sums"), py::arg("block"), py::arg("stream"),
+        "Quantizes x [M, K] (bf16 | fp16 | fp32) per (row, block of `block` columns: 32, 64, 128 or K) into "
+        "preallocated codes int8 [M, K] and the fp32 parameter planes scale, zero (None: symmetric) and sums "
+        "(None: not wanted), each [K/block, ld] with ld >= M a multiple of 4 (their first M columns are written).");
+
+  m.def("gemm_w8a8", &gemm_w8a8, py::arg("a_codes"), py::arg("a_scale"), py::arg("a_zero"), py::arg("a_sums"),
+        py::arg("w_codes"), py::arg("w_scale"), py::arg("w_zero"), py::arg("w_sums"), py::arg("bias"), py::arg("y"),
+        py::arg("workspace"), py::arg("block"), py::arg("clamp_min"), py::arg("clamp_max"), py::arg("out_scale"),
+        py::arg("stream"),
+        "y [M, N] = clamp(dequant(a) @ dequant(w)^T + bias) from the quantized activations (w8a8_quantize's "
+        "outputs, [M, K]) and weights ([N, K], prepack_w8a8's arrays on the device), planes [K/block, ld]. y bf16 | "
+        "fp16 | fp32, or int8 (= clamp(rint(v * out_scale), -128, 127)); bias fp32 [N] or None; workspace may be "
+        "None when gemm_w8a8_workspace_bytes is 0.");
+
+  m.def("gemm_w8a8_workspace_bytes", &tl::gemm_w8a8_workspace_bytes, py::arg("max_m"), py::arg("n"), py::arg("k"),
+        py::arg("block"),
+        "Bytes of device workspace gemm_w8a8 needs for up to max_m rows of a, on the current device (0: none).");
+
+  m.def("prepack_w8a8", &prepack_w8a8, py::arg("w"), py::arg("block"), py::arg("symmetric"),
+        "Quantizes a host fp32 weight [N, K] (contiguous) per (output channel, block) with w8a8_quantize's rule and "
+        "sums its codes. Returns a dict: n, k, block, ld, symmetric, and bytearrays codes (int8 [N, K]), scale, zero "
+        "(None when symmetric) and sums (fp32 [K/block, ld], rows N..ld-1 zero).");
 }

@@ -42,6 +42,7 @@
 #include "tessera/linear.h"
 #include "tessera/moe.h"
 #include "tessera/tensor.h"
+#include "tessera/w8a8.h"
 
 #include "options.h"
 
@@ -488,6 +489,82 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
   });
 }
 
+// ---- W8A8 --------------------------------------------------------------------------------------------------------
+// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block. The
+// parameter planes are the torch layer's allocations, [K / block, ld] with ld >= rows (a multiple of 4), narrowed here
+// to the [K / block, rows] views tessera::linear::Int8BlockTensor holds (rows: the codes' rows), as tessera._C does;
+// planes already [K / block, rows] (strided views) pass unchanged. A workspace not given is allocated here, sized for
+// a's rows.
+
+// A plane narrowed to its first `rows` columns; one of another rank, or beside codes of another rank (rows < 0), is
+// left to the op's validation, which names it.
+TensorView plane_of(const at::Tensor& t, int64_t rows, const char* op, const char* arg) {
+  TensorView v = view_of(t, op, arg);
+  if (v.rank != 2 || rows < 0) return v;
+  if (v.shape[1] < rows)
+    fail(op, arg,
+         "must be [K / block, ld] with ld >= rows (" + std::to_string(rows) + ", the codes' rows), got shape " +
+             v.shape_str());
+  v.shape[1] = rows;
+  return v;
+}
+
+tl::Int8BlockTensor int8_blocks_of(const char* op, const char* prefix, const at::Tensor& codes,
+                                   const at::Tensor& scale, const std::optional<at::Tensor>& zero,
+                                   const std::optional<at::Tensor>& sums, int64_t block) {
+  const std::string p(prefix);
+  const std::string codes_arg = p + "codes", scale_arg = p + "scale", zero_arg = p + "zero", sums_arg = p + "sums";
+  tl::Int8BlockTensor t;
+  t.codes = view_of(codes, op, codes_arg.c_str());
+  const int64_t rows = t.codes.rank == 2 ? t.codes.shape[0] : -1;
+  t.scale = plane_of(scale, rows, op, scale_arg.c_str());
+  if (zero.has_value()) t.zero = plane_of(*zero, rows, op, zero_arg.c_str());
+  if (sums.has_value()) t.sums = plane_of(*sums, rows, op, sums_arg.c_str());
+  t.block = block;
+  return t;
+}
+
+void w8a8_quantize(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                   const std::optional<at::Tensor>& zero, const std::optional<at::Tensor>& sums, int64_t block) {
+  constexpr const char* op = "tessera.w8a8_quantize";
+  const c10::Device device = device_of(x, op, "x");
+  const TensorView xv = view_of(x, op, "x");
+  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block);
+  run_on(device, [&](cudaStream_t s) { tl::quantize_per_block(xv, out, s); });
+}
+
+void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::optional<at::Tensor>& a_zero,
+               const std::optional<at::Tensor>& a_sums, const at::Tensor& w_codes, const at::Tensor& w_scale,
+               const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
+               const std::optional<at::Tensor>& bias, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+               int64_t block, double clamp_min, double clamp_max, double out_scale) {
+  constexpr const char* op = "tessera.gemm_w8a8";
+  const c10::Device device = device_of(a_codes, op, "a_codes");
+  const tl::Int8BlockTensor a = int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block);
+  const tl::Int8BlockTensor w = int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block);
+  tl::W8A8Epilogue epilogue;
+  if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
+  epilogue.clamp_min = static_cast<float>(clamp_min);
+  epilogue.clamp_max = static_cast<float>(clamp_max);
+  epilogue.out_scale = static_cast<float>(out_scale);
+  const TensorView yv = view_of(y, op, "y");
+  run_on(device, [&](cudaStream_t s) {
+    std::size_t need = 0;
+    if (!workspace.has_value() && a.codes.rank == 2 && w.codes.rank == 2) {
+      // A shape the query refuses is left to the op, whose message names the argument as the op's, not the query's.
+      try {
+        need = tl::gemm_w8a8_workspace_bytes(a.codes.shape[0], w.codes.shape[0], w.codes.shape[1], block);
+      } catch (const tessera::CudaError&) {
+        throw;
+      } catch (const tessera::Error&) {
+        need = 0;
+      }
+    }
+    const auto ws = workspace_or_new(workspace, need, device);
+    tl::gemm_w8a8(a, w, yv, epilogue, workspace_of(ws, op), s);
+  });
+}
+
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
 // Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
 // direct path, which names them as argument errors.
@@ -866,6 +943,79 @@ at::Tensor linear_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   return y;
 }
 
+void w8a8_quantize_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                            const std::optional<at::Tensor>& zero, const std::optional<at::Tensor>& sums,
+                            int64_t block);
+void gemm_w8a8_dispatch(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::optional<at::Tensor>& a_zero,
+                        const std::optional<at::Tensor>& a_sums, const at::Tensor& w_codes, const at::Tensor& w_scale,
+                        const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
+                        const std::optional<at::Tensor>& bias, const at::Tensor& y,
+                        const std::optional<at::Tensor>& workspace, int64_t block, double clamp_min, double clamp_max,
+                        double out_scale);
+
+using Int8BlocksOut =
+    std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>, int64_t>;
+
+// tessera.quantize_per_block's eager call (no out=) in one crossing: x [..., K] taken as [M, K] (as torch.reshape),
+// codes int8 [M, K] and the planes fp32 [K / block, ld] (ld: M rounded up to a multiple of 4, at least 4) allocated
+// on x's device and current stream, then the op. block -1: K. Returns the Int8Blocks fields.
+Int8BlocksOut w8a8_quantize_eager(const at::Tensor& x, int64_t block, bool symmetric, bool with_sums) {
+  constexpr const char* op = "tessera.quantize_per_block";
+  no_symbolic_sizes({&x});
+  // Checks before anything is allocated, with the torch layer's messages.
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  if (x.dim() < 1) fail(op, "x", "must be [..., K], got a scalar");
+  const int64_t k = x.size(-1);
+  if (k <= 0 || k % 16 != 0)
+    fail(op, "x", "must have K (its last dim) a positive multiple of 16, got shape " + sizes_str(x.sizes()));
+  if (block == -1) block = k;
+  if (block != 32 && block != 64 && block != 128 && block != k)
+    fail(op, "block", "must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
+  if (k % block != 0)
+    fail(op, "block", "must divide K (" + std::to_string(k) + "), got " + std::to_string(block));
+  const at::Tensor x2 = x.reshape({-1, k});
+  const int64_t m = x2.size(0), ld = (std::max<int64_t>(m, 1) + 3) / 4 * 4;
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor codes = at::empty({m, k}, x.options().dtype(at::kChar));
+  const at::Tensor scale = at::empty({k / block, ld}, f32);
+  std::optional<at::Tensor> zero, sums;
+  if (!symmetric) zero = at::empty({k / block, ld}, f32);
+  if (with_sums) sums = at::empty({k / block, ld}, f32);
+  w8a8_quantize_dispatch(x2, codes, scale, zero, sums, block);
+  return {codes, scale, zero, sums, block};
+}
+
+// tessera.gemm_w8a8's eager call in one crossing: y [M, N] allocated here (dtype: "bfloat16", "float16", "float32"
+// or "int8", as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked the
+// epilogue, the output kind and the operands' types and blocks. Returns y.
+at::Tensor gemm_w8a8_eager(const at::Tensor& a_codes, const at::Tensor& a_scale,
+                           const std::optional<at::Tensor>& a_zero, const std::optional<at::Tensor>& a_sums,
+                           const at::Tensor& w_codes, const at::Tensor& w_scale,
+                           const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
+                           const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& out,
+                           const std::optional<at::Tensor>& workspace, int64_t block, double clamp_min,
+                           double clamp_max, double out_scale, std::string_view y_dtype) {
+  constexpr const char* op = "tessera.gemm_w8a8";
+  no_symbolic_sizes({&a_codes, &w_codes});
+  if (!needs_dispatcher(a_codes)) (void)device_of(a_codes, op, "a.codes");
+  rank_is(a_codes, 2, "[M, K]", op, "a.codes");
+  rank_is(w_codes, 2, "[N, K]", op, "w.codes");
+  const std::vector<int64_t> sizes = {a_codes.size(0), w_codes.size(0)};
+  at::Tensor y;
+  if (out.has_value()) {
+    if (!out->sizes().equals(sizes))
+      fail(op, "out", "must be [M, N] = " + sizes_str(sizes) + ", got shape " + sizes_str(out->sizes()));
+    y = *out;
+  } else {
+    static constexpr tessera::python::Choice<at::ScalarType> kDtypes[] = {
+        {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float32", at::kFloat}, {"int8", at::kChar}};
+    y = at::empty(sizes, a_codes.options().dtype(tessera::python::parse_choice(y_dtype, op, "out_dtype", kDtypes)));
+  }
+  gemm_w8a8_dispatch(a_codes, a_scale, a_zero, a_sums, w_codes, w_scale, w_zero, w_sums, bias, y, workspace, block,
+                     clamp_min, clamp_max, out_scale);
+  return y;
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -910,7 +1060,8 @@ struct Entry<Fn> {
 // their schemas).
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
-  X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen) X(linear)
+  X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen) X(linear) X(w8a8_quantize)          \
+  X(gemm_w8a8)
 #define TESSERA_TORCH_OPS(X) \
   TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv) X(attention_prefill_with_cache)
 
@@ -1006,6 +1157,22 @@ void linear_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                          clamp_max);
 }
 
+void w8a8_quantize_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
+                            const std::optional<at::Tensor>& zero, const std::optional<at::Tensor>& sums,
+                            int64_t block) {
+  Entry<&w8a8_quantize>::python(x, codes, scale, zero, sums, block);
+}
+
+void gemm_w8a8_dispatch(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::optional<at::Tensor>& a_zero,
+                        const std::optional<at::Tensor>& a_sums, const at::Tensor& w_codes, const at::Tensor& w_scale,
+                        const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
+                        const std::optional<at::Tensor>& bias, const at::Tensor& y,
+                        const std::optional<at::Tensor>& workspace, int64_t block, double clamp_min, double clamp_max,
+                        double out_scale) {
+  Entry<&gemm_w8a8>::python(a_codes, a_scale, a_zero, a_sums, w_codes, w_scale, w_zero, w_sums, bias, y, workspace,
+                            block, clamp_min, clamp_max, out_scale);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -1048,4 +1215,6 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("w8a8_quantize_eager", &w8a8_quantize_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("gemm_w8a8_eager", &gemm_w8a8_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

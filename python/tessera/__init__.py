@@ -1,5 +1,5 @@
-"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, and weight-only
-quantized linear layers, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, weight-only
+quantized linear layers and W8A8 (int8 x int8) linear layers, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -15,10 +15,14 @@ quantized linear layers, callable from PyTorch.
     packed = tessera.linear.prepack(tessera.linear.quantize(w, bits=4, block=128)).cuda()
     y = tessera.linear.linear(x, packed, bias, activation="relu")
 
-The ops live in tessera.moe, tessera.gemm, tessera.attention and tessera.linear; those of the first three are
-re-exported here (tessera.linear's op keeps its module's name: tessera.linear.linear). They take torch
-tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and workspace=) to write
-into preallocated memory, raise ValueError for invalid arguments and RuntimeError for CUDA/device errors.
+    w8 = tessera.prepack_w8a8(w, block=128).cuda()
+    y = tessera.linear_w8a8(x, w8, bias, activation="relu")   # quantize_per_block(x) + gemm_w8a8(a, w8, bias)
+
+The ops live in tessera.moe, tessera.gemm, tessera.attention, tessera.linear and tessera.w8a8; those of the first
+three and of tessera.w8a8 are re-exported here (tessera.linear's op keeps its module's name: tessera.linear.linear).
+They take torch tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and
+workspace=) to write into preallocated memory, raise ValueError for invalid arguments and RuntimeError for
+CUDA/device errors.
 Each is a PyTorch custom operator underneath (torch.ops.tessera.*, defined in tessera._torch_ops), so
 torch.compile(fullgraph=True) traces them and CUDA graphs capture them.
 
@@ -43,7 +47,7 @@ if _torch is not None:
 
     _dlpack.bind_ops(_torch_ops)
 
-from . import attention, dlpack, gemm, linear, moe
+from . import attention, dlpack, gemm, linear, moe, w8a8
 from .attention import (
     append_kv,
     attention_decode,
@@ -69,11 +73,13 @@ from .moe import (
     permute_workspace_bytes,
     unpermute_reduce,
 )
+from .w8a8 import Int8Blocks, gemm_w8a8, linear_w8a8, prepack_w8a8, quantize_per_block
 
 version = _C.version
 __version__ = _C.version
 
 __all__ = [
+    "Int8Blocks",
     "PackedLinearWeight",
     "PermuteResult",
     "QuantizedLinearWeight",
@@ -85,12 +91,14 @@ __all__ = [
     "dlpack",
     "fused_gate",
     "gemm",
+    "gemm_w8a8",
     "grouped_gemm_bf16",
     "grouped_gemm_bf16_masked",
     "grouped_gemm_fp8",
     "grouped_gemm_fp8_masked",
     "grouped_gemm_workspace_bytes",
     "linear",
+    "linear_w8a8",
     "moe",
     "permute",
     "permute_capacity_rows",
@@ -98,6 +106,9 @@ __all__ = [
     "prefill",
     "prefill_varlen",
     "prefill_with_cache",
+    "prepack_w8a8",
+    "quantize_per_block",
     "unpermute_reduce",
     "version",
+    "w8a8",
 ]

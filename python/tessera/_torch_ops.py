@@ -2,9 +2,9 @@
 
 Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
 (``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
-layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear) allocates the outputs, and torch.compile traces
-that allocation like any other torch code. The CUDA implementations live in tessera._torch_C (python/src/torch_ops.cpp),
-which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
+layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.w8a8) allocates the outputs, and
+torch.compile traces that allocation like any other torch code. The CUDA implementations live in tessera._torch_C
+(python/src/torch_ops.cpp), which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
 
 Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op>; eager calls go to
 tessera._torch_C.<op>, the same C++ function bound directly, because the dispatcher's boxed call from Python costs
@@ -72,6 +72,15 @@ OPS = {
         "linear(Tensor x, Tensor codes, Tensor params, Tensor? k_perm, Tensor? bias, Tensor(a!) y, "
         "Tensor(b!)? workspace, int n, int k, int bits, int block, str zero_mode, float clamp_min, "
         "float clamp_max) -> ()"),
+    # The parameter planes are [K / block, ld] (ld >= the codes' rows, a multiple of 4); the kernels narrow them to
+    # their first `rows` columns (tessera.w8a8).
+    "w8a8_quantize": (
+        "w8a8_quantize(Tensor x, Tensor(a!) codes, Tensor(b!) scale, Tensor(c!)? zero, Tensor(d!)? sums, "
+        "int block) -> ()"),
+    "gemm_w8a8": (
+        "gemm_w8a8(Tensor a_codes, Tensor a_scale, Tensor? a_zero, Tensor? a_sums, Tensor w_codes, Tensor w_scale, "
+        "Tensor? w_zero, Tensor? w_sums, Tensor? bias, Tensor(a!) y, Tensor(b!)? workspace, int block, "
+        "float clamp_min, float clamp_max, float out_scale) -> ()"),
 }
 
 

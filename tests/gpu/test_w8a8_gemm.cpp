@@ -352,6 +352,20 @@ TEST_F(W8A8GemmGpu, LargeLayer) {
   }
 }
 
+// Several waves of 256-token tiles with tails in M and N (N not a multiple of 8: the epilogue's element-wise stores).
+TEST_F(W8A8GemmGpu, ManyTiles) {
+  for (const int64_t n : {int64_t{4200}, int64_t{4224}}) {
+    Case c;
+    c.m = 1100;
+    c.n = n;
+    c.k = 256;
+    c.block = 0;
+    c.asym_w = n == 4200;
+    c.bias = true;
+    check_case(c);
+  }
+}
+
 TEST_F(W8A8GemmGpu, CudaGraphReplay) {
   test::Stream stream;
   Case c;

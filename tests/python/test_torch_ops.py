@@ -55,7 +55,8 @@ def test_every_op_takes_out_workspace_and_stream():
     ops = {"fused_gate": ("out",), "permute": ("out", "workspace"), "unpermute_reduce": ("out",),
            "grouped_gemm_fp8": ("out", "workspace"), "grouped_gemm_fp8_masked": ("out", "workspace"),
            "grouped_gemm_bf16": ("out", "workspace"), "grouped_gemm_bf16_masked": ("out", "workspace"),
-           "attention_decode": ("out", "workspace"), "append_kv": ()}  # append_kv writes into the cache it is given
+           "attention_decode": ("out", "workspace"), "append_kv": (),  # append_kv writes into the cache it is given
+           "quantize_per_block": ("out",), "gemm_w8a8": ("out", "workspace"), "linear_w8a8": ("out", "workspace")}
     for name, extra in ops.items():
         params = inspect.signature(getattr(tessera, name)).parameters
         for arg in extra + ("stream",):
@@ -111,6 +112,8 @@ def test_every_op_is_registered_with_its_mutations():
         "attention_prefill_varlen": {"out", "lse"},
         "attention_prefill_with_cache": {"out", "lse"},
         "linear": {"y", "workspace"},
+        "w8a8_quantize": {"codes", "scale", "zero", "sums"},
+        "gemm_w8a8": {"y", "workspace"},
     }
     assert set(_torch_ops.OPS) == set(written)
     for name, expected in written.items():
