@@ -7,13 +7,17 @@ namespace tessera::linear::w8a8 {
 namespace {
 
 // Model constants (H200, docs/perf/w8a8.md): the int8 tensor cores do 4096 MACs per SM per cycle (1979 TOPS dense at
-// 1.83 GHz on 132 SMs); a CTA's operands stream at ~40 B per cycle per SM when neighbouring CTAs share them through L2
-// and at the DRAM share (4.48 TB/s / 132 SMs ≈ 18.5 B per cycle) when nothing is shared (one token tile); a k-block
-// costs ~64 cycles of barrier and issue overhead besides; the split reduction ~2 µs plus its traffic.
+// 1.83 GHz on 132 SMs); operand bytes that other running CTAs also read come from L2 at ~40 B per cycle per SM, weight
+// bytes read by this CTA alone stream from DRAM at the rate this kernel's TMA ring measured (~22.5 GB/s per SM, 12.3 B
+// per cycle: M 1, N 14336, K 4096 in 25 µs, and no faster with split K); a k-block costs ~64 cycles of barrier and
+// issue overhead besides; each wave of CTAs a fixed ~2 µs (launch, the first TMA round trip) plus its epilogue, ~0.029 µs
+// per token row of the tile (fits of K = 128 runs: 2.2 / 5.7 / 9.4 µs a wave at 8 / 128 / 256 rows); the split
+// reduction ~2 µs plus its traffic.
 constexpr double kCyclesPerUs = 1830.0;
 constexpr double kMacsPerCycle = 4096.0;
-constexpr double kSharedBytesPerCycle = 40.0, kDramBytesPerCycle = 18.5;
+constexpr double kSharedBytesPerCycle = 40.0, kStreamBytesPerCycle = 12.3;
 constexpr double kKBlockOverheadCycles = 64.0;
+constexpr double kWaveFixedUs = 2.0, kWaveUsPerTokenRow = 0.029;
 constexpr double kReduceUs = 2.0, kReduceBytesPerUs = 3.0e6;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -64,15 +68,20 @@ Config select_config(const Shape& s) {
     const StageBytes sb = stage_bytes(s, bn);
     const int stages = static_cast<int>(std::min<int64_t>(kMaxStages, (kSmemBudget - kHeaderBytes) / sb.total));
     if (stages < 2) continue;
-    const double bw = m_tiles == 1 ? kDramBytesPerCycle : kSharedBytesPerCycle;
+    // A weight tile is read by the m_tiles CTAs of its column (running together: token tiles are the grid's fastest
+    // dimension), once from DRAM; x tiles are shared by every running n-tile.
+    const double share = static_cast<double>(std::min<int64_t>(m_tiles, s.num_sms));
+    const double w_bytes = static_cast<double>(kRows) * kKBlock, x_bytes = static_cast<double>(bn) * kKBlock;
+    const double load_cycles = w_bytes / share / kStreamBytesPerCycle + w_bytes * (1.0 - 1.0 / share) / kSharedBytesPerCycle +
+                               x_bytes / kSharedBytesPerCycle;
     const double kblock_cycles =
-        std::max(static_cast<double>(kRows) * bn * kKBlock / kMacsPerCycle, (kRows + bn) * kKBlock / bw) +
-        kKBlockOverheadCycles;
+        std::max(static_cast<double>(kRows) * bn * kKBlock / kMacsPerCycle, load_cycles) + kKBlockOverheadCycles;
     const int max_splits = static_cast<int>(std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, k_blocks / 4)));
     for (int splits = 1; splits <= max_splits; ++splits) {
       if (splits > 1 && tiles >= s.num_sms) break;
       const int64_t waves = ceil_div(tiles * splits, s.num_sms);
-      const double us = waves * ceil_div(k_blocks, splits) * kblock_cycles / kCyclesPerUs +
+      const double us = waves * (ceil_div(k_blocks, splits) * kblock_cycles / kCyclesPerUs + kWaveFixedUs +
+                                  kWaveUsPerTokenRow * bn) +
                         (splits > 1 ? kReduceUs + 8.0 * splits * s.m * s.n / kReduceBytesPerUs : 0.0);
       if (us < best_us * 0.999) {
         best_us = us;

@@ -51,7 +51,7 @@ struct Config {
   int bn = 8;      // token rows per CTA: 8, 32, 64, 128 or 256
   int splits = 1;  // K ranges across CTAs; > 1: 32-bit partials in the workspace, reduced by a second kernel
   int stages = 2;
-  int64_t n_tiles = 0, m_tiles = 0;  // grid x, y; grid z = splits
+  int64_t n_tiles = 0, m_tiles = 0;  // grid (m_tiles, n_tiles, splits): token tiles fastest
 };
 
 // m > 0; the shape must be valid (api.cpp checks first).

@@ -256,7 +256,9 @@ __global__ void __launch_bounds__(kThreads, 1) w8a8_gemm_kernel(const __grid_con
   unsigned char* const stages = smem + kHeaderBytes;
   const pipeline::StageRing ring{bars, bars + kMaxStages, a.stages};
 
-  const int n_tile = blockIdx.x, m_tile = blockIdx.y, split = blockIdx.z;
+  // Token tiles fastest: the CTAs that share a weight tile run at the same time, so that it is read from DRAM once
+  // even when the grid takes several waves (the weights of a decode-sized M exceed the L2).
+  const int m_tile = blockIdx.x, n_tile = blockIdx.y, split = blockIdx.z;
   const int num_stages_k = (a.k_blocks + kKbps - 1) / kKbps;
   const int stage_begin = static_cast<int>(static_cast<int64_t>(split) * num_stages_k / a.splits);
   const int stage_end = static_cast<int>(static_cast<int64_t>(split + 1) * num_stages_k / a.splits);

@@ -90,7 +90,7 @@ void launch_kernel(const Problem& pb, cudaStream_t stream) {
   auto kernel = w8a8_gemm_kernel<kBN, kBlock>;
   const int smem = static_cast<int>(smem_bytes(s, c));
   ::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, smem);
-  const dim3 grid(static_cast<unsigned>(c.n_tiles), static_cast<unsigned>(c.m_tiles), static_cast<unsigned>(c.splits));
+  const dim3 grid(static_cast<unsigned>(c.m_tiles), static_cast<unsigned>(c.n_tiles), static_cast<unsigned>(c.splits));
   kernel<<<grid, kThreads, smem, stream>>>(maps, a);
   TESSERA_CHECK_LAUNCH();
   if (c.splits > 1) {
