@@ -44,14 +44,17 @@ inline LtLayout make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int
 
 constexpr std::size_t kLtWorkspaceBytes = std::size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 
-// A cuBLASLt handle and an fp32-accumulating matmul descriptor in the "TN" form the peers use (A = the weight,
-// transposed; B = the tokens): yᵀ = W · xᵀ in column-major terms.
-inline void create_tn_matmul(LtHandle& handle, LtMatmulDesc& desc) {
+// A cuBLASLt handle and a matmul descriptor in the "TN" form the peers use (A = the weight, transposed; B = the
+// tokens): yᵀ = W · xᵀ in column-major terms. fp32 accumulation and scales by default; the int8 peers pass
+// CUBLAS_COMPUTE_32I with CUDA_R_32I scales (int32 alpha / beta), the IMMA path cuBLASLt supports only in this "TN"
+// form on row-major [rows, K] operands.
+inline void create_tn_matmul(LtHandle& handle, LtMatmulDesc& desc, cublasComputeType_t compute = CUBLAS_COMPUTE_32F,
+                             cudaDataType_t scale_type = CUDA_R_32F) {
   cublasLtHandle_t h = nullptr;
   BENCH_CUBLAS_CHECK(cublasLtCreate(&h));
   handle.reset(h);
   cublasLtMatmulDesc_t d = nullptr;
-  BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, scale_type));
   desc.reset(d);
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
@@ -67,21 +70,6 @@ inline LtPreference workspace_preference() {
   BENCH_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes)));
   return pref;
-}
-
-// create_tn_matmul with another compute / scale type: the int8 peers use CUBLAS_COMPUTE_32I with CUDA_R_32I scales
-// (int32 alpha / beta), the IMMA path cuBLASLt supports only in this "TN" form on row-major [rows, K] operands.
-inline void create_tn_matmul(LtHandle& handle, LtMatmulDesc& desc, cublasComputeType_t compute,
-                             cudaDataType_t scale_type) {
-  cublasLtHandle_t h = nullptr;
-  BENCH_CUBLAS_CHECK(cublasLtCreate(&h));
-  handle.reset(h);
-  cublasLtMatmulDesc_t d = nullptr;
-  BENCH_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, scale_type));
-  desc.reset(d);
-  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  BENCH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
 }
 
 // The heuristic's first algorithm for D = op(A)·op(B) with C = D and kLtWorkspaceBytes of workspace. Returns false

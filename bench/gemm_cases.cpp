@@ -471,8 +471,6 @@ class CublasLtLoopCase final : public CaseInstance {
     const cudaDataType_t in = v.fp8() ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
     a_layout_ = make_layout(in, K, N, K);
 
-    const LtPreference pref = workspace_preference();
-    cublasLtMatmulPreference_t const pref_h = pref.get();
     // One plan (B / D layouts + the heuristic's algorithm) per distinct group size.
     for (int g = 0; g < sh.groups; ++g) {
       const int64_t m = sh.rows[g];
@@ -481,16 +479,9 @@ class CublasLtLoopCase final : public CaseInstance {
       plan.b = make_layout(in, K, m, K);
       plan.d = make_layout(CUDA_R_16BF, N, m, N);
       set_scale_pointers(0, g);  // block scaling modes want the pointers set before the heuristic
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), a_layout_.get(),
-                                                               plan.b.get(), plan.d.get(), plan.d.get(), pref_h, 1,
-                                                               &result, &found);
-      if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+      if (!first_heuristic_algo(handle_, desc_, a_layout_, plan.b, plan.d, plan.algo))
         throw Unsupported("cuBLASLt has no algorithm for this scale mode with N=" + std::to_string(N) +
                           " m=" + std::to_string(m) + " K=" + std::to_string(K));
-      BENCH_CUBLAS_CHECK(st);
-      plan.algo = result.algo;
       plans_.emplace(m, std::move(plan));
     }
   }

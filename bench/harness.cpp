@@ -6,6 +6,7 @@
 #include <set>
 
 #include "device_random.h"
+#include "reference/format.h"
 #include "reference/parallel.h"
 
 namespace tessera::bench {
@@ -124,6 +125,30 @@ void parallel_for(int64_t items, double work, const std::function<void(int64_t)>
     }
   });
   if (error) std::rethrow_exception(error);
+}
+
+std::string describe_sample(const std::vector<int64_t>& picked, int64_t total, const std::string& what) {
+  if (static_cast<int64_t>(picked.size()) == total) return "all " + std::to_string(total) + " " + what;
+  return std::to_string(picked.size()) + " of " + std::to_string(total) + " " + what + " (first 2, last 2, random)";
+}
+
+CheckResult ErrorSum::result(const std::string& what, double tolerance) const {
+  CheckResult r;
+  r.compared = compared;
+  r.error = non_finite ? NAN : std::sqrt(err2 / std::max(ref2, 1e-300));
+  r.ok = non_finite == 0 && compared > 0 && r.error <= tolerance;
+  r.message = what + ": relative Frobenius error " + reference::detail::fmt(r.error) + " (bound " +
+              reference::detail::fmt(tolerance) + ")" +
+              (non_finite ? ", " + std::to_string(non_finite) + " non-finite outputs" : "");
+  return r;
+}
+
+ErrorSum parallel_error_sum(int64_t items, double work, const std::function<void(int64_t, ErrorSum&)>& fn) {
+  std::vector<ErrorSum> sums(static_cast<std::size_t>(items));
+  parallel_for(items, work, [&](int64_t i) { fn(i, sums[static_cast<std::size_t>(i)]); });
+  ErrorSum total;
+  for (const ErrorSum& e : sums) total.add(e);
+  return total;
 }
 
 CheckResult merge_checks(const std::vector<CheckResult>& parts, const std::vector<std::string>& labels,

@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -185,8 +186,33 @@ uint64_t case_seed(const std::string& op, const std::string& name, int set);
 // plus random ones (from `seed`) up to `count` in all.
 std::vector<int64_t> sample_indices(int64_t n, int64_t count, int64_t edge, uint64_t seed);
 
+// What a check compared of `total` items (`what`: "rows") from sample_indices(..., edge 2, ...): "all 16 rows" or
+// "16 of 4096 rows (first 2, last 2, random)".
+std::string describe_sample(const std::vector<int64_t>& picked, int64_t total, const std::string& what);
+
 // fn(i) for i in [0, items) on the reference's worker threads (interleaved; results must not depend on the order).
 void parallel_for(int64_t items, double work, const std::function<void(int64_t)>& fn);
+
+// ||got − ref||² and ||ref||² accumulated over compared elements, and the non-finite outputs counted.
+struct ErrorSum {
+  double err2 = 0, ref2 = 0;
+  int64_t non_finite = 0, compared = 0;
+  void add(double got, double ref) {
+    ++compared;
+    if (!std::isfinite(got)) {
+      ++non_finite;
+      return;
+    }
+    err2 += (got - ref) * (got - ref);
+    ref2 += ref * ref;
+  }
+  void add(const ErrorSum& o) { err2 += o.err2, ref2 += o.ref2, non_finite += o.non_finite, compared += o.compared; }
+  // ok: something compared, every output finite, and the relative Frobenius error within `tolerance`.
+  CheckResult result(const std::string& what, double tolerance) const;
+};
+
+// The ErrorSum of fn(i, sum) over i in [0, items), each item adding into a sum of its own on parallel_for's threads.
+ErrorSum parallel_error_sum(int64_t items, double work, const std::function<void(int64_t, ErrorSum&)>& fn);
 
 // Several partial checks as one: ok if all are, error the largest, compared the sum; the message is `summary`
 // when all passed, else the failing parts' messages prefixed by their labels.

@@ -178,42 +178,11 @@ LinearInputs make_inputs(const Problem& p, uint64_t seed, cudaStream_t stream) {
 // Rows of x the check compares: all when M <= kCheckRows, else the first two, the last two and random ones.
 std::vector<int64_t> check_rows(int64_t m, uint64_t seed) { return sample_indices(m, kCheckRows, 2, seed); }
 
-std::string describe_rows(const std::vector<int64_t>& rows, int64_t m) {
-  if (static_cast<int64_t>(rows.size()) == m) return "all " + std::to_string(m) + " rows";
-  return std::to_string(rows.size()) + " of " + std::to_string(m) + " rows (first 2, last 2, random)";
-}
-
 std::vector<double> bf16_to_double(const std::vector<uint16_t>& v) {
   std::vector<double> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = host::bf16_to_f32(v[i]);
   return out;
 }
-
-// Accumulates ||got − ref||² and ||ref||² over one compared element; counts non-finite outputs.
-struct ErrorSum {
-  double err2 = 0, ref2 = 0;
-  int64_t non_finite = 0, compared = 0;
-  void add(double got, double ref) {
-    ++compared;
-    if (!std::isfinite(got)) {
-      ++non_finite;
-      return;
-    }
-    err2 += (got - ref) * (got - ref);
-    ref2 += ref * ref;
-  }
-  void add(const ErrorSum& o) { err2 += o.err2, ref2 += o.ref2, non_finite += o.non_finite, compared += o.compared; }
-  CheckResult result(const std::string& what) const {
-    CheckResult r;
-    r.compared = compared;
-    r.error = non_finite ? NAN : std::sqrt(err2 / std::max(ref2, 1e-300));
-    r.ok = non_finite == 0 && r.error <= kTolerance;
-    r.message = what + ": relative Frobenius error " + reference::detail::fmt(r.error) + " (bound " +
-                reference::detail::fmt(kTolerance) + ")" +
-                (non_finite ? ", " + std::to_string(non_finite) + " non-finite outputs" : "");
-    return r;
-  }
-};
 
 // ============================================================================================================
 // tessera
@@ -268,8 +237,8 @@ class LinearCase final : public CaseInstance {
     // Per chunk of sampled stripes: a PackedWeight of those stripes (16 rows each), unpacked by the library's
     // inverse, and the float64 reference of the sampled rows against its channels.
     const int64_t chunks = (SC + kStripesPerChunk - 1) / kStripesPerChunk;
-    std::vector<ErrorSum> sums(chunks);
-    parallel_for(chunks, static_cast<double>(R) * SC * kStripe * K, [&](int64_t c) {
+    const double work = static_cast<double>(R) * SC * kStripe * K;
+    const ErrorSum total = parallel_error_sum(chunks, work, [&](int64_t c, ErrorSum& sum) {
       const int64_t s0 = c * kStripesPerChunk, s1 = std::min(SC, s0 + kStripesPerChunk);
       linear::PackedWeight pw;
       pw.n = (s1 - s0) * kStripe;
@@ -286,16 +255,16 @@ class LinearCase final : public CaseInstance {
         for (int64_t s = s0; s < s1; ++s)
           for (int64_t j = 0; j < kStripe; ++j) {
             const int64_t local = (s - s0) * kStripe + j, channel = stripes[s] * kStripe + j;
-            sums[c].add(host::bf16_to_f32(y[i * N + channel]), ref[i * pw.n + local]);
+            sum.add(host::bf16_to_f32(y[i * N + channel]), ref[i * pw.n + local]);
           }
     });
-    ErrorSum total;
-    for (const ErrorSum& e : sums) total.add(e);
     const std::string channels = SC == S ? "all " + std::to_string(N) + " output channels"
                                          : std::to_string(SC * kStripe) + " of " + std::to_string(N) +
                                                " output channels (" + std::to_string(SC) +
                                                " 16-row stripes: first, last, random)";
-    return total.result(describe_rows(rows, p_.m) + " x " + channels + ", weights unpacked from the device layout");
+    const std::string what =
+        describe_sample(rows, p_.m, "rows") + " x " + channels + ", weights unpacked from the device layout";
+    return total.result(what, kTolerance);
   }
 
  private:
@@ -346,16 +315,9 @@ class CublasLtLinearCase final : public CaseInstance {
     b_ = make_layout(CUDA_R_16BF, sh.k, sh.m, sh.k);
     d_ = make_layout(CUDA_R_16BF, sh.n, sh.m, sh.n);
 
-    const LtPreference pref = workspace_preference();
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc_.get(), a_.get(), b_.get(), d_.get(),
-                                                             d_.get(), pref.get(), 1, &result, &found);
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && found == 0))
+    if (!first_heuristic_algo(handle_, desc_, a_, b_, d_, algo_))
       throw Unsupported("cuBLASLt has no bf16 algorithm for M=" + std::to_string(sh.m) + " N=" + std::to_string(sh.n) +
                         " K=" + std::to_string(sh.k));
-    BENCH_CUBLAS_CHECK(st);
-    algo_ = result.algo;
   }
 
   int num_sets() const override { return sets_; }
@@ -381,20 +343,16 @@ class CublasLtLinearCase final : public CaseInstance {
     const std::vector<uint16_t> y = download_rows<uint16_t>(y_, N, rows, stream);
     const std::vector<double> x = bf16_to_double(download_rows<uint16_t>(set.x, K, rows, stream));
     const std::vector<double> w = bf16_to_double(download_rows<uint16_t>(set.w, K, cols, stream));
-    std::vector<ErrorSum> sums(R);
-    parallel_for(R, static_cast<double>(R) * C * K, [&](int64_t i) {
+    const ErrorSum total = parallel_error_sum(R, static_cast<double>(R) * C * K, [&](int64_t i, ErrorSum& sum) {
       for (int64_t c = 0; c < C; ++c) {
         double acc = 0;
         for (int64_t k = 0; k < K; ++k) acc += x[i * K + k] * w[c * K + k];
-        sums[i].add(host::bf16_to_f32(y[i * N + cols[c]]), acc);
+        sum.add(host::bf16_to_f32(y[i * N + cols[c]]), acc);
       }
     });
-    ErrorSum total;
-    for (const ErrorSum& e : sums) total.add(e);
-    const std::string channels =
-        C == N ? "all " + std::to_string(N) + " output channels"
-               : std::to_string(C) + " of " + std::to_string(N) + " output channels (first 2, last 2, random)";
-    return total.result(describe_rows(rows, sh_.m) + " x " + channels + ", dense bf16 W");
+    const std::string what =
+        describe_sample(rows, sh_.m, "rows") + " x " + describe_sample(cols, N, "output channels") + ", dense bf16 W";
+    return total.result(what, kTolerance);
   }
 
  private:

@@ -252,11 +252,6 @@ std::vector<int64_t> check_channels(int64_t n, int64_t rows, int64_t k, uint64_t
   return sample_indices(n, std::max<int64_t>(budget, 4), 2, seed);
 }
 
-std::string describe(const std::vector<int64_t>& picked, int64_t total, const char* what) {
-  if (static_cast<int64_t>(picked.size()) == total) return "all " + std::to_string(total) + " " + what;
-  return std::to_string(picked.size()) + " of " + std::to_string(total) + " " + what + " (first 2, last 2, random)";
-}
-
 std::vector<float> bf16_rows_as_float(const DeviceBuffer& b, int64_t k, const std::vector<int64_t>& rows,
                                       cudaStream_t stream) {
   const std::vector<uint16_t> raw = download_rows<uint16_t>(b, k, rows, stream);
@@ -264,32 +259,6 @@ std::vector<float> bf16_rows_as_float(const DeviceBuffer& b, int64_t k, const st
   for (std::size_t i = 0; i < raw.size(); ++i) out[i] = host::bf16_to_f32(raw[i]);
   return out;
 }
-
-// Accumulates ||got − ref||² and ||ref||² over compared elements; counts non-finite outputs.
-struct ErrorSum {
-  double err2 = 0, ref2 = 0;
-  int64_t non_finite = 0, compared = 0;
-  void add(double got, double ref) {
-    ++compared;
-    if (!std::isfinite(got)) {
-      ++non_finite;
-      return;
-    }
-    err2 += (got - ref) * (got - ref);
-    ref2 += ref * ref;
-  }
-  void add(const ErrorSum& o) { err2 += o.err2, ref2 += o.ref2, non_finite += o.non_finite, compared += o.compared; }
-  CheckResult result(const std::string& what) const {
-    CheckResult r;
-    r.compared = compared;
-    r.error = non_finite ? NAN : std::sqrt(err2 / std::max(ref2, 1e-300));
-    r.ok = non_finite == 0 && compared > 0 && r.error <= kTolerance;
-    r.message = what + ": relative Frobenius error " + reference::detail::fmt(r.error) + " (bound " +
-                reference::detail::fmt(kTolerance) + ")" +
-                (non_finite ? ", " + std::to_string(non_finite) + " non-finite outputs" : "");
-    return r;
-  }
-};
 
 // Device quantization of sampled rows against reference::quantize_int8_blocks of their x: codes, scales (bits) and
 // zero points must be equal. error = mismatching values / compared values.
@@ -343,17 +312,15 @@ CheckResult check_gemm_sample(const SampledOperand& a, const SampledOperand& w, 
                               int64_t n, const std::vector<int64_t>& channels, const std::string& what) {
   const int64_t R = a.q.rows, C = w.q.rows, B = w.q.blocks();
   const int64_t chunks = (C + kChannelsPerTask - 1) / kChannelsPerTask;
-  std::vector<ErrorSum> sums(chunks);
-  parallel_for(chunks, static_cast<double>(R) * C * a.q.k, [&](int64_t t) {
+  const double work = static_cast<double>(R) * C * a.q.k;
+  const ErrorSum total = parallel_error_sum(chunks, work, [&](int64_t t, ErrorSum& sum) {
     const int64_t c0 = t * kChannelsPerTask, c1 = std::min(C, c0 + kChannelsPerTask);
     const std::vector<double> ref = reference::w8a8_reference(a.q, slice_rows(w.q, c0, c1));  // [R][c1 − c0]
     for (int64_t i = 0; i < R; ++i)
       for (int64_t c = c0; c < c1; ++c)
-        sums[t].add(host::bf16_to_f32(y[i * n + channels[c]]), ref[i * (c1 - c0) + (c - c0)]);
+        sum.add(host::bf16_to_f32(y[i * n + channels[c]]), ref[i * (c1 - c0) + (c - c0)]);
   });
-  ErrorSum total;
-  for (const ErrorSum& e : sums) total.add(e);
-  CheckResult res = total.result(what);
+  CheckResult res = total.result(what, kTolerance);
   int64_t bad_sums = w.non_integer_zero + a.non_integer_zero;
   if (!w.sums.empty()) {
     const std::vector<int32_t> want = reference::block_code_sums(w.q);
@@ -396,7 +363,7 @@ class QuantizeCase final : public CaseInstance {
     const std::vector<int64_t> rows = check_rows(p_.m, 0x0A7Bull);
     const SampledOperand got = download_operand(out_, rows, stream);
     return compare_quantized(got, bf16_rows_as_float(x_[0], p_.k, rows, stream), rows, /*symmetric=*/false,
-                             describe(rows, p_.m, "rows"));
+                             describe_sample(rows, p_.m, "rows"));
   }
 
  private:
@@ -470,11 +437,12 @@ class GemmCase final : public CaseInstance {
     const std::vector<uint16_t> y = download_rows<uint16_t>(y_, N, rows, stream);
     const SampledOperand a = download_operand(with_quantize_ ? a_shared_ : set.a, rows, stream);
     const SampledOperand w = download_operand(set.w, channels, stream);
-    const std::string what = describe(rows, p_.m, "rows") + " x " + describe(channels, N, "output channels");
+    const std::string what =
+        describe_sample(rows, p_.m, "rows") + " x " + describe_sample(channels, N, "output channels");
     const CheckResult gemm = check_gemm_sample(a, w, y, N, channels, what);
     if (!with_quantize_) return gemm;
     const CheckResult quant = compare_quantized(a, bf16_rows_as_float(set.x, K, rows, stream), rows,
-                                                /*symmetric=*/false, describe(rows, p_.m, "rows of x"));
+                                                /*symmetric=*/false, describe_sample(rows, p_.m, "rows of x"));
     return merge_checks({quant, gemm}, {"quantize_per_block", "gemm_w8a8"},
                         quant.message + "; y: " + gemm.message);
   }
@@ -564,10 +532,7 @@ class CublasLtCase final : public CaseInstance {
     if (int8 && (sh.n % 4 != 0 || sh.k % 4 != 0))
       throw Unsupported("cuBLASLt int8 (IMMA, TN, column order) needs N and K multiples of 4, got " + sh.dims());
     const cudaDataType_t in = int8 ? CUDA_R_8I : CUDA_R_16BF, out = int8 ? CUDA_R_32I : CUDA_R_16BF;
-    if (int8)
-      create_tn_matmul(handle_, desc_, CUBLAS_COMPUTE_32I, CUDA_R_32I);
-    else
-      create_tn_matmul(handle_, desc_);
+    create_tn_matmul(handle_, desc_, int8 ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F, int8 ? CUDA_R_32I : CUDA_R_32F);
     a_ = make_layout(in, sh.k, sh.n, sh.k);
     b_ = make_layout(in, sh.k, sh.m, sh.k);
     d_ = make_layout(out, sh.n, sh.m, sh.n);
@@ -620,7 +585,7 @@ class CublasLtCase final : public CaseInstance {
     const std::vector<int64_t> cols = check_channels(N, R, K, 0xC015ull);
     const int64_t C = static_cast<int64_t>(cols.size());
     const Set& set = sets_data_[0];
-    const std::string what = describe(rows, sh_.m, "rows") + " x " + describe(cols, N, "output channels");
+    const std::string what = describe_sample(rows, sh_.m, "rows") + " x " + describe_sample(cols, N, "output channels");
     if (int8_) {
       const std::vector<int32_t> y = download_rows<int32_t>(y_, N, rows, stream);
       const std::vector<int8_t> x = download_rows<int8_t>(set.x, K, rows, stream);
@@ -649,17 +614,14 @@ class CublasLtCase final : public CaseInstance {
     const std::vector<uint16_t> y = download_rows<uint16_t>(y_, N, rows, stream);
     const std::vector<float> x = bf16_rows_as_float(set.x, K, rows, stream);
     const std::vector<float> w = bf16_rows_as_float(set.w, K, cols, stream);
-    std::vector<ErrorSum> sums(R);
-    parallel_for(R, static_cast<double>(R) * C * K, [&](int64_t i) {
+    const ErrorSum total = parallel_error_sum(R, static_cast<double>(R) * C * K, [&](int64_t i, ErrorSum& sum) {
       for (int64_t c = 0; c < C; ++c) {
         double acc = 0;
         for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(x[i * K + k]) * w[c * K + k];
-        sums[i].add(host::bf16_to_f32(y[i * N + cols[c]]), acc);
+        sum.add(host::bf16_to_f32(y[i * N + cols[c]]), acc);
       }
     });
-    ErrorSum total;
-    for (const ErrorSum& e : sums) total.add(e);
-    return total.result(what + ", dense bf16 W");
+    return total.result(what + ", dense bf16 W", kTolerance);
   }
 
  private:

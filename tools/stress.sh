@@ -60,6 +60,14 @@ default_tests=(
   'LinearGpu.CudaGraphCapture'
   'LinearGpu.DocumentedSmallestAlignmentsRun'
   'LinearGpu.OneSignXOverLongBlocks'
+  'W8A8GemmGpu.EpilogueAndTypes'
+  'W8A8GemmGpu.SplitK'
+  'W8A8GemmGpu.CudaGraphReplay'
+  'W8A8QuantizeGpu.RaggedColumnTiles'
+  'W8A8QuantizeGpu.UnalignedAndStridedX'
+  'W8A8QuantizeGpu.OverflowingRange'
+  'W8A8QuantizeGpu.CudaGraphCaptureAndReplay'
+  'GroupedGemmGpu.DenseFp8IsTheOneGroupProduct'
 )
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}

@@ -381,8 +381,22 @@ def peer_labels(rows):
 
 
 
+def tessera_head(merged):
+    """The header cells of tessera's times: its µs (tessera-bench's when merged), and this process's when merged."""
+    return ["tessera µs"] + (["py µs"] if merged else [])
+
+
+def tessera_cells(r, merged):
+    """Row r's cells under tessera_head(merged)."""
+    cells = [fmt_us(r.tessera_us("graph") or r.tessera_us("eager"))]
+    if merged:
+        cells.append(fmt_us(r.tessera.get("graph") or r.tessera.get("eager")))
+    return cells
+
+
 def peer_cells(r, labels):
-    """Each peer's (time, ratio) cells of row r, blank where it did not run, and whether any time is eager ("e")."""
+    """Row r's cells under peer_head(labels): each peer's time and ratio (blank where it did not run), then tessera's
+    rel err; and whether any peer time is eager ("e")."""
     cells, eager = [], False
     for label in labels:
         if label not in r.peers:
@@ -392,7 +406,7 @@ def peer_cells(r, labels):
         mark = "e" if mode == "eager" else ""
         eager |= bool(mark)
         cells += [fmt_us(us) + mark, fmt_ratio(ratio)]
-    return cells, eager
+    return cells + [fmt_err(r.rel_err.get("tessera"))], eager
 
 def print_family(title, rows, copy_bps=None, metric="gbps"):
     """One family's table: a row per case; tessera's µs (tessera-bench's when merged, and this process's), its
@@ -402,17 +416,13 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
     merged = any(r.bench is not None for r in rows)
     labels = peer_labels(rows)
     head = ["case"] + (["op"] if len({r.op for r in rows}) > 1 else [])
-    head += ["tessera µs"] + (["py µs"] if merged else [])
+    head += tessera_head(merged)
     head += ["TFLOP/s"] if metric == "tflops" else ["GB/s", "% copy" if not merged else "% ceil"]
     head += peer_head(labels)
     body = []
     eager_marks = False
     for r in rows:
-        cells = [r.case] + ([r.op] if "op" in head else [])
-        t_main = r.tessera_us("graph") or r.tessera_us("eager")
-        cells.append(fmt_us(t_main))
-        if merged:
-            cells.append(fmt_us(r.tessera.get("graph") or r.tessera.get("eager")))
+        cells = [r.case] + ([r.op] if "op" in head else []) + tessera_cells(r, merged)
         if metric == "tflops":
             cells.append(fmt_num(r.tflops(), ".1f"))
         else:
@@ -427,7 +437,6 @@ def print_family(title, rows, copy_bps=None, metric="gbps"):
         peer, eager = peer_cells(r, labels)
         cells += peer
         eager_marks |= eager
-        cells.append(fmt_err(r.rel_err.get("tessera")))
         body.append(cells)
     print(f"== {title}")
     print_aligned(head, body, text_cols=(0, 1) if "op" in head else (0,))

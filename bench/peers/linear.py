@@ -347,17 +347,14 @@ def print_family(rows, copy_bps=None):
     merged = any(r.bench is not None for r in rows)
     ceiling = _ceiling_tflops(rows)
     labels = C.peer_labels(rows)
-    head = ["case", "tessera µs"] + (["py µs"] if merged else []) + ["bound", "% ceil", "TFLOP/s"]
+    head = ["case"] + C.tessera_head(merged) + ["bound", "% ceil", "TFLOP/s"]
     head += C.peer_head(labels)
     body = []
     eager_marks = False
     for r in rows:
         ceiling_row = r.op == CPP_PEER_OP
         spec = parse(r.op, r.case)
-        t = r.tessera_us("graph") or r.tessera_us("eager")
-        cells = [r.case + (" [cuBLASLt]" if ceiling_row and merged else ""), C.fmt_us(t)]
-        if merged:
-            cells.append(C.fmt_us(r.tessera.get("graph") or r.tessera.get("eager")))
+        cells = [r.case + (" [cuBLASLt]" if ceiling_row and merged else "")] + C.tessera_cells(r, merged)
         pct, bound = None, "-"
         tflops = r.tflops()
         if ceiling_row:
@@ -377,7 +374,6 @@ def print_family(rows, copy_bps=None):
         peer, eager = C.peer_cells(r, labels)
         cells += peer
         eager_marks |= eager
-        cells.append(C.fmt_err(r.rel_err.get("tessera")))
         body.append(cells)
     print(f"== {TITLE}")
     print(f"% ceil: read-bound rows (M < {COMPUTE_BOUND_M}) against " +

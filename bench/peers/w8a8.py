@@ -506,21 +506,17 @@ def _bound(r, spec, copy_bps, read_bps, read_label, peak_tops):
 
 def _print_op(op, rows, merged, copy_bps, read_bps, read_label, peak_tops):
     labels = C.peer_labels(rows)
-    head = ["case", "tessera µs"] + (["py µs"] if merged else []) + ["bound", "% ceil", "TOPS", "GB/s"]
+    head = ["case"] + C.tessera_head(merged) + ["bound", "% ceil", "TOPS", "GB/s"]
     head += C.peer_head(labels)
     body = []
     eager_marks = False
     for r in rows:
-        t = r.tessera_us("graph") or r.tessera_us("eager")
-        cells = [r.case, C.fmt_us(t)]
-        if merged:
-            cells.append(C.fmt_us(r.tessera.get("graph") or r.tessera.get("eager")))
+        cells = [r.case] + C.tessera_cells(r, merged)
         bound, pct = _bound(r, parse(r.op, r.case), copy_bps, read_bps, read_label, peak_tops)
         cells += [bound, C.fmt_num(pct, ".1f"), C.fmt_num(r.tflops(), ".0f"), C.fmt_num(r.gbps(), ".0f")]
         peer, eager = C.peer_cells(r, labels)
         cells += peer
         eager_marks |= eager
-        cells.append(C.fmt_err(r.rel_err.get("tessera")))
         body.append(cells)
     print(f"-- {op}")
     C.print_aligned(head, body, text_cols=(0, 3 if merged else 2))

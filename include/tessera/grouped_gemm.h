@@ -87,4 +87,14 @@ void grouped_gemm_bf16_masked(const TensorView& x, const TensorView& w, const Te
                               const TensorView& y, const Workspace& workspace, cudaStream_t stream,
                               const GroupedGemmOptions& options = {});
 
+// Dense FP8 GEMM (e4m3 × e4m3 → bf16): the grouped GEMM with one group, so that every 8-bit linear (W8A8 int8 in
+// tessera/w8a8.h, FP8 here) is one call. x [M, K], w [N, K] (rules as grouped_gemm_fp8's x and one group of its w);
+// scales: per-tensor x_scale [1], w_scale [1]; block-wise (DeepSeek-V3 checkpoints' 1×128 activation and 128×128
+// weight blocks) x_scale [M, K/128], w_scale [N/128, K/128], any strides. y [M, N] bf16.
+// The workspace (gemm_fp8_workspace_bytes, 16-byte aligned) holds the group's offsets, written on the device by the
+// call (so the op stays graph-capturable and allocation-free).
+std::size_t gemm_fp8_workspace_bytes(int64_t n, int64_t k);
+void gemm_fp8(const TensorView& x, const TensorView& w, const FP8Scales& scales, const TensorView& y,
+              const Workspace& workspace, cudaStream_t stream);
+
 }  // namespace tessera::gemm

@@ -32,7 +32,7 @@ namespace tessera::linear {
 // TMA copy (DeepGEMM stores its activation scales the same way), and all fp32: the zero points and code sums are exact
 // small integers (|Σ| <= 128·K, exact in fp32 for K <= 131072), kept as floats because the GEMM's per-block promotion
 // works in fp32 (an int32 → fp32 conversion per element would cost more than the promotion itself).
-//   codes int8 [rows, K]: unit stride along K, row stride a multiple of 16 elements, 16-byte aligned
+//   codes int8 [rows, K]: unit stride along K, row stride >= K and a multiple of 16 elements, 16-byte aligned
 //   scale fp32 [K / block, ld]: element (row r, block i) at i·ld + r; ld >= rows and a multiple of 4 (16 bytes)
 //   zero  fp32 like scale, integer values in [−128, 127]; data == nullptr: symmetric (all zero points 0)
 //   sums  fp32 like scale: Σ codes over each (row, block); data == nullptr when not needed (the GEMM needs ΣAq only

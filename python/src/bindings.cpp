@@ -52,6 +52,7 @@ constexpr const char* kLegacyCapsule = "dltensor";
 
 using tessera::python::fail;
 using tessera::python::gemm_options;
+using tessera::python::int8_blocks_of;
 using tessera::python::parse_group_score;
 using tessera::python::parse_kv_format;
 using tessera::python::parse_scale_mode;
@@ -724,45 +725,15 @@ std::size_t linear_workspace_bytes(int64_t max_m, const py::object& codes, const
 }
 
 // ---- W8A8 ------------------------------------------------------------------------------------------------------
-// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block. The
-// parameter planes are taken as the torch layer allocates them, [K / block, ld] with ld >= rows (the row stride a
-// multiple of 4), and narrowed here to the [K / block, rows] views tessera::linear::Int8BlockTensor holds; rows is
-// the codes' row count. Planes already [K / block, rows] (a strided view) pass unchanged. prepack_w8a8 takes a host
+// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block, the
+// planes as the torch layer allocates them (int8_blocks_of in options.h narrows them). prepack_w8a8 takes a host
 // weight and returns a dict of bytearrays, as linear_prepack does.
-
-// A plane narrowed to its first `rows` columns. A plane of another rank, or codes of another rank (rows < 0), is
-// left to the op's validation, which names it.
-TensorView plane_of(const py::object& obj, int64_t rows, const char* op, const char* arg) {
-  TensorView v = view_of(obj, op, arg);
-  if (v.rank != 2 || rows < 0) return v;
-  if (v.shape[1] < rows)
-    fail(op, arg,
-         "must be [K / block, ld] with ld >= rows (" + std::to_string(rows) + ", the codes' rows), got shape " +
-             v.shape_str());
-  v.shape[1] = rows;
-  return v;
-}
-
-tl::Int8BlockTensor int8_blocks_of(const char* op, const char* prefix, const py::object& codes,
-                                   const py::object& scale, const py::object& zero, const py::object& sums,
-                                   int64_t block) {
-  const std::string p(prefix);
-  const std::string codes_arg = p + "codes", scale_arg = p + "scale", zero_arg = p + "zero", sums_arg = p + "sums";
-  tl::Int8BlockTensor t;
-  t.codes = view_of(codes, op, codes_arg.c_str());
-  const int64_t rows = t.codes.rank == 2 ? t.codes.shape[0] : -1;
-  t.scale = plane_of(scale, rows, op, scale_arg.c_str());
-  if (!zero.is_none()) t.zero = plane_of(zero, rows, op, zero_arg.c_str());
-  if (!sums.is_none()) t.sums = plane_of(sums, rows, op, sums_arg.c_str());
-  t.block = block;
-  return t;
-}
 
 void w8a8_quantize(const py::object& x, const py::object& codes, const py::object& scale, const py::object& zero,
                    const py::object& sums, int64_t block, std::uintptr_t stream) {
   constexpr const char* op = "tessera.w8a8_quantize";
   const TensorView x_v = view_of(x, op, "x");
-  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block);
+  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block, view_of, optional_view_of);
 
   py::gil_scoped_release no_gil;
   tl::quantize_per_block(x_v, out, as_stream(stream));
@@ -774,8 +745,10 @@ void gemm_w8a8(const py::object& a_codes, const py::object& a_scale, const py::o
                const py::object& workspace, int64_t block, float clamp_min, float clamp_max, float out_scale,
                std::uintptr_t stream) {
   constexpr const char* op = "tessera.gemm_w8a8";
-  const tl::Int8BlockTensor a = int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block);
-  const tl::Int8BlockTensor w = int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block);
+  const tl::Int8BlockTensor a =
+      int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block, view_of, optional_view_of);
+  const tl::Int8BlockTensor w =
+      int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block, view_of, optional_view_of);
   tl::W8A8Epilogue epilogue;
   if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
   epilogue.clamp_min = clamp_min;

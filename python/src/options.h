@@ -1,11 +1,13 @@
 // What the two Python modules (tessera._C and tessera._torch_C) share: the option strings, parsed in one place (each
-// parser returns the C++ enum or throws tessera::Error naming the op and the argument), the GEMM options and the
-// translation of tessera's exceptions. Include after pybind11 (translate_errors uses the Python C API).
+// parser returns the C++ enum or throws tessera::Error naming the op and the argument), the GEMM options, the W8A8
+// operands' views and the translation of tessera's exceptions. Include after pybind11 (translate_errors uses the
+// Python C API).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -14,6 +16,8 @@
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
 #include "tessera/moe.h"
+#include "tessera/tensor.h"
+#include "tessera/w8a8.h"
 
 namespace tessera::python {
 
@@ -98,6 +102,41 @@ inline gemm::GroupedGemmOptions gemm_options(int64_t expected_m) {
   gemm::GroupedGemmOptions options;
   options.expected_m = expected_m;
   return options;
+}
+
+// A W8A8 parameter plane as the torch layer allocates it, [K / block, ld] with ld >= rows (a multiple of 4), narrowed
+// to the [K / block, rows] view linear::Int8BlockTensor holds (rows: the codes' rows). A plane already
+// [K / block, rows] (a strided view) passes unchanged; one of another rank, or beside codes of another rank
+// (rows < 0), is left to the op's validation, which names it.
+inline TensorView narrow_plane(TensorView v, int64_t rows, const char* op, const char* arg) {
+  if (v.rank != 2 || rows < 0) return v;
+  if (v.shape[1] < rows)
+    fail(op, arg,
+         "must be [K / block, ld] with ld >= rows (" + std::to_string(rows) + ", the codes' rows), got shape " +
+             v.shape_str());
+  v.shape[1] = rows;
+  return v;
+}
+
+// One quantized W8A8 operand from its four tensors (zero and sums optional) and the block, its planes narrowed. Each
+// module passes its tensor types and its converters: view_of(t, op, arg) -> TensorView and optional_view_of(t, op,
+// arg) -> std::optional<TensorView> (nullopt: not given). `prefix` starts the argument names ("a_" -> "a_codes").
+template <typename T, typename OptionalT, typename ViewOf, typename OptionalViewOf>
+linear::Int8BlockTensor int8_blocks_of(const char* op, const std::string& prefix, const T& codes, const T& scale,
+                                       const OptionalT& zero, const OptionalT& sums, int64_t block, ViewOf view_of,
+                                       OptionalViewOf optional_view_of) {
+  const std::string codes_arg = prefix + "codes", scale_arg = prefix + "scale", zero_arg = prefix + "zero",
+                    sums_arg = prefix + "sums";
+  linear::Int8BlockTensor t;
+  t.codes = view_of(codes, op, codes_arg.c_str());
+  const int64_t rows = t.codes.rank == 2 ? t.codes.shape[0] : -1;
+  t.scale = narrow_plane(view_of(scale, op, scale_arg.c_str()), rows, op, scale_arg.c_str());
+  if (const std::optional<TensorView> v = optional_view_of(zero, op, zero_arg.c_str()))
+    t.zero = narrow_plane(*v, rows, op, zero_arg.c_str());
+  if (const std::optional<TensorView> v = optional_view_of(sums, op, sums_arg.c_str()))
+    t.sums = narrow_plane(*v, rows, op, sums_arg.c_str());
+  t.block = block;
+  return t;
 }
 
 // The exception translator of both modules: tessera::CudaError (CUDA or device failure) -> RuntimeError, any other

@@ -56,6 +56,7 @@ const c10::SourceLocation kNoLocation{"tessera", "", 0};
 
 using tessera::python::fail;
 using tessera::python::gemm_options;
+using tessera::python::int8_blocks_of;
 using tessera::python::parse_group_score;
 using tessera::python::parse_kv_format;
 using tessera::python::parse_quant;
@@ -490,46 +491,16 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
 }
 
 // ---- W8A8 --------------------------------------------------------------------------------------------------------
-// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block. The
-// parameter planes are the torch layer's allocations, [K / block, ld] with ld >= rows (a multiple of 4), narrowed here
-// to the [K / block, rows] views tessera::linear::Int8BlockTensor holds (rows: the codes' rows), as tessera._C does;
-// planes already [K / block, rows] (strided views) pass unchanged. A workspace not given is allocated here, sized for
-// a's rows.
-
-// A plane narrowed to its first `rows` columns; one of another rank, or beside codes of another rank (rows < 0), is
-// left to the op's validation, which names it.
-TensorView plane_of(const at::Tensor& t, int64_t rows, const char* op, const char* arg) {
-  TensorView v = view_of(t, op, arg);
-  if (v.rank != 2 || rows < 0) return v;
-  if (v.shape[1] < rows)
-    fail(op, arg,
-         "must be [K / block, ld] with ld >= rows (" + std::to_string(rows) + ", the codes' rows), got shape " +
-             v.shape_str());
-  v.shape[1] = rows;
-  return v;
-}
-
-tl::Int8BlockTensor int8_blocks_of(const char* op, const char* prefix, const at::Tensor& codes,
-                                   const at::Tensor& scale, const std::optional<at::Tensor>& zero,
-                                   const std::optional<at::Tensor>& sums, int64_t block) {
-  const std::string p(prefix);
-  const std::string codes_arg = p + "codes", scale_arg = p + "scale", zero_arg = p + "zero", sums_arg = p + "sums";
-  tl::Int8BlockTensor t;
-  t.codes = view_of(codes, op, codes_arg.c_str());
-  const int64_t rows = t.codes.rank == 2 ? t.codes.shape[0] : -1;
-  t.scale = plane_of(scale, rows, op, scale_arg.c_str());
-  if (zero.has_value()) t.zero = plane_of(*zero, rows, op, zero_arg.c_str());
-  if (sums.has_value()) t.sums = plane_of(*sums, rows, op, sums_arg.c_str());
-  t.block = block;
-  return t;
-}
+// The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block, the
+// planes as the torch layer allocates them (int8_blocks_of in options.h narrows them, as for tessera._C). A
+// workspace not given is allocated here, sized for a's rows.
 
 void w8a8_quantize(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale,
                    const std::optional<at::Tensor>& zero, const std::optional<at::Tensor>& sums, int64_t block) {
   constexpr const char* op = "tessera.w8a8_quantize";
   const c10::Device device = device_of(x, op, "x");
   const TensorView xv = view_of(x, op, "x");
-  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block);
+  const tl::Int8BlockTensor out = int8_blocks_of(op, "", codes, scale, zero, sums, block, view_of, optional_view_of);
   run_on(device, [&](cudaStream_t s) { tl::quantize_per_block(xv, out, s); });
 }
 
@@ -540,8 +511,10 @@ void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::
                int64_t block, double clamp_min, double clamp_max, double out_scale) {
   constexpr const char* op = "tessera.gemm_w8a8";
   const c10::Device device = device_of(a_codes, op, "a_codes");
-  const tl::Int8BlockTensor a = int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block);
-  const tl::Int8BlockTensor w = int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block);
+  const tl::Int8BlockTensor a =
+      int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block, view_of, optional_view_of);
+  const tl::Int8BlockTensor w =
+      int8_blocks_of(op, "w_", w_codes, w_scale, w_zero, w_sums, block, view_of, optional_view_of);
   tl::W8A8Epilogue epilogue;
   if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
   epilogue.clamp_min = static_cast<float>(clamp_min);

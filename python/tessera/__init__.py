@@ -58,6 +58,7 @@ from .attention import (
     prefill_with_cache,
 )
 from .gemm import (
+    gemm_fp8,
     grouped_gemm_bf16,
     grouped_gemm_bf16_masked,
     grouped_gemm_fp8,
@@ -94,6 +95,7 @@ __all__ = [
     "gemm_w8a8",
     "grouped_gemm_bf16",
     "grouped_gemm_bf16_masked",
+    "gemm_fp8",
     "grouped_gemm_fp8",
     "grouped_gemm_fp8_masked",
     "grouped_gemm_workspace_bytes",

@@ -18,7 +18,7 @@ torch is imported here when it is installed; without it tessera still imports (t
 """
 
 __all__ = ["FALLBACK", "SKIPPED", "torch_module", "torch_ops", "eager", "as_tensor", "as_optional_tensor",
-           "to_capsule", "cuda_device_of", "launch", "stream_arg"]
+           "to_capsule", "cuda_device", "cuda_device_of", "launch", "stream_arg"]
 
 
 try:
@@ -77,6 +77,17 @@ def to_capsule(tensor):
     if t.dtype in FP8_DTYPES:
         t = t.view(_torch.uint8)
     return _to_dlpack(t)
+
+
+def cuda_device(device=None):
+    """The torch.device a .cuda(device) call means: None the current CUDA device, an int that CUDA index, anything
+    else (torch.device or str) as given."""
+    torch = torch_module()
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return device
 
 
 def cuda_device_of(tensor, op, arg):

@@ -23,6 +23,7 @@ from ._dlpack import (E4M3, FP8_DTYPES, SKIPPED, as_tensor, cuda_device_of, eage
 from .moe import _choice, _int, _rank
 
 __all__ = [
+    "gemm_fp8",
     "grouped_gemm_bf16",
     "grouped_gemm_bf16_masked",
     "grouped_gemm_fp8",
@@ -150,6 +151,35 @@ def grouped_gemm_fp8(x, w, offsets, x_scale, w_scale, *, scale_mode="per_tensor"
     """
     return _fp8_op("tessera.grouped_gemm_fp8", False, "offsets", x, w, offsets, x_scale, w_scale, scale_mode, out,
                    expected_m, workspace, stream)
+
+
+def gemm_fp8(x, w, x_scale, w_scale, *, scale_mode="per_tensor", out=None, workspace=None, stream=None):
+    """Dense FP8 e4m3 GEMM, y = x @ w^T (scaled): the grouped GEMM with one group (C++: tessera::gemm::gemm_fp8).
+
+    x [M, K], w [N, K] float8_e4m3fn, rules as grouped_gemm_fp8's x and one group of its w.
+    scale_mode='per_tensor': x_scale fp32 [1], w_scale fp32 [1].
+    scale_mode='blockwise' (DeepSeek-V3 checkpoints): x_scale fp32 [M, K/128], w_scale fp32 [N/128, K/128]
+        (weight_scale_inv), any strides.
+    The group's offsets {0, M} are made on the device (no host synchronization; capturable in a CUDA graph).
+    Returns y (bf16 [M, N], fp32 accumulation). Torch tensors only.
+    """
+    op = "tessera.gemm_fp8"
+    torch = torch_module()
+    if torch is None or not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: takes torch tensors (the DLPack path has grouped_gemm_fp8 with one group)")
+    _choice(op, "scale_mode", scale_mode, SCALE_MODES)
+    _rank(op, "x", x, 2, "[M, K]")
+    _rank(op, "w", w, 2, "[N, K]")
+    if scale_mode == "blockwise":
+        _rank(op, "w_scale", w_scale, 2, "[N/128, K/128]")
+        w_scale = w_scale.unsqueeze(0)
+    else:
+        if w_scale.numel() != 1:
+            raise ValueError(f"{op}: 'w_scale' must hold one value (per_tensor), got shape {list(w_scale.shape)}")
+        w_scale = w_scale.reshape(1)
+    offsets = torch.arange(2, device=x.device, dtype=torch.int32) * x.shape[0]
+    return _fp8_op(op, False, "offsets", x, w.unsqueeze(0), offsets, x_scale, w_scale, scale_mode, out, 0, workspace,
+                   stream)
 
 
 def grouped_gemm_fp8_masked(x, w, masked_m, x_scale, w_scale, *, scale_mode="per_tensor", out=None, expected_m=0,

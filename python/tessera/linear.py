@@ -36,8 +36,8 @@ import dataclasses
 import math
 
 from . import _C
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg, to_capsule,
-                      torch_module, torch_ops)
+from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager, launch, stream_arg,
+                      to_capsule, torch_module, torch_ops)
 from .attention import _float, _on_device
 from .moe import _choice, _int
 
@@ -154,12 +154,7 @@ class PackedLinearWeight:
         return dataclasses.replace(self, codes=move(self.codes), params=move(self.params), k_perm=move(self.k_perm))
 
     def cuda(self, device=None, non_blocking=False):
-        torch = torch_module()
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        elif isinstance(device, int):
-            device = torch.device("cuda", device)
-        return self.to(device, non_blocking=non_blocking)
+        return self.to(cuda_device(device), non_blocking=non_blocking)
 
     def cpu(self):
         return self.to("cpu")

@@ -33,8 +33,8 @@ import math
 import typing
 
 from . import _C
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg, to_capsule,
-                      torch_module, torch_ops)
+from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager, launch, stream_arg,
+                      to_capsule, torch_module, torch_ops)
 from .attention import _float, _on_device
 from .linear import _bounds, _float_array
 from .moe import _int, _rank
@@ -121,12 +121,7 @@ class Int8Blocks(typing.NamedTuple):
         return Int8Blocks(move(self.codes), move(self.scale), move(self.zero), move(self.sums), self.block)
 
     def cuda(self, device=None, non_blocking=False):
-        torch = torch_module()
-        if device is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        elif isinstance(device, int):
-            device = torch.device("cuda", device)
-        return self.to(device, non_blocking=non_blocking)
+        return self.to(cuda_device(device), non_blocking=non_blocking)
 
     def cpu(self):
         return self.to("cpu")
@@ -244,8 +239,7 @@ def empty_blocks(rows, k, block=128, *, symmetric=False, sums=True, device=None)
     rows = _int(op, "rows", rows, 0)
     k = _int(op, "k", k, 1)
     block = _block(op, block, k)
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = cuda_device(device)
     planes = (k // block, param_ld(rows))
 
     def plane():

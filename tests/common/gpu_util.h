@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -232,6 +233,26 @@ class CapturedGraph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
+
+// Graph nodes a stream capture of launch() records: 0 when it enqueued no work. An exception from launch still ends
+// the capture (a stream left capturing is unusable) and then propagates.
+template <typename Launch>
+std::size_t captured_node_count(cudaStream_t stream, Launch&& launch) {
+  cudaGraph_t graph = nullptr;
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    launch();
+  } catch (...) {
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) (void)cudaGraphDestroy(graph);
+    throw;
+  }
+  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  std::size_t nodes = 0;
+  const cudaError_t err = cudaGraphGetNodes(graph, nullptr, &nodes);
+  (void)cudaGraphDestroy(graph);
+  TESSERA_CUDA_CHECK(err);
+  return nodes;
+}
 
 namespace seed_detail {
 

@@ -17,6 +17,7 @@
 #include "attention/decode/problem.h"
 #include "attention/prefill/problem.h"
 #include "common/gpu_util.h"
+#include "common/validation_util.h"
 #include "tessera/attention.h"
 #include "tessera/error.h"
 
@@ -26,20 +27,10 @@ namespace {
 const char* const kDecode = "tessera::attention::decode";
 const char* const kAppend = "tessera::attention::append_kv";
 
-// Host memory standing in for device memory: 256-byte aligned, larger than any view below reaches, so that a
-// view moved into another buffer (the overlap tests) never reaches a third one.
-class HostBuffer {
- public:
-  explicit HostBuffer(std::size_t bytes) : raw_(bytes + 256) {}
-  uint8_t* data() {
-    const auto addr = reinterpret_cast<std::uintptr_t>(raw_.data());
-    return raw_.data() + (256 - addr % 256) % 256;
-  }
+using test::HostBuffer;
 
- private:
-  std::vector<uint8_t> raw_;
-};
-
+// Larger than any view below reaches, so that a view moved into another buffer (the overlap tests) never reaches a
+// third one.
 struct Buffers {
   static constexpr std::size_t kBytes = 1 << 20;
   HostBuffer q{kBytes}, o{kBytes}, lse{kBytes}, k{kBytes}, v{kBytes}, ks{kBytes}, vs{kBytes}, bt{kBytes},
@@ -150,11 +141,7 @@ void expect_reaches_device_checks(const std::function<void()>& call, bool may_pa
     call();
     if (!may_pass) ADD_FAILURE() << "host buffers accepted";
   } catch (const Error& e) {
-    const std::string msg = e.what();
-    const bool no_gpu = msg.find("CUDA error") != std::string::npos && msg.find("cudaGetDevice") != std::string::npos;
-    const bool host_pointer = msg.find("host pointer") != std::string::npos ||
-                              msg.find("not a pointer CUDA knows") != std::string::npos;
-    EXPECT_TRUE(no_gpu || host_pointer) << "stopped before the device checks: " << msg;
+    EXPECT_TRUE(test::is_device_check_error(e.what())) << "stopped before the device checks: " << e.what();
   }
 }
 

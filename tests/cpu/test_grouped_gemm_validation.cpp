@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/host_numeric.h"
+#include "common/validation_util.h"
 #include "reference/gemm_reference.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
@@ -40,24 +41,7 @@ std::string describe(Op op, ScaleMode m) {
   return std::string(op_name(op)) + (is_fp8(op) ? " " + std::string(mode_name(m)) : "");
 }
 
-// Host memory standing in for device memory: 256-byte aligned, filled with a known byte.
-class HostBuffer {
- public:
-  HostBuffer(std::size_t bytes, uint8_t fill) : fill_(fill), raw_(bytes + 256, fill) {}
-  uint8_t* data() {
-    const auto addr = reinterpret_cast<std::uintptr_t>(raw_.data());
-    return raw_.data() + (256 - addr % 256) % 256;
-  }
-  bool untouched() const {
-    for (uint8_t v : raw_)
-      if (v != fill_) return false;
-    return true;
-  }
-
- private:
-  uint8_t fill_;
-  std::vector<uint8_t> raw_;
-};
+using test::HostBuffer;
 
 constexpr int64_t kG = 4, kN = 256, kK = 256, kM = 40, kMaxM = 10;
 constexpr int64_t kKB = kK / 128, kNB = kN / 128;
@@ -363,10 +347,7 @@ void expect_reaches_device_checks(const Args& a, const Buffers& b) {
     call(a);
     ADD_FAILURE() << "host buffers accepted";
   } catch (const Error& e) {
-    const std::string msg = e.what();
-    const bool no_gpu = msg.find("CUDA error") != std::string::npos && msg.find("cudaGetDevice") != std::string::npos;
-    const bool host_pointer = msg.find("host pointer") != std::string::npos;
-    EXPECT_TRUE(no_gpu || host_pointer) << "stopped before the device checks: " << msg;
+    EXPECT_TRUE(test::is_device_check_error(e.what())) << "stopped before the device checks: " << e.what();
   }
   EXPECT_TRUE(b.y.untouched());
 }

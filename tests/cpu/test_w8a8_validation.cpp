@@ -3,7 +3,8 @@
 //
 // Validation runs before any device query, so host buffers stand in for device memory (device 0). A call that got
 // past every rule fails at the device checks: without a GPU on cudaGetDevice, with one on the host pointer. The
-// Accepted* tests check that unmutated arguments get exactly that far, so each rule test fails for its rule.
+// Accepted* tests check that unmutated arguments get exactly that far, so each rule test fails for its rule. The one
+// rule that needs the device (gemm_w8a8's workspace, sized by the SM count) is tested on a GPU only.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "common/device_info.h"
 #include "common/gpu_util.h"
+#include "common/validation_util.h"
+#include "linear/w8a8/config.h"
 #include "reference/w8a8_reference.h"
 #include "tessera/error.h"
 #include "tessera/w8a8.h"
@@ -23,41 +27,21 @@
 namespace tessera::linear {
 namespace {
 
+using test::expect_error;
+using test::HostBuffer;
+
+// A [rows, cols] view of host memory standing in for device 0's, with row stride ld.
+TensorView view2(void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
+  TensorView t = TensorView::contiguous(data, dtype, {rows, cols}, 0);
+  t.strides[0] = ld;
+  return t;
+}
+
 // ==== quantize_per_block and prepack_w8a8 ============================================================================
 namespace quantize_validation {
 
 constexpr const char* kQuantize = "tessera::linear::quantize_per_block";
 constexpr const char* kPrepack = "tessera::linear::prepack_w8a8";
-
-// The error of `call` names `op` and then the argument: "<op>: '<arg>' ...".
-void expect_error(const std::function<void()>& call, const std::string& op, const std::string& arg) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one naming '" << arg << "'";
-  } catch (const Error& e) {
-    const std::string msg = e.what(), head = op + ": '" + arg + "'";
-    EXPECT_NE(msg.find(head), std::string::npos) << "expected \"" << head << "\" in: " << msg;
-  }
-}
-
-// Host memory standing in for device memory: 256-byte aligned, filled with a known byte.
-class HostBuffer {
- public:
-  HostBuffer(std::size_t bytes, uint8_t fill) : fill_(fill), raw_(bytes + 256, fill) {}
-  uint8_t* data() {
-    const auto addr = reinterpret_cast<std::uintptr_t>(raw_.data());
-    return raw_.data() + (256 - addr % 256) % 256;
-  }
-  bool untouched() const {
-    for (uint8_t v : raw_)
-      if (v != fill_) return false;
-    return true;
-  }
-
- private:
-  uint8_t fill_;
-  std::vector<uint8_t> raw_;
-};
 
 // x [5, 256] bf16 into codes with padded rows (272) and parameter planes [4, ld 8] (block 64, asymmetric, sums).
 constexpr int64_t kM = 5, kK = 256, kBlock = 64, kBlocks = kK / kBlock, kLdc = 272, kLd = 8;
@@ -69,12 +53,6 @@ struct Buffers {
     return codes.untouched() && scale.untouched() && zero.untouched() && sums.untouched();
   }
 };
-
-TensorView view2(void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
-  TensorView t = TensorView::contiguous(data, dtype, {rows, cols}, 0);
-  t.strides[0] = ld;
-  return t;
-}
 
 struct Args {
   TensorView x;
@@ -246,10 +224,7 @@ void expect_reaches_device_checks(const Args& a, const Buffers& b) {
     quantize_per_block(a.x, a.out, nullptr);
     ADD_FAILURE() << "host buffers accepted";
   } catch (const Error& e) {
-    const std::string msg = e.what();
-    const bool no_gpu = msg.find("CUDA error") != std::string::npos && msg.find("cudaGetDevice") != std::string::npos;
-    const bool host_pointer = msg.find("host pointer") != std::string::npos;
-    EXPECT_TRUE(no_gpu || host_pointer) << "stopped before the device checks: " << msg;
+    EXPECT_TRUE(test::is_device_check_error(e.what())) << "stopped before the device checks: " << e.what();
   }
   EXPECT_TRUE(b.outputs_untouched());
 }
@@ -485,6 +460,336 @@ TEST(W8A8Validation, PrepackValidationNamesTheArgument) {
 
 }  // namespace quantize_validation
 // ==== end of quantize_per_block and prepack_w8a8 =====================================================================
+
+// ==== gemm_w8a8 ======================================================================================================
+namespace gemm_validation {
+
+constexpr const char* kGemm = "tessera::linear::gemm_w8a8";
+
+// a [5, 256] with padded code rows (272) and planes [4, ld 8]; w [40, 256] with dense code rows and planes [4, ld 40];
+// block 64, both asymmetric with sums (each needs the other's); y bf16 [5, 40] with padded rows (48); bias fp32 [40].
+constexpr int64_t kM = 5, kN = 40, kK = 256, kBlock = 64, kBlocks = kK / kBlock, kLdc = 272, kLdA = 8, kLdW = 40,
+                  kLdy = 48;
+constexpr std::size_t kPlaneBytes = 2048;  // each plane of an operand at this offset from the previous one
+
+struct Buffers {
+  // Large enough for every view below, including the wider stand-ins of the rule tests; a view moved into another
+  // buffer (the overlap tests) stays within it.
+  HostBuffer a_codes{16 * 1024, 1}, a_params{4 * kPlaneBytes, 2}, w_codes{16 * 1024, 3}, w_params{4 * kPlaneBytes, 4},
+      y{8 * 1024, 0xAB}, bias{8 * 1024, 5};
+  bool untouched() const {
+    return a_codes.untouched() && a_params.untouched() && w_codes.untouched() && w_params.untouched() &&
+           y.untouched() && bias.untouched();
+  }
+};
+
+struct Args {
+  Int8BlockTensor a, w;
+  TensorView y;
+  W8A8Epilogue epilogue;
+  Workspace workspace;
+};
+
+void call(const Args& a) { gemm_w8a8(a.a, a.w, a.y, a.epilogue, a.workspace, nullptr); }
+
+// Asymmetric blocks with sums: codes [rows, kK] with row stride ldc, the planes [kBlocks, rows] (ld) kPlaneBytes apart.
+Int8BlockTensor blocks(uint8_t* codes, uint8_t* params, int64_t rows, int64_t ldc, int64_t ld) {
+  Int8BlockTensor t;
+  t.block = kBlock;
+  t.codes = view2(codes, DType::kInt8, rows, kK, ldc);
+  TensorView* planes[] = {&t.scale, &t.zero, &t.sums};
+  for (int i = 0; i < 3; ++i) *planes[i] = view2(params + i * kPlaneBytes, DType::kFP32, kBlocks, rows, ld);
+  return t;
+}
+
+Args make_args(Buffers& b) {
+  Args a;
+  a.a = blocks(b.a_codes.data(), b.a_params.data(), kM, kLdc, kLdA);
+  a.w = blocks(b.w_codes.data(), b.w_params.data(), kN, kK, kLdW);
+  a.y = view2(b.y.data(), DType::kBF16, kM, kN, kLdy);
+  a.epilogue.bias = TensorView::contiguous(b.bias.data(), DType::kFP32, {kN}, 0);
+  return a;
+}
+
+std::vector<TensorView*> planes(Int8BlockTensor& t) { return {&t.scale, &t.zero, &t.sums}; }
+
+// K and the block set on both operands, with the plane counts and code row strides that follow.
+void set_k(Args& a, int64_t k, int64_t block) {
+  for (Int8BlockTensor* t : {&a.a, &a.w}) {
+    t->block = block;
+    t->codes.shape[1] = k;
+    t->codes.strides[0] = (k + 15) / 16 * 16;
+    for (TensorView* p : planes(*t)) p->shape[0] = block > 0 && k % block == 0 ? k / block : 1;
+  }
+}
+
+// M (a's rows, y's rows) set consistently.
+void set_m(Args& a, int64_t m) {
+  a.a.codes.shape[0] = a.y.shape[0] = m;
+  for (TensorView* p : planes(a.a)) p->shape[1] = m;
+}
+
+struct RuleCase {
+  const char* what;
+  const char* arg;
+  std::function<void(Args&, Buffers&)> mutate;
+  std::vector<std::string> says = {};
+};
+
+const std::vector<RuleCase>& gemm_rules() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  static const std::vector<RuleCase> cases = {
+      // block and K
+      {"a block 128, w block 64", "w.block", [](Args& a, Buffers&) { a.a.block = 128; }, {"must equal a.block"}},
+      {"block 48", "w.block", [](Args& a, Buffers&) { a.a.block = a.w.block = 48; }, {"32, 64, 128 or K"}},
+      {"block 16", "w.block", [](Args& a, Buffers&) { set_k(a, kK, 16); }, {"32, 64, 128 or K"}},
+      {"block 0", "w.block", [](Args& a, Buffers&) { a.a.block = a.w.block = 0; }, {"32, 64, 128 or K"}},
+      {"block 256 of K 512 (neither 32, 64, 128 nor K)",
+       "w.block",
+       [](Args& a, Buffers&) { set_k(a, 512, 256); },
+       {"32, 64, 128 or K"}},
+      {"block 64 does not divide K 208", "w.block", [](Args& a, Buffers&) { set_k(a, 208, 64); }, {"divide K"}},
+      {"K 200 (not a multiple of 16)", "w.block", [](Args& a, Buffers&) { set_k(a, 200, 200); }, {"multiple of 16"}},
+      {"K 0", "w.block", [](Args& a, Buffers&) { set_k(a, 0, 64); }, {"multiple of 16"}},
+      {"per channel, K 131072 > 131071", "w.block", [](Args& a, Buffers&) { set_k(a, 131072, 131072); }, {"<= 131071"}},
+      // zero points need the other operand's sums
+      {"w asymmetric, a without sums", "a.sums", [](Args& a, Buffers&) { a.a.sums = TensorView{}; }, {"required"}},
+      {"a asymmetric, w without sums", "w.sums", [](Args& a, Buffers&) { a.w.sums = TensorView{}; }, {"required"}},
+      // codes
+      {"w codes uint8", "w.codes", [](Args& a, Buffers&) { a.w.codes.dtype = DType::kUInt8; }},
+      {"w codes rank 1", "w.codes",
+       [](Args& a, Buffers& b) { a.w.codes = TensorView::contiguous(b.w_codes.data(), DType::kInt8, {kN * kK}, 0); }},
+      {"w codes without rows", "w.codes",
+       [](Args& a, Buffers&) {
+         a.w.codes.shape[0] = 0;
+         for (TensorView* p : planes(a.w)) p->shape[1] = 0;
+         a.y.shape[1] = 0;
+       }},
+      {"w codes row stride 128 < K", "w.codes", [](Args& a, Buffers&) { a.w.codes.strides[0] = 128; }, {">= K"}},
+      {"w codes 8-byte aligned only", "w.codes", [](Args& a, Buffers& b) { a.w.codes.data = b.w_codes.data() + 8; }},
+      {"a codes int32", "a.codes", [](Args& a, Buffers&) { a.a.codes.dtype = DType::kInt32; }},
+      {"a codes K 240 (w's is 256)", "a.codes", [](Args& a, Buffers&) { a.a.codes.shape[1] = kK - 16; }},
+      {"a codes column stride 2", "a.codes", [](Args& a, Buffers&) { a.a.codes.strides[1] = 2; }},
+      {"a codes row stride 0", "a.codes", [](Args& a, Buffers&) { a.a.codes.strides[0] = 0; }, {">= K"}},
+      {"a codes row stride K + 8 (not a multiple of 16)",
+       "a.codes",
+       [](Args& a, Buffers&) { a.a.codes.strides[0] = kK + 8; },
+       {"multiple of 16"}},
+      // planes
+      {"a scale bf16", "a.scale", [](Args& a, Buffers&) { a.a.scale.dtype = DType::kBF16; }},
+      {"a scale rank 1", "a.scale",
+       [](Args& a, Buffers& b) {
+         a.a.scale = TensorView::contiguous(b.a_params.data(), DType::kFP32, {kBlocks * kLdA}, 0);
+       }},
+      {"a scale row-major [M, K / block] (not block-major)", "a.scale",
+       [](Args& a, Buffers& b) { a.a.scale = view2(b.a_params.data(), DType::kFP32, kM, kBlocks, kBlocks); }},
+      {"a scale K / block - 1 planes", "a.scale", [](Args& a, Buffers&) { a.a.scale.shape[0] = kBlocks - 1; }},
+      {"a scale M + 1 rows", "a.scale", [](Args& a, Buffers&) { a.a.scale.shape[1] = kM + 1; }},
+      {"a planes ld 4 < M",
+       "a.scale",
+       [](Args& a, Buffers&) {
+         for (TensorView* p : planes(a.a)) p->strides[0] = 4;
+       },
+       {">= M (5)"}},
+      {"w planes ld 42 (not a multiple of 4)",
+       "w.scale",
+       [](Args& a, Buffers&) {
+         for (TensorView* p : planes(a.w)) p->strides[0] = 42;
+       },
+       {"multiple of 4"}},
+      {"a scale 4-byte aligned only", "a.scale", [](Args& a, Buffers& b) { a.a.scale.data = b.a_params.data() + 4; }},
+      {"w scale column stride 2", "w.scale", [](Args& a, Buffers&) { a.w.scale.strides[1] = 2; }},
+      {"w zero ld 44 (scale's is 40)",
+       "w.zero",
+       [](Args& a, Buffers&) { a.w.zero.strides[0] = 44; },
+       {"row stride (ld) of 'w.scale'"}},
+      {"w zero N - 1 rows", "w.zero", [](Args& a, Buffers&) { a.w.zero.shape[1] = kN - 1; }, {"(N)"}},
+      {"a zero int8", "a.zero", [](Args& a, Buffers&) { a.a.zero.dtype = DType::kInt8; }},
+      {"a sums one plane", "a.sums", [](Args& a, Buffers&) { a.a.sums.shape[0] = 1; }},
+      {"w sums int32", "w.sums", [](Args& a, Buffers&) { a.w.sums.dtype = DType::kInt32; }},
+      {"w sums ld 48 (scale's is 40)", "w.sums", [](Args& a, Buffers&) { a.w.sums.strides[0] = 48; }},
+      // y
+      {"y uint8", "y", [](Args& a, Buffers&) { a.y.dtype = DType::kUInt8; }},
+      {"y fp8", "y", [](Args& a, Buffers&) { a.y.dtype = DType::kFP8E4M3; }},
+      {"y rank 1", "y",
+       [](Args& a, Buffers& b) { a.y = TensorView::contiguous(b.y.data(), DType::kBF16, {kM * kN}, 0); }},
+      {"y M + 1 rows", "y", [](Args& a, Buffers&) { a.y.shape[0] = kM + 1; }},
+      {"y N - 8 columns", "y", [](Args& a, Buffers&) { a.y.shape[1] = kN - 8; }},
+      {"y column stride 2", "y", [](Args& a, Buffers&) { a.y.strides[1] = 2; }},
+      // y overlapping an input
+      {"y inside a's codes", "y", [](Args& a, Buffers& b) { a.y.data = b.a_codes.data() + 512; }, {"'a.codes'"}},
+      {"y on w's codes", "y", [](Args& a, Buffers& b) { a.y.data = b.w_codes.data(); }, {"'w.codes'"}},
+      {"y on a's sums", "y", [](Args& a, Buffers&) { a.y.data = a.a.sums.data; }, {"'a.sums'"}},
+      {"y overlapping w's zero points",
+       "y",
+       [](Args& a, Buffers&) { a.y.data = static_cast<uint8_t*>(a.w.zero.data) + 64; },
+       {"'w.zero'"}},
+      {"y on the bias", "y", [](Args& a, Buffers& b) { a.y.data = b.bias.data(); }, {"'epilogue.bias'"}},
+      // epilogue
+      {"bias bf16", "epilogue.bias", [](Args& a, Buffers&) { a.epilogue.bias.dtype = DType::kBF16; }},
+      {"bias N + 8", "epilogue.bias", [](Args& a, Buffers&) { a.epilogue.bias.shape[0] = kN + 8; }},
+      {"bias rank 2", "epilogue.bias",
+       [](Args& a, Buffers& b) {
+         a.epilogue.bias = TensorView::contiguous(b.bias.data(), DType::kFP32, {1, kN}, 0);
+       }},
+      {"bias stride 2", "epilogue.bias", [](Args& a, Buffers&) { a.epilogue.bias.strides[0] = 2; }},
+      {"clamp_min > clamp_max", "epilogue.clamp_min",
+       [](Args& a, Buffers&) { a.epilogue.clamp_min = 1.0f, a.epilogue.clamp_max = -1.0f; }},
+      {"clamp_min NaN", "epilogue.clamp_min", [nan](Args& a, Buffers&) { a.epilogue.clamp_min = nan; }},
+      {"clamp_max NaN", "epilogue.clamp_min", [nan](Args& a, Buffers&) { a.epilogue.clamp_max = nan; }},
+      {"int8 y, out_scale 0", "epilogue.out_scale",
+       [](Args& a, Buffers&) { a.y.dtype = DType::kInt8, a.epilogue.out_scale = 0.0f; }},
+      {"int8 y, out_scale -1", "epilogue.out_scale",
+       [](Args& a, Buffers&) { a.y.dtype = DType::kInt8, a.epilogue.out_scale = -1.0f; }},
+      {"int8 y, out_scale inf", "epilogue.out_scale",
+       [inf](Args& a, Buffers&) { a.y.dtype = DType::kInt8, a.epilogue.out_scale = inf; }},
+      {"int8 y, out_scale NaN", "epilogue.out_scale",
+       [nan](Args& a, Buffers&) { a.y.dtype = DType::kInt8, a.epilogue.out_scale = nan; }},
+      // memory: host pointers (device = host) and null data are named before the driver is asked anything
+      {"a codes null", "a.codes", [](Args& a, Buffers&) { a.a.codes.data = nullptr; }, {"null"}},
+      {"w scale in host memory",
+       "w.scale",
+       [](Args& a, Buffers&) { a.w.scale.device = TensorView::kHostDevice; },
+       {"host pointer"}},
+      {"a sums in host memory",
+       "a.sums",
+       [](Args& a, Buffers&) { a.a.sums.device = TensorView::kHostDevice; },
+       {"host pointer"}},
+      {"y in host memory", "y", [](Args& a, Buffers&) { a.y.device = TensorView::kHostDevice; }, {"host pointer"}},
+      {"y null", "y", [](Args& a, Buffers&) { a.y.data = nullptr; }, {"null"}},
+      {"bias in host memory",
+       "epilogue.bias",
+       [](Args& a, Buffers&) { a.epilogue.bias.device = TensorView::kHostDevice; },
+       {"host pointer"}},
+  };
+  return cases;
+}
+
+TEST(W8A8Validation, GemmEachRuleNamesItsArgument) {
+  for (const RuleCase& c : gemm_rules()) {
+    SCOPED_TRACE(c.what);
+    Buffers b;
+    Args a = make_args(b);
+    c.mutate(a, b);
+    expect_error([&] { call(a); }, kGemm, c.arg, c.says);
+    EXPECT_TRUE(b.untouched()) << "a buffer was written";
+  }
+}
+
+// The unmutated arguments, and variants the rules must accept, get as far as the device checks.
+TEST(W8A8Validation, GemmAcceptedArgumentsReachTheDeviceChecks) {
+  struct Variant {
+    const char* what;
+    std::function<void(Args&, Buffers&)> mutate;
+  };
+  const std::vector<Variant> variants = {
+      {"as made", [](Args&, Buffers&) {}},
+      {"symmetric a (w's sums then unused)", [](Args& a, Buffers&) { a.a.zero = TensorView{}; }},
+      {"symmetric w (a's sums then unused)", [](Args& a, Buffers&) { a.w.zero = TensorView{}; }},
+      {"both symmetric, no sums", [](Args& a, Buffers&) { a.a.zero = a.a.sums = a.w.zero = a.w.sums = TensorView{}; }},
+      {"block 32", [](Args& a, Buffers&) { set_k(a, kK, 32); }},
+      {"block 128", [](Args& a, Buffers&) { set_k(a, kK, 128); }},
+      {"block = K (per channel)", [](Args& a, Buffers&) { set_k(a, kK, kK); }},
+      {"K 48, block = K", [](Args& a, Buffers&) { set_k(a, 48, 48); }},
+      {"fp16 y", [](Args& a, Buffers&) { a.y.dtype = DType::kFP16; }},
+      {"fp32 y", [](Args& a, Buffers&) { a.y.dtype = DType::kFP32; }},
+      {"int8 y, out_scale 0.5", [](Args& a, Buffers&) { a.y.dtype = DType::kInt8, a.epilogue.out_scale = 0.5f; }},
+      {"y rows dense", [](Args& a, Buffers&) { a.y.strides[0] = kN; }},
+      {"no bias", [](Args& a, Buffers&) { a.epilogue.bias = TensorView{}; }},
+      {"clamp_min = clamp_max", [](Args& a, Buffers&) { a.epilogue.clamp_min = a.epilogue.clamp_max = 2.0f; }},
+      {"fp32 y, out_scale 0 (int8 y only)",
+       [](Args& a, Buffers&) { a.y.dtype = DType::kFP32, a.epilogue.out_scale = 0; }},
+      {"a codes rows dense", [](Args& a, Buffers&) { a.a.codes.strides[0] = kK; }},
+      {"one row of a, any codes stride",
+       [](Args& a, Buffers&) {
+         set_m(a, 1);
+         a.a.codes.strides[0] = 7;
+       }},
+      {"planes ld 12 (> M, a multiple of 4)",
+       [](Args& a, Buffers&) {
+         for (TensorView* p : planes(a.a)) p->strides[0] = 12;
+       }},
+      {"M = 0 (w still asks the device)", [](Args& a, Buffers&) { set_m(a, 0); }},
+      {"per channel, K 131056 (the largest)",
+       [](Args& a, Buffers&) {
+         set_k(a, 131056, 131056);
+         set_m(a, 1);
+         a.w.codes.shape[0] = a.y.shape[1] = a.epilogue.bias.shape[0] = 1;
+         for (TensorView* p : planes(a.w)) p->shape[1] = 1;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    // Buffers of their own; the codes of the widest variant (one row of 131056 columns each) in wider ones.
+    Buffers b;
+    HostBuffer wide_a(131072, 1), wide_w(131072, 3);
+    Args a = make_args(b);
+    v.mutate(a, b);
+    if (a.w.codes.shape[1] > kK) {
+      a.a.codes.data = wide_a.data();
+      a.w.codes.data = wide_w.data();
+    }
+    try {
+      call(a);
+      ADD_FAILURE() << "host buffers accepted";
+    } catch (const Error& e) {
+      EXPECT_TRUE(test::is_device_check_error(e.what())) << "stopped before the device checks: " << e.what();
+    }
+    EXPECT_TRUE(b.untouched() && wide_a.untouched() && wide_w.untouched()) << "a buffer was written";
+  }
+}
+
+// The workspace rule needs the device's SM count (the split-K choice), so it runs on a GPU: the host buffers are
+// labelled memory of the current device (device_verified: the driver is not asked about them), and the workspace
+// errors stop the call before anything is launched. Without a GPU the call stops at the device checks.
+TEST(W8A8Validation, GemmWorkspaceTooSmall) {
+  // M 1, N 256, K 8192 per channel: two 128-row tiles of w, far fewer CTAs than SMs, so K is split (select_config).
+  constexpr int64_t m = 1, n = 256, k = 8192;
+  const int device = test::gpu_available() ? test::current_device() : 0;
+  constexpr std::size_t kWorkspaceBytes = 64 * 1024;
+  HostBuffer a_codes(k, 1), w_codes(n * k, 2), params(4 * 1024, 3), y(m * n * 2, 0xAB), ws(kWorkspaceBytes, 0xCD);
+  const auto on_device = [device](void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
+    TensorView t = view2(data, dtype, rows, cols, ld);
+    t.device = device;
+    t.device_verified = true;
+    return t;
+  };
+  Int8BlockTensor a, w;
+  a.block = w.block = k;
+  a.codes = on_device(a_codes.data(), DType::kInt8, m, k, k);
+  a.scale = on_device(params.data(), DType::kFP32, 1, m, int8_block_param_ld(m));
+  w.codes = on_device(w_codes.data(), DType::kInt8, n, k, k);
+  w.scale = on_device(params.data() + 1024, DType::kFP32, 1, n, n);
+  const TensorView yv = on_device(y.data(), DType::kBF16, m, n, n);
+  const auto run = [&](const Workspace& workspace) { gemm_w8a8(a, w, yv, W8A8Epilogue{}, workspace, nullptr); };
+  if (!test::gpu_available()) {
+    try {
+      run(Workspace{});
+      ADD_FAILURE() << "no error without a GPU";
+    } catch (const Error& e) {
+      EXPECT_TRUE(test::is_device_check_error(e.what())) << "stopped before the device checks: " << e.what();
+    }
+    GTEST_SKIP() << "no CUDA device visible: the workspace rule needs the SM count";
+  }
+  w8a8::Shape shape;
+  shape.m = m;
+  shape.n = n;
+  shape.k = k;
+  shape.block = k;
+  shape.num_sms = ::tessera::detail::current_device_info().num_sms;
+  const std::size_t need = w8a8::partial_bytes(shape, w8a8::select_config(shape));
+  // Without a split the call would launch on the host buffers: stop here instead.
+  ASSERT_GT(need, 0u) << "this shape no longer splits K on " << shape.num_sms << " SMs";
+  ASSERT_LE(need + 8, kWorkspaceBytes);
+  EXPECT_GE(gemm_w8a8_workspace_bytes(m, n, k, k), need);
+  expect_error([&] { run(Workspace{}); }, kGemm, "workspace", {"must hold " + std::to_string(need)});
+  expect_error([&] { run(Workspace{ws.data(), need - 1}); }, kGemm, "workspace", {"got " + std::to_string(need - 1)});
+  expect_error([&] { run(Workspace{ws.data() + 8, need}); }, kGemm, "workspace", {"16-byte aligned"});
+  EXPECT_TRUE(y.untouched() && ws.untouched()) << "a buffer was written";
+}
+
+}  // namespace gemm_validation
+// ==== end of gemm_w8a8 ===============================================================================================
 
 }  // namespace
 }  // namespace tessera::linear

@@ -685,6 +685,62 @@ TEST_F(GroupedGemmGpu, OutOfRangeAndNonMonotoneGroupRows) {
 
 // ---- graphs, determinism -----------------------------------------------------------------------------------
 
+// gemm_fp8 (dense) is the one-group grouped GEMM: bitwise the same y as grouped_gemm_fp8 with offsets {0, M}, which
+// the reference checks; both scale modes, M not a multiple of any tile, strided x and y, in a CUDA graph too.
+TEST_F(GroupedGemmGpu, DenseFp8IsTheOneGroupProduct) {
+  for (const Kind kind : {Kind::kFP8PerTensor, Kind::kFP8Blockwise}) {
+    GemmCase c;
+    c.kind = kind;
+    c.G = 1;
+    c.n = 384;
+    c.k = 512;
+    c.sizes = {333};
+    c.x_pad = 16;
+    c.y_pad = 8;
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
+    const Host h = make_host(c, seed);
+    Device d(h);
+    const std::vector<uint16_t> grouped = run(h, d);
+    expect_matches(h, reference_of(h), grouped, "grouped: ");
+    const Views v = views_of(h, d);
+    TensorView w2 = v.w;  // [1, N, K] -> [N, K]
+    w2.rank = 2;
+    w2.shape[0] = v.w.shape[1];
+    w2.shape[1] = v.w.shape[2];
+    w2.strides[0] = v.w.strides[1];
+    w2.strides[1] = v.w.strides[2];
+    FP8Scales scales = v.scales;
+    if (kind == Kind::kFP8PerTensor) {
+      scales.w_scale.shape[0] = 1;
+    } else {
+      TensorView ws2 = v.scales.w_scale;
+      ws2.rank = 2;
+      ws2.shape[0] = v.scales.w_scale.shape[1];
+      ws2.shape[1] = v.scales.w_scale.shape[2];
+      ws2.strides[0] = v.scales.w_scale.strides[1];
+      ws2.strides[1] = v.scales.w_scale.strides[2];
+      scales.w_scale = ws2;
+    }
+    DeviceBuffer<unsigned char> ws(gemm_fp8_workspace_bytes(c.n, c.k));
+    ws.poison();
+    test::Stream stream;
+    d.y.poison();
+    gemm_fp8(v.x, w2, scales, v.y, Workspace{ws.get(), ws.size()}, stream.get());
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    EXPECT_EQ(d.y.download(), grouped) << "eager";
+    d.y.poison();
+    const test::CapturedGraph graph(stream.get(), [&] {
+      gemm_fp8(v.x, w2, scales, v.y, Workspace{ws.get(), ws.size()}, stream.get());
+    });
+    graph.replay(stream.get());
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
+    EXPECT_EQ(d.y.download(), grouped) << "graph";
+    // The workspace is checked before anything runs.
+    EXPECT_THROW(gemm_fp8(v.x, w2, scales, v.y, Workspace{ws.get(), 8}, stream.get()), Error);
+  }
+}
+
 TEST_F(GroupedGemmGpu, CudaGraphCapture) {
   // Captured once; replayed on new group sizes, rows and scales uploaded into the same buffers.
   cudaStream_t stream;

@@ -109,29 +109,30 @@ def test_param_ld():
 def test_import_without_a_gpu_and_without_torch():
     # No visible GPU: tessera imports and the host step runs; no torch: tessera imports and the torch layer says why.
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    code = ("import tessera\n"
-            "try:\n"
-            "    import torch\n"
-            "except ImportError:\n"
-            "    torch = None\n"
-            "if torch is not None:\n"
-            "    b = tessera.prepack_w8a8(torch.ones((4, 32)), block=32)\n"
-            "    assert b.codes.dtype == torch.int8 and int(b.codes[0, 0]) == 127, b\n"
-            "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import tessera, tessera.w8a8\n"
-            "try:\n"
-            "    tessera.w8a8.prepack_w8a8([[1.0] * 32])\n"
-            "except ImportError as e:\n"
-            "    assert 'torch' in str(e)\n"
-            "else:\n"
-            "    raise SystemExit('no ImportError')\n"
-            "assert tessera.w8a8.param_ld(5) == 8\n"
-            "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+    def prints_ok(code):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+    prints_ok("import tessera\n"
+              "try:\n"
+              "    import torch\n"
+              "except ImportError:\n"
+              "    torch = None\n"
+              "if torch is not None:\n"
+              "    b = tessera.prepack_w8a8(torch.ones((4, 32)), block=32)\n"
+              "    assert b.codes.dtype == torch.int8 and int(b.codes[0, 0]) == 127, b\n"
+              "print('ok')\n")
+    prints_ok("import sys; sys.modules['torch'] = None\n"
+              "import tessera, tessera.w8a8\n"
+              "try:\n"
+              "    tessera.w8a8.prepack_w8a8([[1.0] * 32])\n"
+              "except ImportError as e:\n"
+              "    assert 'torch' in str(e)\n"
+              "else:\n"
+              "    raise SystemExit('no ImportError')\n"
+              "assert tessera.w8a8.param_ld(5) == 8\n"
+              "print('ok')\n")
 
 
 def _f32(t):

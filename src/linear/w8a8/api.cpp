@@ -12,51 +12,6 @@
 namespace tessera::linear {
 
 using ::tessera::detail::ArgCheck;
-namespace w8a8 {
-
-void check_block(const ArgCheck& check, const char* arg, int64_t block, int64_t k) {
-  if (k <= 0 || k % 16 != 0) check.fail(arg, "needs K a positive multiple of 16, got K = " + std::to_string(k));
-  if (block != 32 && block != 64 && block != 128 && block != k)
-    check.fail(arg, "block must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
-  if (k % block != 0) check.fail(arg, "block " + std::to_string(block) + " must divide K = " + std::to_string(k));
-}
-
-int64_t check_int8_blocks(const ArgCheck& check, const Int8BlockTensor& t, const std::string& name, int64_t rows,
-                          int64_t k, bool need_sums) {
-  const std::string codes = name + ".codes", scale = name + ".scale", zero = name + ".zero", sums = name + ".sums";
-  check.dtype(t.codes, codes.c_str(), {DType::kInt8});
-  check.rank(t.codes, codes.c_str(), 2);
-  if (rows < 0) rows = t.codes.shape[0];
-  check.dim(t.codes, codes.c_str(), 0, rows, "rows");
-  check.dim(t.codes, codes.c_str(), 1, k, "K");
-  check.unit_inner_stride(t.codes, codes.c_str());
-  check.aligned(t.codes, codes.c_str(), 16);
-  check.on_current_device(t.codes, codes.c_str());
-  const int64_t blocks = t.block > 0 ? k / t.block : 0;
-  auto plane = [&](const TensorView& p, const std::string& arg) {
-    check.dtype(p, arg.c_str(), {DType::kFP32});
-    check.rank(p, arg.c_str(), 2);
-    check.dim(p, arg.c_str(), 0, blocks, "K / block");
-    check.dim(p, arg.c_str(), 1, rows, "rows");
-    check.unit_inner_stride(p, arg.c_str());
-    if (p.strides[0] % 4 != 0 || p.strides[0] < rows)
-      check.fail(arg.c_str(), "row stride (ld) must be a multiple of 4 and >= rows (" + std::to_string(rows) +
-                                  "), got " + std::to_string(p.strides[0]));
-    if (p.strides[0] != t.scale.strides[0])
-      check.fail(arg.c_str(), "must have the row stride (ld) of " + scale + " (" + std::to_string(t.scale.strides[0]) +
-                                  "), got " + std::to_string(p.strides[0]));
-    check.aligned(p, arg.c_str(), 16);
-    check.on_current_device(p, arg.c_str());
-  };
-  plane(t.scale, scale);
-  if (t.zero.data != nullptr) plane(t.zero, zero);
-  if (need_sums && t.sums.data == nullptr)
-    check.fail(sums.c_str(), "is required: the other operand has zero points (its correction needs Σ codes)");
-  if (t.sums.data != nullptr) plane(t.sums, sums);
-  return rows;
-}
-
-}  // namespace w8a8
 
 std::size_t gemm_w8a8_workspace_bytes(int64_t max_m, int64_t n, int64_t k, int64_t block) {
   const ArgCheck check("tessera::linear::gemm_w8a8_workspace_bytes");
@@ -70,6 +25,8 @@ std::size_t gemm_w8a8_workspace_bytes(int64_t max_m, int64_t n, int64_t k, int64
 void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorView& y, const W8A8Epilogue& epilogue,
                const Workspace& workspace, cudaStream_t stream) {
   const ArgCheck check("tessera::linear::gemm_w8a8");
+  // Every shape, stride and overlap rule first, the device checks last: a bad call is named as such before any
+  // question to the driver.
   if (a.block != w.block)
     check.fail("w.block", "must equal a.block (" + std::to_string(a.block) + "), got " + std::to_string(w.block));
   check.rank(w.codes, "w.codes", 2);
@@ -78,40 +35,41 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   if (w.block == k && k > w8a8::kMaxPerChannelK)
     check.fail("w.block", "one block per row accumulates all of K in int32: K must be <= " +
                               std::to_string(w8a8::kMaxPerChannelK) + ", got " + std::to_string(k));
-  const int64_t n = w8a8::check_int8_blocks(check, w, "w", -1, k, a.zero.data != nullptr);
+  const int64_t n = w8a8::check_int8_blocks(check, w, "w", -1, "N", k, a.zero.data != nullptr);
   if (n <= 0) check.fail("w.codes", "must have N > 0 rows");
-  const int64_t m = w8a8::check_int8_blocks(check, a, "a", -1, k, w.zero.data != nullptr);
+  const int64_t m = w8a8::check_int8_blocks(check, a, "a", -1, "M", k, w.zero.data != nullptr);
   check.dtype(y, "y", {DType::kBF16, DType::kFP16, DType::kFP32, DType::kInt8});
   check.rank(y, "y", 2);
   check.dim(y, "y", 0, m, "M");
   check.dim(y, "y", 1, n, "N");
   check.unit_inner_stride(y, "y");
-  check.on_current_device(y, "y");
-  for (const auto& [t, name] :
-       {std::pair{&a.codes, "a.codes"}, std::pair{&a.scale, "a.scale"}, std::pair{&a.zero, "a.zero"},
-        std::pair{&a.sums, "a.sums"}, std::pair{&w.codes, "w.codes"}, std::pair{&w.scale, "w.scale"},
-        std::pair{&w.zero, "w.zero"}, std::pair{&w.sums, "w.sums"}})
-    if (t->data != nullptr) check.no_overlap(y, "y", *t, name);
-  if (epilogue.bias.data != nullptr) {
+  const bool has_bias = epilogue.bias.data != nullptr;
+  if (has_bias) {
     check.dtype(epilogue.bias, "epilogue.bias", {DType::kFP32});
     check.rank(epilogue.bias, "epilogue.bias", 1);
     check.dim(epilogue.bias, "epilogue.bias", 0, n, "N");
     check.contiguous(epilogue.bias, "epilogue.bias");
-    check.on_current_device(epilogue.bias, "epilogue.bias");
   }
+  w8a8::ArgViews views;
+  views.add_blocks(w, "w", /*output=*/false);
+  views.add_blocks(a, "a", /*output=*/false);
+  views.add(y, "y", /*output=*/true);
+  if (has_bias) views.add(epilogue.bias, "epilogue.bias", /*output=*/false);
+  w8a8::check_disjoint(check, views);
   if (std::isnan(epilogue.clamp_min) || std::isnan(epilogue.clamp_max) || epilogue.clamp_min > epilogue.clamp_max)
     check.fail("epilogue.clamp_min", "must be <= clamp_max (neither NaN), got [" + std::to_string(epilogue.clamp_min) +
                                          ", " + std::to_string(epilogue.clamp_max) + "]");
   if (y.dtype == DType::kInt8 && !(std::isfinite(epilogue.out_scale) && epilogue.out_scale > 0))
     check.fail("epilogue.out_scale",
                "must be positive and finite for int8 y, got " + std::to_string(epilogue.out_scale));
+  w8a8::check_on_device(check, views);
+  if (m == 0) return;
   w8a8::Problem pb;
   pb.shape.m = m;
   pb.shape.n = n;
   pb.shape.k = k;
   pb.shape.block = w.block;
   pb.shape.num_sms = ::tessera::detail::current_device_info().num_sms;
-  if (m == 0) return;
   pb.config = w8a8::select_config(pb.shape);
   const std::size_t need = w8a8::partial_bytes(pb.shape, pb.config);
   if (need > 0) {

@@ -70,10 +70,11 @@ void launch_kernel(const Problem& pb, cudaStream_t stream) {
   const Config& c = pb.config;
   const StageBytes sb = stage_bytes(s, kBN);
   Maps maps{};
-  maps.w = ::tessera::detail::make_tensor_map_sw128(pb.w.codes, TmaElement::kU8, s.k, s.n, 1, pb.w.ld_codes,
-                                                    s.n * pb.w.ld_codes, kRows);
-  maps.x = ::tessera::detail::make_tensor_map_sw128(pb.a.codes, TmaElement::kU8, s.k, s.m, 1, pb.a.ld_codes,
-                                                    s.m * pb.a.ld_codes, kBN);
+  // A one-row operand may have any row stride (it is never used), but TMA wants every stride a multiple of 16.
+  auto row_stride = [&](int64_t rows, int64_t ld) { return rows == 1 ? (s.k + 15) / 16 * 16 : ld; };
+  const int64_t ldw = row_stride(s.n, pb.w.ld_codes), lda = row_stride(s.m, pb.a.ld_codes);
+  maps.w = ::tessera::detail::make_tensor_map_sw128(pb.w.codes, TmaElement::kU8, s.k, s.n, 1, ldw, s.n * ldw, kRows);
+  maps.x = ::tessera::detail::make_tensor_map_sw128(pb.a.codes, TmaElement::kU8, s.k, s.m, 1, lda, s.m * lda, kBN);
   Args a = make_args(pb);
   a.stage_bytes = static_cast<uint32_t>(sb.total);
   a.w_bytes = static_cast<uint32_t>(sb.w);

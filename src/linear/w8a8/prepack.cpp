@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/validate.h"
+#include "linear/w8a8/check.h"
 #include "tessera/w8a8.h"
 
 namespace tessera::linear {
@@ -55,9 +56,7 @@ W8A8HostWeight prepack_w8a8(const float* w, int64_t n, int64_t k, int64_t block,
   if (n <= 0) check.fail("n", "must be positive, got " + std::to_string(n));
   if (k <= 0 || k % 16 != 0 || k > (int64_t{1} << 30))
     check.fail("k", "must be a positive multiple of 16 up to 2^30, got " + std::to_string(k));
-  if (block != 32 && block != 64 && block != 128 && block != k)
-    check.fail("block", "must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
-  if (k % block != 0) check.fail("block", "must divide K (" + std::to_string(k) + "), got " + std::to_string(block));
+  w8a8::check_block(check, "block", block, k);
   // |Σ codes| <= 128 · block must be exact in the fp32 sums.
   if (block > (int64_t{1} << 17))
     check.fail("block", "must be at most 131072 (fp32 sums of codes exact), got " + std::to_string(block));

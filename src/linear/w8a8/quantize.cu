@@ -27,11 +27,11 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include "common/check.h"
 #include "common/device_info.h"
 #include "common/validate.h"
+#include "linear/w8a8/check.h"
 #include "tessera/w8a8.h"
 
 namespace tessera::linear {
@@ -407,25 +407,6 @@ void launch_typed(const QuantizeArgs& a, cudaStream_t stream) {
     launch_quantize<T, false>(a, stream);
 }
 
-// A parameter plane [K / block, ld] holding (row r, block i) at i · ld + r: shape [blocks, m], unit inner stride,
-// ld >= m and a multiple of 4 floats, 16-byte aligned; ld shared with out.scale.
-void check_plane(const ArgCheck& check, const TensorView& t, const char* arg, int64_t blocks, int64_t m,
-                 int64_t scale_ld) {
-  check.dtype(t, arg, {DType::kFP32});
-  check.rank(t, arg, 2);
-  check.dim(t, arg, 0, blocks, "K / block");
-  check.dim(t, arg, 1, m, "M");
-  check.unit_inner_stride(t, arg);
-  const int64_t ld = t.strides[0];
-  if (ld < m || ld % 4 != 0)
-    check.fail(arg, "must have a row stride (ld) >= M (" + std::to_string(m) + ") and a multiple of 4, got " +
-                        std::to_string(ld));
-  if (ld != scale_ld)
-    check.fail(arg, "must have the row stride (ld) of 'out.scale' (" + std::to_string(scale_ld) + "), got " +
-                        std::to_string(ld));
-  check.aligned(t, arg, 16);
-}
-
 }  // namespace
 
 void quantize_per_block(const TensorView& x, const Int8BlockTensor& out, cudaStream_t stream) {
@@ -442,58 +423,13 @@ void quantize_per_block(const TensorView& x, const Int8BlockTensor& out, cudaStr
     check.fail("x", "must have K (dim 1) a positive multiple of 16 up to 2^30, got shape " + x.shape_str());
   if (x.strides[0] < 0) check.fail("x", "must have a non-negative row stride, got " + std::to_string(x.strides[0]));
   const int64_t block = out.block;
-  if (block != 32 && block != 64 && block != 128 && block != k)
-    check.fail("out.block", "must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
-  if (k % block != 0)
-    check.fail("out.block", "must divide K (" + std::to_string(k) + "), got " + std::to_string(block));
-  const int64_t blocks = k / block;
-
-  check.dtype(out.codes, "out.codes", {DType::kInt8});
-  check.rank(out.codes, "out.codes", 2);
-  check.dim(out.codes, "out.codes", 0, m, "M");
-  check.dim(out.codes, "out.codes", 1, k, "K");
-  check.unit_inner_stride(out.codes, "out.codes");
-  if (m > 1 && (out.codes.strides[0] < k || out.codes.strides[0] % 16 != 0))
-    check.fail("out.codes", "must have a row stride >= K (" + std::to_string(k) + ") and a multiple of 16, got " +
-                                std::to_string(out.codes.strides[0]));
-  check.aligned(out.codes, "out.codes", 16);
-  check_plane(check, out.scale, "out.scale", blocks, m, out.scale.strides[0]);
-  if (out.zero.data != nullptr) check_plane(check, out.zero, "out.zero", blocks, m, out.scale.strides[0]);
-  if (out.sums.data != nullptr) {
-    check_plane(check, out.sums, "out.sums", blocks, m, out.scale.strides[0]);
-    // |Σ codes| <= 128 · block must be exact in fp32.
-    if (block > (int64_t{1} << 17))
-      check.fail("out.sums",
-                 "needs block <= 131072 (fp32 sums of codes exact), got block = K = " + std::to_string(block));
-  }
-
-  check.no_overlap(x, "x", out.codes, "out.codes");
-  check.no_overlap(x, "x", out.scale, "out.scale");
-  check.no_overlap(out.codes, "out.codes", out.scale, "out.scale");
-  if (out.zero.data != nullptr) {
-    check.no_overlap(x, "x", out.zero, "out.zero");
-    check.no_overlap(out.codes, "out.codes", out.zero, "out.zero");
-    check.no_overlap(out.scale, "out.scale", out.zero, "out.zero");
-  }
-  if (out.sums.data != nullptr) {
-    check.no_overlap(x, "x", out.sums, "out.sums");
-    check.no_overlap(out.codes, "out.codes", out.sums, "out.sums");
-    check.no_overlap(out.scale, "out.scale", out.sums, "out.sums");
-    if (out.zero.data != nullptr) check.no_overlap(out.zero, "out.zero", out.sums, "out.sums");
-  }
-  std::pair<const TensorView*, const char*> views[5] = {
-      {&x, "x"}, {&out.codes, "out.codes"}, {&out.scale, "out.scale"}};
-  int num_views = 3;
-  if (out.zero.data != nullptr) views[num_views++] = {&out.zero, "out.zero"};
-  if (out.sums.data != nullptr) views[num_views++] = {&out.sums, "out.sums"};
-  // Null and host pointers of every view are named before the first question to the driver (which, on a machine
-  // without a GPU, has no answer).
-  for (int i = 0; i < num_views; ++i) {
-    const TensorView& t = *views[i].first;
-    if (t.numel() > 0 && (t.data == nullptr || t.device == TensorView::kHostDevice))
-      check.on_current_device(t, views[i].second);
-  }
-  for (int i = 0; i < num_views; ++i) check.on_current_device(*views[i].first, views[i].second);
+  w8a8::check_block(check, "out.block", block, k);
+  w8a8::check_int8_blocks(check, out, "out", m, "M", k, /*need_sums=*/false);
+  w8a8::ArgViews views;
+  views.add(x, "x", /*output=*/false);
+  views.add_blocks(out, "out", /*output=*/true);
+  w8a8::check_disjoint(check, views);
+  w8a8::check_on_device(check, views);
   if (m == 0) return;
   ::tessera::detail::require_hopper(check.op());
 
@@ -508,7 +444,7 @@ void quantize_per_block(const TensorView& x, const Int8BlockTensor& out, cudaStr
   a.ld_params = out.scale.strides[0];
   a.m = m;
   a.block = static_cast<int>(block);
-  a.num_blocks = static_cast<int>(blocks);
+  a.num_blocks = static_cast<int>(k / block);
   a.segs_per_block = static_cast<int>(block / 16);
   switch (x.dtype) {
     case DType::kBF16:
