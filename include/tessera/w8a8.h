@@ -33,7 +33,9 @@ namespace tessera::linear {
 // small integers (|Σ| <= 128·K, exact in fp32 for K <= 131072), kept as floats because the GEMM's per-block promotion
 // works in fp32 (an int32 → fp32 conversion per element would cost more than the promotion itself).
 //   codes int8 [rows, K]: unit stride along K, row stride >= K and a multiple of 16 elements, 16-byte aligned
-//   scale fp32 [K / block, ld]: element (row r, block i) at i·ld + r; ld >= rows and a multiple of 4 (16 bytes)
+//   scale fp32 view [K / block, rows] with row stride ld: element (row r, block i) at i·ld + r; ld >= rows and a
+//         multiple of 4 (16 bytes); the memory must hold (K / block)·ld floats: the GEMM's TMA copies of the
+//         block-wise parameters read each block's rows up to ld (the values past `rows` are never used)
 //   zero  fp32 like scale, integer values in [−128, 127]; data == nullptr: symmetric (all zero points 0)
 //   sums  fp32 like scale: Σ codes over each (row, block); data == nullptr when not needed (the GEMM needs ΣAq only
 //         when the weight has zero points, ΣBq only when the activations have them)

@@ -288,7 +288,7 @@ class W8A8GemmGpu : public ::testing::Test {
   void SetUp() override { TESSERA_REQUIRE_GPU(); }
 };
 
-// Every token tile (8, 32, 64, 128, 256 rows), block form and zero-point combination, with tails in M, N and K.
+// Every block form and zero-point combination on small shapes (8-token tiles), with tails in M, N and K.
 TEST_F(W8A8GemmGpu, ShapeGrid) {
   for (const int64_t block : {int64_t{0}, int64_t{32}, int64_t{64}, int64_t{128}})
     for (const int64_t m : {1, 7, 33, 100, 200, 300})
@@ -340,7 +340,7 @@ TEST_F(W8A8GemmGpu, SplitK) {
     }
 }
 
-// A larger layer (several waves of 256-token tiles at one block per row; 128-token tiles block-wise).
+// A larger layer (64-token tiles).
 TEST_F(W8A8GemmGpu, LargeLayer) {
   for (const int64_t block : {int64_t{0}, int64_t{128}}) {
     Case c;
@@ -352,7 +352,7 @@ TEST_F(W8A8GemmGpu, LargeLayer) {
   }
 }
 
-// Several waves of 256-token tiles with tails in M and N (N not a multiple of 8: the epilogue's element-wise stores).
+// Several waves of 128-token tiles with tails in M and N (N 4200: a partial 128-row tile, 8-output stores throughout).
 TEST_F(W8A8GemmGpu, ManyTiles) {
   for (const int64_t n : {int64_t{4200}, int64_t{4224}}) {
     Case c;
@@ -362,6 +362,40 @@ TEST_F(W8A8GemmGpu, ManyTiles) {
     c.block = 0;
     c.asym_w = n == 4200;
     c.bias = true;
+    check_case(c);
+  }
+}
+
+// Each token tile select_config picks on the reference GPU (132 SMs): 32 rows with 8 splits (block-wise and per row),
+// 256 rows, 128 rows block-wise (the most registers), 64 block-wise; every promotion variant (zA, zB, both, neither);
+// a per-row K that is not a multiple of 128 with both zero points (the K·zA·zB term uses the real K).
+TEST_F(W8A8GemmGpu, EveryTokenTile) {
+  struct Shape {
+    int64_t m, n, k, block;
+    bool za, zb;
+    int bn, splits;
+  };
+  const Shape shapes[] = {{300, 128, 4096, 32, true, true, 32, 8},    {300, 128, 4096, 64, false, true, 32, 8},
+                          {300, 128, 4096, 128, true, false, 32, 8},  {300, 128, 4096, 0, true, true, 32, 8},
+                          {3392, 640, 128, 0, true, false, 256, 1},   {1216, 896, 256, 32, true, true, 128, 1},
+                          {1216, 896, 256, 32, false, false, 128, 1}, {700, 1024, 1024, 128, false, true, 64, 1},
+                          {50, 200, 400, 0, true, true, 8, 1}};
+  int sms = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, test::current_device()));
+  for (const Shape& sh : shapes) {
+    Case c;
+    c.m = sh.m;
+    c.n = sh.n;
+    c.k = sh.k;
+    c.block = sh.block;
+    c.asym_a = sh.za;
+    c.asym_w = sh.zb;
+    const w8a8::Config cfg = w8a8::select_config(w8a8::Shape{c.m, c.n, c.k, sh.block == 0 ? c.k : sh.block, sms});
+    SCOPED_TRACE("bn " + std::to_string(cfg.bn) + " splits " + std::to_string(cfg.splits));
+    if (sms == 132) {
+      EXPECT_EQ(cfg.bn, sh.bn);
+      EXPECT_EQ(cfg.splits, sh.splits);
+    }
     check_case(c);
   }
 }

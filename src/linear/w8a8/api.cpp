@@ -43,12 +43,17 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   check.dim(y, "y", 0, m, "M");
   check.dim(y, "y", 1, n, "N");
   check.unit_inner_stride(y, "y");
+  // Rows must not share elements (a stride below N, or 0, would have CTAs race on the same outputs).
+  if (m > 1 && y.strides[0] < n)
+    check.fail("y", "must have a row stride >= N (" + std::to_string(n) + "), got " + std::to_string(y.strides[0]));
+  w8a8::check_element_aligned(check, y, "y");
   const bool has_bias = epilogue.bias.data != nullptr;
   if (has_bias) {
     check.dtype(epilogue.bias, "epilogue.bias", {DType::kFP32});
     check.rank(epilogue.bias, "epilogue.bias", 1);
     check.dim(epilogue.bias, "epilogue.bias", 0, n, "N");
     check.contiguous(epilogue.bias, "epilogue.bias");
+    w8a8::check_element_aligned(check, epilogue.bias, "epilogue.bias");
   }
   w8a8::ArgViews views;
   views.add_blocks(w, "w", /*output=*/false);
@@ -77,6 +82,14 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
       check.fail("workspace", "must hold " + std::to_string(need) + " bytes for M = " + std::to_string(m) +
                                   " (gemm_w8a8_workspace_bytes), got " + std::to_string(workspace.bytes));
     if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0) check.fail("workspace", "must be 16-byte aligned");
+    // The split partials are written there while the inputs are read: it must be device memory apart from them all.
+    TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, y.device);
+    ws.device_verified = false;
+    views.add(ws, "workspace", /*output=*/true);
+    w8a8::check_disjoint(check, views);
+    w8a8::ArgViews ws_only;
+    ws_only.add(ws, "workspace", /*output=*/true);
+    w8a8::check_on_device(check, ws_only);
   }
   ::tessera::detail::require_hopper(check.op());
   auto operand = [](const Int8BlockTensor& t) {

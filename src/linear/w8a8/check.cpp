@@ -1,5 +1,6 @@
 #include "linear/w8a8/check.h"
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -70,8 +71,8 @@ int64_t check_int8_blocks(const ArgCheck& check, const Int8BlockTensor& t, const
 }
 
 void ArgViews::add(const TensorView& view, std::string arg, bool output) {
-  // A library bug, not a bad call: the capacity covers the ops' largest list (gemm_w8a8's ten views).
-  if (size_ == entries_.size()) throw std::logic_error("tessera: ArgViews holds at most 10 views");
+  // A library bug, not a bad call: the capacity covers the ops' largest list (gemm_w8a8's ten views and its workspace).
+  if (size_ == entries_.size()) throw std::logic_error("tessera: ArgViews holds at most 11 views");
   entries_[size_++] = Entry{&view, std::move(arg), output};
 }
 
@@ -90,6 +91,12 @@ void check_disjoint(const ArgCheck& check, const ArgViews& views) {
     for (const ArgViews::Entry* prev = views.begin(); prev != out; ++prev)
       if (prev->output) check.no_overlap(*prev->view, prev->arg.c_str(), *out->view, out->arg.c_str());
   }
+}
+
+void check_element_aligned(const ArgCheck& check, const TensorView& t, const char* arg) {
+  const std::size_t size = dtype_size(t.dtype);
+  if (reinterpret_cast<std::uintptr_t>(t.data) % size != 0)
+    check.fail(arg, "must start at an address aligned to its element size (" + std::to_string(size) + " bytes)");
 }
 
 void check_on_device(const ArgCheck& check, const ArgViews& views) {

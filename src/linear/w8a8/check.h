@@ -45,7 +45,7 @@ class ArgViews {
   const Entry* end() const { return entries_.data() + size_; }
 
  private:
-  std::array<Entry, 10> entries_;
+  std::array<Entry, 11> entries_;
   std::size_t size_ = 0;
 };
 
@@ -55,5 +55,8 @@ void check_disjoint(const ::tessera::detail::ArgCheck& check, const ArgViews& vi
 // Every view in device memory of the current device. Null and host pointers of all the views are named before the
 // first question to the driver (which, on a machine without a GPU, has no answer but a CUDA error).
 void check_on_device(const ::tessera::detail::ArgCheck& check, const ArgViews& views);
+
+// `t`'s start is aligned to its element size (the kernels load and store whole elements).
+void check_element_aligned(const ::tessera::detail::ArgCheck& check, const TensorView& t, const char* arg);
 
 }  // namespace tessera::linear::w8a8

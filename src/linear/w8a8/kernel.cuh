@@ -7,8 +7,8 @@
 //   one block per row (kBlock 0): one int32 accumulator over all of K, the zero-point terms and scales in the epilogue;
 //   block-wise (kBlock 32 / 64 / 128): each block goes to one of two int32 accumulator sets in turn; while block b's
 //     wgmma run, block b − 1's set is promoted into the fp32 total: D = acc − zB·ΣAq − zA·(ΣBq − block·zB) is formed
-//     exactly in fp32 (acc reinterpreted through the 1.5·2^23 magic: |acc| <= 2^21, every term an integer < 2^24) and
-//     added as sA·sB·D.
+//     in fp32 from integers (acc reinterpreted through the 1.5·2^23 magic, |acc| <= 2^21; exact unless both zero-point
+//     corrections and the magic sum past 2^24: docs/ops/w8a8.md) and added as sA·sB·D.
 #pragma once
 
 #include <cuda.h>
@@ -155,8 +155,9 @@ struct PlaneSlots {
 };
 
 // Block j of stage s, whose int32 sums are c, into the fp32 total: total += sA·sB·D with
-// D = acc − zA·(ΣBq − block·zB) − zB·ΣAq formed exactly (every term an integer below 2^24 in magnitude; acc read as the
-// float 1.5·2^23 + acc through its bits, exact for |acc| < 2^22). kZA / kZB: the activations / weights have zero
+// D = acc − zA·(ΣBq − block·zB) − zB·ΣAq formed from integers (acc read as the float 1.5·2^23 + acc through its bits,
+// exact for |acc| < 2^22; the correction −1.5·2^23 − ... is exact while it stays below 2^24 in magnitude, which extreme
+// zero points on both operands can exceed: docs/ops/w8a8.md). kZA / kZB: the activations / weights have zero
 // points (compile-time: this is the kernel's hot loop, 4 to 6 operations an element).
 template <int kBN, int kBlock, bool kZA, bool kZB, int kAcc>
 __device__ __forceinline__ void promote_block(const Args& a, const BlockwiseCtx& x, float (&total)[kAcc],
