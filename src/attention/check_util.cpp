@@ -70,30 +70,6 @@ void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, 
   check_layout(check, t, arg, true, 0, 4);
 }
 
-ByteDims byte_dims(const TensorView& t) {
-  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
-  ByteDims dims = {{1, elem}};
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[d] > 1) dims.emplace_back(t.strides[d] * elem, t.shape[d]);
-  return dims;
-}
-
-bool injective(ByteDims dims) {
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 0;  // largest byte offset the dims so far reach
-  for (const auto& [stride, size] : dims) {
-    if (stride <= span) return false;  // also catches a zero stride, sorted first
-    span += stride * (size - 1);
-  }
-  return true;
-}
-
-void check_no_self_overlap(const ArgCheck& check, const TensorView& t, const char* arg) {
-  if (t.numel() > 0 && !injective(byte_dims(t)))
-    check.fail(arg, "must not have elements that share memory (output), got shape " + t.shape_str() +
-                        " with strides " + strides_str(t));
-}
-
 bool spans_overlap(const TensorView& a, const TensorView& b) {
   const auto span = [](const TensorView& t) {
     const auto base = reinterpret_cast<std::uintptr_t>(t.data);

@@ -40,16 +40,9 @@ void check_shape(const ArgCheck& check, const TensorView& t, const char* arg, st
 void check_lengths(const ArgCheck& check, const TensorView& t, const char* arg, int64_t batch,
                    const char* what = "[B]");
 
-using ByteDims = std::vector<std::pair<int64_t, int64_t>>;  // (stride in bytes, size)
-
-// The bytes a view touches, as dims: the element itself is an innermost dim of unit stride.
-ByteDims byte_dims(const TensorView& t);
-
-// Distinct indices address distinct bytes: sorted by stride, each stride reaches past everything the smaller ones
-// span. Sufficient, not necessary; every dense, padded or interleaved layout satisfies it. Strides >= 0.
-bool injective(ByteDims dims);
-
-void check_no_self_overlap(const ArgCheck& check, const TensorView& t, const char* arg);
+using ::tessera::detail::byte_dims;
+using ::tessera::detail::ByteDims;
+using ::tessera::detail::injective;
 
 bool spans_overlap(const TensorView& a, const TensorView& b);
 

@@ -2,10 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
 #include "common/check.h"
+#include "common/device_info.h"
 
 namespace tessera::detail {
 
@@ -36,6 +38,11 @@ int resident_blocks_per_sm(const void* kernel, int threads, int smem) {
   if (blocks < 1) blocks = 1;
   cache.push_back({kernel, threads, smem, device, blocks});
   return blocks;
+}
+
+int elementwise_grid(int64_t total) {
+  const int64_t blocks = (total + 255) / 256;
+  return static_cast<int>(std::min<int64_t>(blocks, int64_t{8} * current_device_info().num_sms));
 }
 
 }  // namespace tessera::detail

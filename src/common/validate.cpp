@@ -62,6 +62,38 @@ void ArgCheck::aligned(const TensorView& t, const char* arg, int bytes) const {
                   std::to_string(t.strides[0]) + " elements of " + dtype_name(t.dtype));
 }
 
+ByteDims byte_dims(const TensorView& t) {
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  ByteDims dims = {{1, elem}};
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1) dims.emplace_back(t.strides[d] * elem, t.shape[d]);
+  return dims;
+}
+
+bool injective(ByteDims dims) {
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 0;  // largest byte offset the dims so far reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= span) return false;  // also catches a zero stride, sorted first
+    span += stride * (size - 1);
+  }
+  return true;
+}
+
+void ArgCheck::no_self_overlap(const TensorView& t, const char* arg) const {
+  if (t.numel() == 0 || injective(byte_dims(t))) return;
+  std::string strides = "[";
+  for (int d = 0; d < t.rank; ++d) strides += (d ? ", " : "") + std::to_string(t.strides[d]);
+  fail(arg, "must not have elements that share memory (output), got shape " + t.shape_str() + " with strides " +
+                strides + "]");
+}
+
+void ArgCheck::workspace(const Workspace& ws, std::size_t need, const std::string& sizing) const {
+  if (ws.data == nullptr || ws.bytes < need)
+    fail("workspace", "must hold " + std::to_string(need) + " bytes" + sizing + ", got " + std::to_string(ws.bytes));
+  if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0) fail("workspace", "must be 16-byte aligned");
+}
+
 void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
   if (t.numel() == 0) return;
   if (t.data == nullptr) fail(arg, "is a null pointer");

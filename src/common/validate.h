@@ -2,9 +2,12 @@
 // op, the argument, what was expected and what was given, before anything is launched.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/error.h"
 #include "tessera/tensor.h"
@@ -31,6 +34,11 @@ class ArgCheck {
   // Device memory on the current device (skipped for empty tensors).
   void on_current_device(const TensorView& t, const char* arg) const;
   void in_range(int64_t value, const char* arg, int64_t lo, int64_t hi) const;
+  // Distinct elements of an output do not share memory (two threads would race on one address): injective(byte_dims).
+  void no_self_overlap(const TensorView& t, const char* arg) const;
+  // The caller's workspace holds `need` bytes (> 0) and is 16-byte aligned; `sizing` follows "must hold N bytes" in the
+  // message and names the size query (" for M = 5 (linear_workspace_bytes)").
+  void workspace(const Workspace& ws, std::size_t need, const std::string& sizing) const;
   void same_dtype(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const;
   // Two tensors must not overlap in memory (outputs vs inputs).
   void no_overlap(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const;
@@ -41,5 +49,15 @@ class ArgCheck {
   const char* op_;
   mutable int current_device_ = -1;  // asked once per check object (one op call), not once per tensor
 };
+
+using ByteDims = std::vector<std::pair<int64_t, int64_t>>;  // (stride in bytes, size)
+
+// The bytes a view touches, as dims: the element itself is an innermost dim of unit stride.
+ByteDims byte_dims(const TensorView& t);
+
+// Distinct indices address distinct bytes: sorted by stride, each stride reaches past everything the smaller ones
+// span. Sufficient, not necessary; every dense, padded or interleaved layout satisfies it (a negative or zero stride
+// fails it).
+bool injective(ByteDims dims);
 
 }  // namespace tessera::detail

@@ -120,10 +120,7 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   pb.config = detail::select_config(pb.shape);
   const std::size_t need = detail::call_workspace_bytes(pb.shape, pb.config, prepare);
   if (need > 0) {
-    if (workspace.data == nullptr || workspace.bytes < need)
-      check.fail("workspace", "must hold " + std::to_string(need) + " bytes for M = " + std::to_string(m) +
-                                  " (linear_workspace_bytes), got " + std::to_string(workspace.bytes));
-    if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0) check.fail("workspace", "must be 16-byte aligned");
+    check.workspace(workspace, need, " for M = " + std::to_string(m) + " (linear_workspace_bytes)");
   }
   ::tessera::detail::require_hopper(check.op());
   pb.compute = compute;

@@ -7,7 +7,6 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "common/device_info.h"
 #include "common/occupancy.h"
 #include "common/tensor_map.h"
 #include "linear/gemm_kernel.cuh"
@@ -16,12 +15,8 @@
 namespace tessera::linear::detail {
 namespace {
 
+using ::tessera::detail::elementwise_grid;
 using ::tessera::detail::L2Promotion;
-
-int elementwise_grid(int64_t total) {
-  const int64_t blocks = (total + 255) / 256;
-  return static_cast<int>(std::min<int64_t>(blocks, int64_t{8} * ::tessera::detail::current_device_info().num_sms));
-}
 
 template <class T, int kBits, int kBN>
 void launch_bn(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArgs& args, cudaStream_t stream) {

@@ -7,10 +7,12 @@
 // (symmetric or asymmetric per operand), parameters laid out block-major with ld > rows (padding filled with NaN, which
 // must not reach y), uploaded; y poisoned with 0xFF bytes (NaN for floats) and its row padding checked untouched.
 //
-// Tolerances. The kernel forms each block's D exactly (integers), and the rest in fp32: per element, the scale
-// product sA·sB (one rounding), the per-block fma into the total (one rounding of a partial sum), and for one block
-// per row the int32 → fp32 conversion of Σ Aq·Bq and the two correction terms (one rounding each). With u = 2^-24,
-// every element must satisfy
+// Tolerances. The kernel forms each block's D from integers (exact but for one rounding with extreme zero points on
+// both operands, docs/ops/w8a8.md), and the rest in fp32: per element, the scale product sA·sB (one rounding), the
+// per-block fma into the total (one rounding of a partial sum), and for one block per row the int32 → fp32 conversion
+// of Σ Aq·Bq and the two correction terms (one rounding each). With u = 2^-24, every element must satisfy (8u per
+// element is a margin over those few roundings, not a worst case for the fp32 total over K / block blocks, which
+// could reach (K / block)·u·mag; the grid's largest is 128 blocks)
 //   |y − ref| <= 1.01·u_y·|ref| + 8u · mag,   mag = Σ_i |sA sB| (Σ |Aq||Bq| + |zB|Σ|Aq| + |zA|Σ|Bq| + G|zA zB|),
 // (u_y: y's unit roundoff; int8 y: within one code of rint(ref · out_scale)), and the relative Frobenius error must be
 // below 4e-3 (bf16 y), 5e-4 (fp16), 1e-5 (fp32): the output rounding's rms with margin.

@@ -378,7 +378,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   else
     check_shape(check, o, "o", {B, HQ, D}, "[B, HQ, D] (the shape of q)");
   check_layout(check, o, "o", true, kVectorBytes, kVectorBytes);
-  check_no_self_overlap(check, o, "o");
+  check.no_self_overlap(o, "o");
   std::optional<TensorView> lse;
   if (lse_in) {
     lse = normalized(*lse_in);
@@ -388,7 +388,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
     else
       check_shape(check, *lse, "lse", {B, HQ}, "[B, HQ]");
     check_layout(check, *lse, "lse", false, 0, 4);
-    check_no_self_overlap(check, *lse, "lse");
+    check.no_self_overlap(*lse, "lse");
   }
 
   // ---- memory: outputs apart from the inputs and from each other
@@ -519,7 +519,7 @@ AppendProblem check_append(const char* op, const TensorView& k_new_in, const Ten
     for (const Named& t : outputs) check.no_overlap(*t.t, t.name, *cache.k_residual, "cache.k_residual");
     outputs.push_back({&*cache.k_residual, "cache.k_residual"});
   }
-  for (const Named& t : outputs) check_no_self_overlap(check, normalized(*t.t), t.name);
+  for (const Named& t : outputs) check.no_self_overlap(normalized(*t.t), t.name);
   std::vector<Named> inputs = {{&k_new_in, "k_new"}, {&v_new_in, "v_new"}, {&positions_in, "positions"}};
   if (cache.block_table) inputs.push_back({&*cache.block_table, "cache.block_table"});
   for (const Named& out : outputs)

@@ -68,7 +68,7 @@ void check_outputs(const ArgCheck& check, const TensorView& q, const TensorView&
   else
     check_shape(check, o, "o", {B, rows_q, HQ, D}, "[B, Sq, HQ, D] (the shape of q)");
   check_layout(check, o, "o", true, 4, 4);  // written as pairs of 16-bit values
-  check_no_self_overlap(check, o, "o");
+  check.no_self_overlap(o, "o");
   if (lse_in) {
     lse = normalized(*lse_in);
     check.dtype(*lse, "lse", {DType::kFP32});
@@ -77,7 +77,7 @@ void check_outputs(const ArgCheck& check, const TensorView& q, const TensorView&
     else
       check_shape(check, *lse, "lse", {B, rows_q, HQ}, "[B, Sq, HQ]");
     check_layout(check, *lse, "lse", false, 0, 4);
-    check_no_self_overlap(check, *lse, "lse");
+    check.no_self_overlap(*lse, "lse");
   }
 }
 

@@ -53,23 +53,6 @@ void check_tma_layout(const ArgCheck& check, const TensorView& t, const char* ar
   }
 }
 
-// Distinct elements of an output must not share memory (two tiles would race). Dims ordered by stride, each stride
-// must reach past everything the inner dims span: sufficient, and what every dense or padded view satisfies.
-void check_no_self_overlap(const ArgCheck& check, const TensorView& t, const char* arg) {
-  if (t.numel() == 0) return;
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that have more than one element
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[d] > 1) dims.emplace_back(t.strides[d], t.shape[d]);
-  std::sort(dims.begin(), dims.end());
-  int64_t span = 0;  // largest offset the dims so far reach
-  for (const auto& [stride, size] : dims) {
-    if (stride <= span)
-      check.fail(arg, "must not have elements that share memory (output), got shape " + t.shape_str() +
-                          " with stride " + str(stride) + " inside a span of " + str(span + 1) + " elements");
-    span += stride * (size - 1);
-  }
-}
-
 // Scales are read with 4-byte loads at any (non-negative) strides.
 void check_scale_layout(const ArgCheck& check, const TensorView& t, const char* arg) {
   check.dtype(t, arg, {DType::kFP32});
@@ -153,7 +136,7 @@ GroupedProblem check_grouped_gemm(const char* op, Operand operand, Layout layout
   check_tma_layout(check, x, "x");
   check_tma_layout(check, w, "w");
   check_tma_layout(check, y, "y");
-  check_no_self_overlap(check, y, "y");
+  check.no_self_overlap(y, "y");
 
   // Scales (fp8 only).
   Scaling scaling = Scaling::kNone;

@@ -52,10 +52,7 @@ void gemm_fp8(const TensorView& x, const TensorView& w, const FP8Scales& scales,
     grouped.w_scale = with_unit_group(scales.w_scale);
   }
   const std::size_t need = gemm_fp8_workspace_bytes(w.shape[0], w.shape[1]);
-  if (workspace.data == nullptr || workspace.bytes < need)
-    check.fail("workspace", "must hold " + std::to_string(need) + " bytes (gemm_fp8_workspace_bytes), got " +
-                                std::to_string(workspace.bytes));
-  if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0) check.fail("workspace", "must be 16-byte aligned");
+  check.workspace(workspace, need, " (gemm_fp8_workspace_bytes)");
   const int device = x.device;
   TensorView offsets = TensorView::contiguous(workspace.data, DType::kInt32, {2}, device);
   offsets.device_verified = x.device_verified;

@@ -43,17 +43,15 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   check.dim(y, "y", 0, m, "M");
   check.dim(y, "y", 1, n, "N");
   check.unit_inner_stride(y, "y");
-  // Rows must not share elements (a stride below N, or 0, would have CTAs race on the same outputs).
-  if (m > 1 && y.strides[0] < n)
-    check.fail("y", "must have a row stride >= N (" + std::to_string(n) + "), got " + std::to_string(y.strides[0]));
-  w8a8::check_element_aligned(check, y, "y");
+  check.no_self_overlap(y, "y");
+  check.aligned(y, "y", static_cast<int>(dtype_size(y.dtype)));
   const bool has_bias = epilogue.bias.data != nullptr;
   if (has_bias) {
     check.dtype(epilogue.bias, "epilogue.bias", {DType::kFP32});
     check.rank(epilogue.bias, "epilogue.bias", 1);
     check.dim(epilogue.bias, "epilogue.bias", 0, n, "N");
     check.contiguous(epilogue.bias, "epilogue.bias");
-    w8a8::check_element_aligned(check, epilogue.bias, "epilogue.bias");
+    check.aligned(epilogue.bias, "epilogue.bias", 4);
   }
   w8a8::ArgViews views;
   views.add_blocks(w, "w", /*output=*/false);
@@ -78,10 +76,7 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   pb.config = w8a8::select_config(pb.shape);
   const std::size_t need = w8a8::partial_bytes(pb.shape, pb.config);
   if (need > 0) {
-    if (workspace.data == nullptr || workspace.bytes < need)
-      check.fail("workspace", "must hold " + std::to_string(need) + " bytes for M = " + std::to_string(m) +
-                                  " (gemm_w8a8_workspace_bytes), got " + std::to_string(workspace.bytes));
-    if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0) check.fail("workspace", "must be 16-byte aligned");
+    check.workspace(workspace, need, " for M = " + std::to_string(m) + " (gemm_w8a8_workspace_bytes)");
     // The split partials are written there while the inputs are read: it must be device memory apart from them all.
     TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, y.device);
     ws.device_verified = false;

@@ -93,12 +93,6 @@ void check_disjoint(const ArgCheck& check, const ArgViews& views) {
   }
 }
 
-void check_element_aligned(const ArgCheck& check, const TensorView& t, const char* arg) {
-  const std::size_t size = dtype_size(t.dtype);
-  if (reinterpret_cast<std::uintptr_t>(t.data) % size != 0)
-    check.fail(arg, "must start at an address aligned to its element size (" + std::to_string(size) + " bytes)");
-}
-
 void check_on_device(const ArgCheck& check, const ArgViews& views) {
   // on_current_device rejects these two before it asks the driver anything.
   for (const ArgViews::Entry& e : views)

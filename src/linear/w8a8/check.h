@@ -56,7 +56,4 @@ void check_disjoint(const ::tessera::detail::ArgCheck& check, const ArgViews& vi
 // first question to the driver (which, on a machine without a GPU, has no answer but a CUDA error).
 void check_on_device(const ::tessera::detail::ArgCheck& check, const ArgViews& views);
 
-// `t`'s start is aligned to its element size (the kernels load and store whole elements).
-void check_element_aligned(const ::tessera::detail::ArgCheck& check, const TensorView& t, const char* arg);
-
 }  // namespace tessera::linear::w8a8

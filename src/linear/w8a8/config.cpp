@@ -10,8 +10,8 @@ namespace {
 // 1.83 GHz on 132 SMs); operand bytes that other running CTAs also read come from L2 at ~40 B per cycle per SM, weight
 // bytes read by this CTA alone stream from DRAM at the rate this kernel's TMA ring measured (~22.5 GB/s per SM, 12.3 B
 // per cycle: M 1, N 14336, K 4096 in 25 µs, and no faster with split K); a k-block costs ~64 cycles of barrier and
-// issue overhead besides; each wave of CTAs a fixed ~2 µs (launch, the first TMA round trip) plus its epilogue, ~0.029 µs
-// per token row of the tile (fits of K = 128 runs: 2.2 / 5.7 / 9.4 µs a wave at 8 / 128 / 256 rows); the split
+// issue overhead besides; each wave of CTAs a fixed ~2 µs (launch, the first TMA round trip) plus its epilogue, ~0.029
+// µs per token row of the tile (fits of K = 128 runs: 2.2 / 5.7 / 9.4 µs a wave at 8 / 128 / 256 rows); the split
 // reduction ~2 µs plus its traffic.
 constexpr double kCyclesPerUs = 1830.0;
 constexpr double kMacsPerCycle = 4096.0;
@@ -30,8 +30,8 @@ StageBytes stage_bytes(const Shape& s, int bn) {
   b.w = b.kblocks * kRows * kKBlock;
   b.x = b.kblocks * bn * kKBlock;
   b.blocks = s.blockwise() ? static_cast<int>(b.kblocks * kKBlock / s.block) : 0;
-  b.token_plane = (b.blocks * bn * 4 + 127) / 128 * 128;
-  b.weight_plane = (b.blocks * kRows * 4 + 127) / 128 * 128;
+  b.token_plane = plane_slot_bytes(b.blocks, bn);
+  b.weight_plane = plane_slot_bytes(b.blocks, kRows);
   b.params = 3 * (b.token_plane + b.weight_plane);
   b.total = (b.w + b.x + b.params + 1023) / 1024 * 1024;
   return b;
@@ -72,17 +72,17 @@ Config select_config(const Shape& s) {
     // dimension), once from DRAM; x tiles are shared by every running n-tile.
     const double share = static_cast<double>(std::min<int64_t>(m_tiles, s.num_sms));
     const double w_bytes = static_cast<double>(kRows) * kKBlock, x_bytes = static_cast<double>(bn) * kKBlock;
-    const double load_cycles = w_bytes / share / kStreamBytesPerCycle + w_bytes * (1.0 - 1.0 / share) / kSharedBytesPerCycle +
-                               x_bytes / kSharedBytesPerCycle;
+    const double load_cycles = w_bytes / share / kStreamBytesPerCycle +
+                               w_bytes * (1.0 - 1.0 / share) / kSharedBytesPerCycle + x_bytes / kSharedBytesPerCycle;
     const double kblock_cycles =
         std::max(static_cast<double>(kRows) * bn * kKBlock / kMacsPerCycle, load_cycles) + kKBlockOverheadCycles;
     const int max_splits = static_cast<int>(std::min<int64_t>(kMaxSplits, std::max<int64_t>(1, k_blocks / 4)));
     for (int splits = 1; splits <= max_splits; ++splits) {
       if (splits > 1 && tiles >= s.num_sms) break;
       const int64_t waves = ceil_div(tiles * splits, s.num_sms);
-      const double us = waves * (ceil_div(k_blocks, splits) * kblock_cycles / kCyclesPerUs + kWaveFixedUs +
-                                  kWaveUsPerTokenRow * bn) +
-                        (splits > 1 ? kReduceUs + 8.0 * splits * s.m * s.n / kReduceBytesPerUs : 0.0);
+      const double us =
+          waves * (ceil_div(k_blocks, splits) * kblock_cycles / kCyclesPerUs + kWaveFixedUs + kWaveUsPerTokenRow * bn) +
+          (splits > 1 ? kReduceUs + 8.0 * splits * s.m * s.n / kReduceBytesPerUs : 0.0);
       if (us < best_us * 0.999) {
         best_us = us;
         best.bn = bn;

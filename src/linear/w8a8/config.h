@@ -39,7 +39,10 @@ constexpr int kblocks_per_stage(int bn, bool blockwise) { return (bn <= 32 || bl
 // One ring stage: the weight tile (kblocks × 128 rows × 128 B), the token tile (kblocks × bn × 128 B), and for the
 // block-wise form the parameters of the stage's blocks: per block three token planes (scale, zero, sums: bn floats
 // each) and three weight planes (128 floats each).
-// Each plane starts on a 128-byte boundary (TMA's shared-memory destination alignment).
+// Each plane starts on a 128-byte boundary (TMA's shared-memory destination alignment): a slot of `blocks` blocks of
+// `rows` fp32 parameters (the kernel's PlaneSlots and stage_bytes both take it from here).
+constexpr int plane_slot_bytes(int blocks, int rows) { return (blocks * rows * 4 + 127) / 128 * 128; }
+
 struct StageBytes {
   int w = 0, x = 0, params = 0, total = 0;
   int token_plane = 0, weight_plane = 0;  // bytes of one plane slot

@@ -147,11 +147,11 @@ struct BlockwiseCtx {
   int wg, row_in_tile, t;
 };
 
-// Stage s's parameter planes (StageBytes: each on a 128-byte boundary): three token planes of kBps·kBN floats, then
-// three weight planes of kBps·kRows.
+// Stage s's parameter planes, in floats (config.h plane_slot_bytes): three token planes of kBps·kBN values, then three
+// weight planes of kBps·kRows.
 template <int kBN, int kBps>
 struct PlaneSlots {
-  static constexpr int kToken = (kBps * kBN * 4 + 127) / 128 * 32, kWeight = kBps * kRows;
+  static constexpr int kToken = plane_slot_bytes(kBps, kBN) / 4, kWeight = plane_slot_bytes(kBps, kRows) / 4;
 };
 
 // Block j of stage s, whose int32 sums are c, into the fp32 total: total += sA·sB·D with

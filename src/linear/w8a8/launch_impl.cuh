@@ -8,7 +8,6 @@
 #include <algorithm>
 
 #include "common/check.h"
-#include "common/device_info.h"
 #include "common/occupancy.h"
 #include "common/tensor_map.h"
 #include "linear/w8a8/kernel.cuh"
@@ -95,8 +94,7 @@ void launch_kernel(const Problem& pb, cudaStream_t stream) {
   kernel<<<grid, kThreads, smem, stream>>>(maps, a);
   TESSERA_CHECK_LAUNCH();
   if (c.splits > 1) {
-    const int64_t blocks =
-        std::min<int64_t>((s.m * s.n + 255) / 256, int64_t{8} * ::tessera::detail::current_device_info().num_sms);
+    const int blocks = ::tessera::detail::elementwise_grid(s.m * s.n);
     w8a8_reduce_partials<kBlock != 0><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(a);
     TESSERA_CHECK_LAUNCH();
   }

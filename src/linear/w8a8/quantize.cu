@@ -422,7 +422,7 @@ void quantize_per_block(const TensorView& x, const Int8BlockTensor& out, cudaStr
   if (k <= 0 || k % 16 != 0 || k > kMaxK)
     check.fail("x", "must have K (dim 1) a positive multiple of 16 up to 2^30, got shape " + x.shape_str());
   if (x.strides[0] < 0) check.fail("x", "must have a non-negative row stride, got " + std::to_string(x.strides[0]));
-  w8a8::check_element_aligned(check, x, "x");
+  check.aligned(x, "x", static_cast<int>(dtype_size(x.dtype)));
   const int64_t block = out.block;
   w8a8::check_block(check, "out.block", block, k);
   w8a8::check_int8_blocks(check, out, "out", m, "M", k, /*need_sums=*/false);
