@@ -12,10 +12,12 @@
     PYTHONPATH=build/python python3 bench/compare.py --ops linear [--linear-cases gate_up/N14336_K4096/M1/] \
         [--linear-peers torch,tinygemm]
     PYTHONPATH=build/python python3 bench/compare.py --ops w8a8 [--w8a8-cases /M16/,g128] [--w8a8-peak-tops 1979]
+    python3 bench/compare.py --with-bench build-bench/bench/tessera-bench --ops conv [--all] [--conv-cases B8_C512]
 
 Case names are tessera-bench's (bench/*_cases.cpp: 'dsv3/T4096/fp32', 'hq8kv1/B128/T8192/paged16/native', ...).
 The peers of each family live in bench/peers/ (common.py: timing and tables; gate.py, permute.py, gemm.py,
-decode.py, linear.py, w8a8.py; merge.py: the tessera-bench join); their docstrings say exactly what each peer runs.
+decode.py, linear.py, w8a8.py, conv.py; merge.py: the tessera-bench join); their docstrings say exactly what each
+peer runs.
 
 Ratios are peer µs / tessera µs of the same timing mode, CUDA graphs where both have them (> 1: tessera is faster).
 With --with-bench / --bench-json, tessera's µs is tessera-bench's and the µs measured here through tessera's
@@ -32,7 +34,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from peers import common as C  # noqa: E402
-from peers import decode, fi_jit, gate, gemm, linear, merge, permute, w8a8  # noqa: E402
+from peers import conv, decode, fi_jit, gate, gemm, linear, merge, permute, w8a8  # noqa: E402
 
 # The linear family's registration in the tessera-bench join (its tables live in peers/linear.py).
 merge.FAMILIES.update({op: ("linear", linear) for op in linear.MERGED_OPS})
@@ -44,8 +46,13 @@ merge.FAMILIES.update({op: ("w8a8", w8a8) for op in w8a8.MERGED_OPS})
 merge.BENCH_OPS["w8a8"] = list(w8a8.BENCH_OPS)
 merge.CPP_PEER_LABELS.update(w8a8.CPP_PEER_LABELS)
 merge.TITLES["w8a8"] = w8a8.TITLE
+# conv2d (peers/conv.py): tessera-bench's conv2d rows against cuDNN bf16 channels-last (no C++ peer).
+merge.FAMILIES.update({op: ("conv", conv) for op in conv.MERGED_OPS})
+merge.BENCH_OPS["conv"] = list(conv.BENCH_OPS)
+merge.CPP_PEER_LABELS.update(conv.CPP_PEER_LABELS)
+merge.TITLES["conv"] = conv.TITLE
 
-OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8")
+OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv")
 
 
 def standalone_cases(args):
@@ -56,12 +63,14 @@ def standalone_cases(args):
                   gemm=lambda: gemm.cases_from_args(args),
                   decode=lambda: decode.cases_from_args(args),
                   linear=lambda: linear.cases_from_args(args),
-                  w8a8=lambda: w8a8.cases_from_args(args))
+                  w8a8=lambda: w8a8.cases_from_args(args),
+                  conv=lambda: conv.cases_from_args(args))
     return {op: makers[op]() for op in args.ops_list}
 
 
 def run_families(cases_by_family, args):
-    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear, w8a8=w8a8)
+    modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear, w8a8=w8a8,
+                   conv=conv)
     results = {}
     for key, cases in cases_by_family.items():
         if not cases:
@@ -121,6 +130,10 @@ def parse_args(argv):
                     + " (torch: torch._int_mm, torch.matmul bf16, the quantizer in torch ops)")
     ap.add_argument("--w8a8-peak-tops", type=float, default=w8a8.PEAK_TOPS, help="w8a8: the dense int8 peak the "
                     "compute-bound rows' %% ceil divides by (default %(default)s: H100 / H200 SXM)")
+    ap.add_argument("--conv-cases", default="", help="conv: only cases whose name contains one of these "
+                    "comma-separated substrings (B8_C512, /int8_, nchw, direct, ...); default all")
+    ap.add_argument("--conv-peers", default=",".join(conv.PEERS), help="conv: comma list of " + ",".join(conv.PEERS)
+                    + " (cudnn: torch.nn.functional.conv2d bf16 channels-last, cudnn.benchmark on)")
     args = ap.parse_args(argv)
     args.ops_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in args.ops_list:
@@ -144,6 +157,9 @@ def parse_args(argv):
     for p in args.w8a8_peers.split(","):
         if p and p not in w8a8.PEERS:
             ap.error(f"unknown --w8a8-peers item {p!r} (expected {', '.join(w8a8.PEERS)})")
+    for p in args.conv_peers.split(","):
+        if p and p not in conv.PEERS:
+            ap.error(f"unknown --conv-peers item {p!r} (expected {', '.join(conv.PEERS)})")
     if args.w8a8_peak_tops <= 0:
         ap.error("--w8a8-peak-tops must be positive")
     if args.with_bench and args.bench_json:
@@ -165,13 +181,15 @@ def header():
 
 
 def print_results(results, copy_bps, args=None):
-    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "other")
+    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv", "other")
     C.print_legend(any(r.bench is not None for rows in results.values() for r in rows))
     for key in order:
         if key == "linear" and key in results:
             linear.print_family(results[key], copy_bps)
         elif key == "w8a8" and key in results:
             w8a8.print_family(results[key], copy_bps, getattr(args, "w8a8_peak_tops", w8a8.PEAK_TOPS))
+        elif key == "conv" and key in results:
+            conv.print_family(results[key], copy_bps)
         elif key in results:
             metric = "tflops" if key == "gemm" else "gbps"
             C.print_family(merge.TITLES[key], results[key], copy_bps, metric)

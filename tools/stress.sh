@@ -68,6 +68,8 @@ default_tests=(
   'W8A8QuantizeGpu.OverflowingRange'
   'W8A8QuantizeGpu.CudaGraphCaptureAndReplay'
   'GroupedGemmGpu.DenseFp8IsTheOneGroupProduct'
+  'ConvGpu.RandomGeometries'
+  'ConvGpu.CudaGraphAndDeterminism'
 )
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tessera/attention.h"
+#include "tessera/conv.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"

@@ -19,6 +19,10 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <>
 __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 
 // An unsigned key whose integer order is the float order, with NaN ranked as -inf. Every key of a real value is
 // >= order_key(-inf) = 0x007FFFFF, so 0 is free to mean "no candidate".

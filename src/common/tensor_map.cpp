@@ -135,6 +135,34 @@ CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t 
   return tensor_map_sw128(4, data, element, dim0, dim1, dim2, dim3, stride1, stride2, stride3, box_rows, box_planes);
 }
 
+CUtensorMap make_tensor_map_im2col(const void* data, const Im2colBox& b) {
+  static const PFN_cuTensorMapEncodeIm2col_v12000 encoder = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    TESSERA_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeIm2col", &ptr, 12000, cudaEnableDefault,
+                                                        &status));
+    if (status != cudaDriverEntryPointSuccess || ptr == nullptr)
+      throw CudaError("tessera: the CUDA driver does not provide cuTensorMapEncodeIm2col");
+    return reinterpret_cast<PFN_cuTensorMapEncodeIm2col_v12000>(ptr);
+  }();
+  constexpr cuuint64_t kElem = 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(b.c), static_cast<cuuint64_t>(b.w),
+                              static_cast<cuuint64_t>(b.h), static_cast<cuuint64_t>(b.n)};
+  const cuuint64_t strides[3] = {dims[0] * kElem, dims[0] * dims[1] * kElem, dims[0] * dims[1] * dims[2] * kElem};
+  // Corners innermost first, as the dimensions: {W, H}.
+  const int lower[2] = {b.lower_w, b.lower_h}, upper[2] = {b.upper_w, b.upper_h};
+  const cuuint32_t elem_strides[4] = {1, static_cast<cuuint32_t>(b.stride_w), static_cast<cuuint32_t>(b.stride_h), 1};
+  CUtensorMap map;
+  const CUresult r = encoder(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(data), dims, strides, lower,
+                             upper, 64, static_cast<cuuint32_t>(b.pixels), elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw Error("tessera: cuTensorMapEncodeIm2col rejected the tensor map (CUresult " +
+                std::to_string(static_cast<int>(r)) + ")");
+  return map;
+}
+
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,
                                const int* box, int swizzle_bytes, L2Promotion promotion) {
   if (rank < 1 || rank > 5) throw Error("tessera: a tensor map has rank 1 to 5, got " + std::to_string(rank));

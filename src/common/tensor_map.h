@@ -33,4 +33,16 @@ CUtensorMap make_tensor_map_sw128(const void* data, TmaElement element, int64_t 
 CUtensorMap make_tensor_map_u8(const void* data, int rank, const int64_t* dims, const int64_t* strides_bytes,
                                const int* box, int swizzle_bytes, L2Promotion promotion);
 
+// An im2col map (PTX ISA 5.5.4) over a contiguous NHWC tensor [n][h][w][c] of 16-bit elements, for copies of
+// `pixels` filter bases × 64 channels (one 128-byte swizzled row each): bounding box corners relative to (0, 0) and
+// to (h − 1, w − 1) (a conv's (−pad, −pad) and (pad − dil·(k − 1), ...)), traversal strides the conv's strides.
+// Throws tessera::Error when the driver rejects it.
+struct Im2colBox {
+  int64_t n = 1, h = 1, w = 1, c = 64;
+  int lower_h = 0, lower_w = 0, upper_h = 0, upper_w = 0;
+  int stride_h = 1, stride_w = 1;
+  int pixels = 64;
+};
+CUtensorMap make_tensor_map_im2col(const void* data, const Im2colBox& box);
+
 }  // namespace tessera::detail

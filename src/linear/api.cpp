@@ -10,17 +10,20 @@
 #include "tessera/linear.h"
 
 namespace tessera::linear {
-namespace {
+namespace detail {
 
 using ::tessera::detail::ArgCheck;
 
+namespace {
 int64_t round_up(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+}  // namespace
 
-// The weight's constants and arrays; returns the compute dtype.
-DType check_weight(const ArgCheck& check, const LinearWeight& w) {
+DType check_weight(const ArgCheck& check, const LinearWeight& w, bool k_multiple_of_8, bool device_checks) {
   if (w.bits != 4 && w.bits != 8) check.fail("w.bits", "must be 4 or 8, got " + std::to_string(w.bits));
   if (w.n <= 0) check.fail("w.n", "must be positive, got " + std::to_string(w.n));
-  if (w.k <= 0 || w.k % 8 != 0) check.fail("w.k", "must be a positive multiple of 8, got " + std::to_string(w.k));
+  if (k_multiple_of_8 && (w.k <= 0 || w.k % 8 != 0))
+    check.fail("w.k", "must be a positive multiple of 8, got " + std::to_string(w.k));
+  if (w.k <= 0) check.fail("w.k", "must be positive, got " + std::to_string(w.k));
   detail::check_bits_and_block(check, w.bits, w.k, w.block);
   if (w.zero_mode != ZeroMode::kOffset && w.zero_mode != ZeroMode::kZeroPoint)
     check.fail("w.zero_mode", "must be kOffset or kZeroPoint");
@@ -35,7 +38,7 @@ DType check_weight(const ArgCheck& check, const LinearWeight& w) {
                               w.codes.shape_str());
   check.contiguous(w.codes, "w.codes");
   check.aligned(w.codes, "w.codes", 16);
-  check.on_current_device(w.codes, "w.codes");
+  if (device_checks) check.on_current_device(w.codes, "w.codes");
   check.dtype(w.params, "w.params", {DType::kBF16, DType::kFP16});
   check.rank(w.params, "w.params", 3);
   if (w.params.shape[0] != np || w.params.shape[1] != nb || w.params.shape[2] != 2)
@@ -45,22 +48,47 @@ DType check_weight(const ArgCheck& check, const LinearWeight& w) {
   // Loaded by TMA: the base must be 16-byte aligned (rows may be a single 4-byte block).
   if (reinterpret_cast<std::uintptr_t>(w.params.data) % 16 != 0)
     check.fail("w.params", "must start at a 16-byte aligned address");
-  check.on_current_device(w.params, "w.params");
+  if (device_checks) check.on_current_device(w.params, "w.params");
   if (w.k_perm.data != nullptr) {
     check.dtype(w.k_perm, "w.k_perm", {DType::kInt32});
     check.rank(w.k_perm, "w.k_perm", 1);
     check.dim(w.k_perm, "w.k_perm", 0, w.k, "K");
     check.contiguous(w.k_perm, "w.k_perm");
-    check.on_current_device(w.k_perm, "w.k_perm");
+    if (device_checks) check.on_current_device(w.k_perm, "w.k_perm");
   }
   return w.params.dtype;
 }
 
-}  // namespace
+void check_weight_on_device(const ArgCheck& check, const LinearWeight& w) {
+  check.on_current_device(w.codes, "w.codes");
+  check.on_current_device(w.params, "w.params");
+  if (w.k_perm.data != nullptr) check.on_current_device(w.k_perm, "w.k_perm");
+}
+
+void check_epilogue(const ArgCheck& check, const LinearEpilogue& epilogue, DType y_dtype, int64_t n,
+                    bool device_checks) {
+  if (epilogue.bias.data != nullptr) {
+    check.dtype(epilogue.bias, "epilogue.bias", {y_dtype});
+    check.rank(epilogue.bias, "epilogue.bias", 1);
+    check.dim(epilogue.bias, "epilogue.bias", 0, n, "N");
+    check.contiguous(epilogue.bias, "epilogue.bias");
+    if (device_checks) check.on_current_device(epilogue.bias, "epilogue.bias");
+  }
+  if (std::isnan(epilogue.clamp_min) || std::isnan(epilogue.clamp_max) || epilogue.clamp_min > epilogue.clamp_max)
+    check.fail("epilogue.clamp_min", "must be <= clamp_max (neither NaN), got [" + std::to_string(epilogue.clamp_min) +
+                                         ", " + std::to_string(epilogue.clamp_max) + "]");
+}
+
+int block_shift_of(const LinearWeight& w) { return w.block == w.k ? 31 : (w.block == 32 ? 5 : w.block == 64 ? 6 : 7); }
+
+}  // namespace detail
+
+using detail::check_weight;
+using ::tessera::detail::ArgCheck;
 
 std::size_t linear_workspace_bytes(int64_t max_m, const LinearWeight& w, DType x_dtype) {
   const ArgCheck check("tessera::linear::linear_workspace_bytes");
-  check_weight(check, w);
+  check_weight(check, w, true, true);
   if (max_m < 0) check.fail("max_m", "must be >= 0, got " + std::to_string(max_m));
   const bool prepare = w.k_perm.data != nullptr || x_dtype == DType::kFP32;
   detail::LinearShape s;
@@ -77,7 +105,7 @@ std::size_t linear_workspace_bytes(int64_t max_m, const LinearWeight& w, DType x
 void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, const LinearEpilogue& epilogue,
             const Workspace& workspace, cudaStream_t stream) {
   const ArgCheck check("tessera::linear::linear");
-  const DType compute = check_weight(check, w);
+  const DType compute = check_weight(check, w, true, true);
   check.dtype(x, "x", {DType::kBF16, DType::kFP16, DType::kFP32});
   if (x.dtype != DType::kFP32 && x.dtype != compute)
     check.fail("x", std::string("must be ") + dtype_name(compute) + " (the weight's compute dtype) or fp32, got " +
@@ -99,16 +127,7 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   check.no_overlap(y, "y", x, "x");
   check.no_overlap(y, "y", w.codes, "w.codes");
   check.no_overlap(y, "y", w.params, "w.params");
-  if (epilogue.bias.data != nullptr) {
-    check.dtype(epilogue.bias, "epilogue.bias", {y.dtype});
-    check.rank(epilogue.bias, "epilogue.bias", 1);
-    check.dim(epilogue.bias, "epilogue.bias", 0, w.n, "N");
-    check.contiguous(epilogue.bias, "epilogue.bias");
-    check.on_current_device(epilogue.bias, "epilogue.bias");
-  }
-  if (std::isnan(epilogue.clamp_min) || std::isnan(epilogue.clamp_max) || epilogue.clamp_min > epilogue.clamp_max)
-    check.fail("epilogue.clamp_min", "must be <= clamp_max (neither NaN), got [" + std::to_string(epilogue.clamp_min) +
-                                         ", " + std::to_string(epilogue.clamp_max) + "]");
+  detail::check_epilogue(check, epilogue, y.dtype, w.n, true);
   detail::LinearProblem pb;
   pb.shape.m = m;
   pb.shape.n = w.n;
@@ -131,7 +150,7 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   pb.params = static_cast<const uint16_t*>(w.params.data);
   pb.k_perm = static_cast<const int32_t*>(w.k_perm.data);
   pb.num_blocks = w.params.shape[1];
-  pb.block_shift = w.block == w.k ? 31 : (w.block == 32 ? 5 : w.block == 64 ? 6 : 7);
+  pb.block_shift = detail::block_shift_of(w);
   pb.zero_point = w.zero_mode == ZeroMode::kZeroPoint;
   pb.y = y.data;
   pb.ldy = y.strides[0];

@@ -59,7 +59,8 @@ LinearConfig select_config(const LinearShape& s) {
   LinearConfig best;
   best.predicted_us = INFINITY;
   for (int bn : {8, 16, 32, 64, 128, 256}) {
-    if (bn > 8 && s.m <= bn / 2) continue;  // a smaller tile covers M
+    if (bn < s.min_bn) continue;
+    if (bn > std::max(8, s.min_bn) && s.m <= bn / 2) continue;  // a smaller tile covers M
     LinearConfig c;
     c.bn = bn;
     c.n_tiles = n_tiles;

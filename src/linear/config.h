@@ -29,6 +29,7 @@ struct LinearShape {
   int bits = 4;
   int64_t block = 128;  // 32, 64, 128, or k (one block per output channel)
   int num_sms = 132;
+  int min_bn = 8;  // the smallest token tile allowed (a conv's implicit GEMM runs on the wgmma tiles only: 64)
 };
 
 // k-blocks per ring stage: small token tiles carry several, so that a stage is a few KB of codes (fewer barrier

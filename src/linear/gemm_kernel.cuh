@@ -55,6 +55,37 @@ struct GemmArgs {
   bool zero_point, y_f32;
 };
 
+// Implicit-GEMM conv2d (kConv; x_map an im2col map over NHWC x, docs/ops/conv.md): k-block kb is the 64-channel
+// chunk kb % chunks of filter tap kb / chunks = kh·kw_taps + kw.
+struct ConvArgs {
+  int chunks, kw, dil_h, dil_w, c;  // c: x's channels (a past-K copy reads channels >= c: zeros)
+  int ho, wo, stride_h, stride_w, pad_h, pad_w, ci_g, co_g;
+};
+
+// The producer's x copy for k-block kb of a conv tile whose first output pixel is `pixel0` (tensor-map coordinates
+// of the tile's first filter base and the tap's offsets; k-blocks past K read channels past x's: zeros).
+struct ConvTileOrigin {
+  int w, h, n, c;
+};
+__device__ __forceinline__ ConvTileOrigin conv_tile_origin(const ConvArgs& a, int64_t pixel0, int n_tile) {
+  const int64_t plane = static_cast<int64_t>(a.ho) * a.wo;
+  const int img = static_cast<int>(pixel0 / plane), rem = static_cast<int>(pixel0 % plane);
+  const int oh = rem / a.wo, ow = rem % a.wo;
+  const int group = n_tile * kGemmRows / a.co_g;
+  return {ow * a.stride_w - a.pad_w, oh * a.stride_h - a.pad_h, img, group * a.ci_g};
+}
+__device__ __forceinline__ void conv_load_x(const ConvArgs& a, int k_blocks, const CUtensorMap* map,
+                                            const ConvTileOrigin& o, int kb, void* dst, uint64_t* full) {
+  if (kb >= k_blocks) {
+    ptx::tma_load_4d_im2col(dst, map, full, a.c, o.w, o.h, o.n, 0, 0);
+    return;
+  }
+  const int tap = kb / a.chunks, chunk = kb - tap * a.chunks;
+  const int kh = tap / a.kw, kw = tap - kh * a.kw;
+  ptx::tma_load_4d_im2col(dst, map, full, o.c + chunk * kKBlock, o.w, o.h, o.n, static_cast<uint16_t>(kw * a.dil_w),
+                          static_cast<uint16_t>(kh * a.dil_h));
+}
+
 // y's value at (row, col) after bias and clamp, stored in y's type.
 template <class T>
 __device__ __forceinline__ void store_output(const GemmArgs& a, int64_t row, int64_t col, float v) {
@@ -67,10 +98,11 @@ __device__ __forceinline__ void store_output(const GemmArgs& a, int64_t row, int
     static_cast<T*>(a.y)[row * a.ldy + col] = from_float<T>(v);
 }
 
-template <class T, int kBits, int kBN>
+// kConv: x_map is a conv's im2col map (wgmma tiles only, kBN >= 64; the plain linear kernels stay as they were).
+template <class T, int kBits, int kBN, bool kConv = false>
 __global__ void __launch_bounds__(gemm_threads(kBN), 1)
     linear_gemm_kernel(const __grid_constant__ CUtensorMap codes_map, const __grid_constant__ CUtensorMap params_map,
-                       const __grid_constant__ CUtensorMap x_map, const GemmArgs a) {
+                       const __grid_constant__ CUtensorMap x_map, const GemmArgs a, const ConvArgs conv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Mma = ptx::Wgmma<kBN>;
   constexpr int kKBlocks = kblocks_per_stage(kBN);
@@ -107,6 +139,8 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
       ptx::prefetch_tensormap(&params_map);
       ptx::prefetch_tensormap(&x_map);
       pipeline::PipelineState st;
+      ConvTileOrigin origin{0, 0, 0, 0};
+      if constexpr (kConv) origin = conv_tile_origin(conv, static_cast<int64_t>(m_tile) * kBN, n_tile);
       for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kKBlocks) {
         ring.producer_acquire(st);
         uint64_t* const full = ring.full_barrier(st);
@@ -114,8 +148,12 @@ __global__ void __launch_bounds__(gemm_threads(kBN), 1)
         // Always kKBlocks x boxes (past K they read zeros and still count), so the byte count is fixed.
         ptx::mbarrier_arrive_expect_tx(full, a.tx_bytes);
 #pragma unroll
-        for (int j = 0; j < kKBlocks; ++j)
-          ptx::tma_load_3d(s + j * kBN * 128, &x_map, full, (kb0 + j) * kKBlock, m_tile * kBN, 0);
+        for (int j = 0; j < kKBlocks; ++j) {
+          if constexpr (kConv)
+            conv_load_x(conv, a.k_blocks, &x_map, origin, kb0 + j, s + j * kBN * 128, full);
+          else
+            ptx::tma_load_3d(s + j * kBN * 128, &x_map, full, (kb0 + j) * kKBlock, m_tile * kBN, 0);
+        }
         ptx::tma_load_4d(s + a.x_bytes, &codes_map, full, 0, 0, kb0 * a.tiles_per_kblock, n_tile * kGemmStripes);
         const int block0 = static_cast<int>((static_cast<uint32_t>(kb0) * kKBlock) >> a.block_shift);
         ptx::tma_load_3d(s + a.x_bytes + a.code_bytes, &params_map, full, 0, block0, n_tile * kGemmStripes);

@@ -18,6 +18,23 @@ namespace {
 using ::tessera::detail::elementwise_grid;
 using ::tessera::detail::L2Promotion;
 
+// The im2col map of a conv's NHWC x: filter bases from (−pad, −pad) to the last output pixel's, every `stride`-th.
+CUtensorMap conv_x_map(const ConvGeometry& g, const void* x, int pixels) {
+  ::tessera::detail::Im2colBox box;
+  box.n = g.n;
+  box.h = g.h;
+  box.w = g.w;
+  box.c = g.c;
+  box.lower_h = -g.pad_h;
+  box.lower_w = -g.pad_w;
+  box.upper_h = g.pad_h - g.dil_h * (g.kh - 1);
+  box.upper_w = g.pad_w - g.dil_w * (g.kw - 1);
+  box.stride_h = g.stride_h;
+  box.stride_w = g.stride_w;
+  box.pixels = pixels;
+  return ::tessera::detail::make_tensor_map_im2col(x, box);
+}
+
 template <class T, int kBits, int kBN>
 void launch_bn(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArgs& args, cudaStream_t stream) {
   const LinearShape& s = pb.shape;
@@ -36,8 +53,10 @@ void launch_bn(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArgs&
   const int param_box[3] = {64, sb.blocks, kGemmStripes};
   const CUtensorMap params_map =
       ::tessera::detail::make_tensor_map_u8(pb.params, 3, param_dims, param_strides, param_box, 0, L2Promotion::k128B);
-  const CUtensorMap x_map = ::tessera::detail::make_tensor_map_sw128(x, ::tessera::detail::TmaElement::kBF16, s.k, s.m,
-                                                                     1, ldx, s.m * ldx, kBN);
+  const CUtensorMap x_map = pb.conv.enabled
+                                ? conv_x_map(pb.conv, x, kBN)
+                                : ::tessera::detail::make_tensor_map_sw128(x, ::tessera::detail::TmaElement::kBF16, s.k,
+                                                                           s.m, 1, ldx, s.m * ldx, kBN);
   GemmArgs a = args;
   a.tiles_per_kblock = sb.tiles_per_kblock;
   a.stage_blocks = sb.blocks;
@@ -46,11 +65,31 @@ void launch_bn(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArgs&
   a.stage_bytes = static_cast<uint32_t>(sb.total);
   a.tx_bytes = static_cast<uint32_t>(sb.x + sb.codes + sb.params);
   auto kernel = linear_gemm_kernel<T, kBits, kBN>;
+  if constexpr (kBN >= 64) {
+    if (pb.conv.enabled) kernel = linear_gemm_kernel<T, kBits, kBN, true>;
+  }
   const int smem = static_cast<int>(gemm_smem_bytes(s, c));
   // Raises the kernel's dynamic shared-memory limit (once per size).
   ::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), gemm_threads(kBN), smem);
   const dim3 grid(static_cast<unsigned>(c.n_tiles), static_cast<unsigned>(c.m_tiles), static_cast<unsigned>(c.splits));
-  kernel<<<grid, gemm_threads(kBN), smem, stream>>>(codes_map, params_map, x_map, a);
+  ConvArgs conv{};
+  if (pb.conv.enabled) {
+    const ConvGeometry& g = pb.conv;
+    conv.chunks = static_cast<int>(g.ci_g / kKBlock);
+    conv.kw = g.kw;
+    conv.dil_h = g.dil_h;
+    conv.dil_w = g.dil_w;
+    conv.c = static_cast<int>(g.c);
+    conv.ho = static_cast<int>(g.ho);
+    conv.wo = static_cast<int>(g.wo);
+    conv.stride_h = g.stride_h;
+    conv.stride_w = g.stride_w;
+    conv.pad_h = g.pad_h;
+    conv.pad_w = g.pad_w;
+    conv.ci_g = static_cast<int>(g.ci_g);
+    conv.co_g = static_cast<int>(g.co_g);
+  }
+  kernel<<<grid, gemm_threads(kBN), smem, stream>>>(codes_map, params_map, x_map, a, conv);
   TESSERA_CHECK_LAUNCH();
 }
 
@@ -107,6 +146,7 @@ void launch_typed(const LinearProblem& pb, cudaStream_t stream) {
   a.block_shift = pb.block_shift;
   a.zero_point = pb.zero_point;
   a.y_f32 = pb.x_dtype == DType::kFP32;
+
   if (s.bits == 4)
     launch_bits<T, 4>(pb, x, ldx, a, stream);
   else

@@ -7,30 +7,33 @@
 // columns (the same per-warp layout as wgmma's register A operand). Step i's fragment value v (mma.cuh: v0,v1 = a0,
 // v2,v3 = a1, v4,v5 = a2, v6,v7 = a3) is row g (v0, v1, v4, v5) or g + 8 (v2, v3, v6, v7) of the stripe, column
 //     k = tile · kTileK + 16i + 2t + {0, 1, 0, 1, 8, 9, 8, 9}[v]
-// int4: step i is 32-bit word i, value v in nibble kNibbleOf[v] (bits 4·nibble), so that one lop3 with 0x000f000f
+// int4: step i is 32-bit word i, value v in nibble nibble_of(v) (bits 4·nibble), so that one lop3 with 0x000f000f
 //       (or the word shifted) yields a register pair; int8: step i is bytes 8i..8i+7, value v in byte 8i + v.
 #pragma once
 
 #include <cstdint>
 
+#include "common/host_device.h"
+
 namespace tessera::linear::detail {
 
-// Nibble that holds fragment value v (int4); its inverse orders the nibbles of a word as values 0,2,4,6,1,3,5,7.
-inline constexpr int kNibbleOf[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+// Nibble that holds fragment value v (int4): 0, 4, 1, 5, 2, 6, 3, 7 for v = 0..7; its inverse orders the nibbles of
+// a word as values 0,2,4,6,1,3,5,7.
+TESSERA_HD constexpr int nibble_of(int v) { return (v >> 1) + ((v & 1) << 2); }
 // Index (in 16-bit elements) of the scale of row r, block b; the second parameter (offset or zero) follows it.
 // Per 16-row stripe and block: 16 pairs, rows in the order 0, 8, 1, 9, ..., 7, 15, so that lane group g reads the
 // pairs of rows g and g + 8 with one 8-byte load.
-inline int64_t param_index(int64_t r, int64_t b, int64_t num_blocks) {
+TESSERA_HD inline int64_t param_index(int64_t r, int64_t b, int64_t num_blocks) {
   const int64_t rr = r % 16;
   return (((r / 16) * num_blocks + b) * 16 + (rr % 8) * 2 + rr / 8) * 2;
 }
 
 struct FragmentLayout {
   int bits, tile_k;
-  explicit FragmentLayout(int bits_) : bits(bits_), tile_k(bits_ == 4 ? 64 : 32) {}
+  TESSERA_HD explicit FragmentLayout(int bits_) : bits(bits_), tile_k(bits_ == 4 ? 64 : 32) {}
 
   // Byte offset of (r, c) in a codes array with kp padded columns; for int4 also the shift of its nibble.
-  int64_t byte_of(int64_t kp, int64_t r, int64_t c, int* shift) const {
+  TESSERA_HD int64_t byte_of(int64_t kp, int64_t r, int64_t c, int* shift) const {
     const int64_t tiles = kp / tile_k;
     const int64_t rr = r % 16, g = rr % 8, ck = c % tile_k, step = ck / 16, cc = ck % 16, t = (cc % 8) / 2;
     const int v = (cc >= 8 ? 4 : 0) + (rr >= 8 ? 2 : 0) + static_cast<int>(cc % 2);
@@ -39,16 +42,16 @@ struct FragmentLayout {
       *shift = 0;
       return base + 8 * step + v;
     }
-    const int nibble = kNibbleOf[v];
+    const int nibble = nibble_of(v);
     *shift = 4 * (nibble % 2);
     return base + 4 * step + nibble / 2;
   }
-  void put_code(uint8_t* codes, int64_t kp, int64_t r, int64_t c, uint8_t q) const {
+  TESSERA_HD void put_code(uint8_t* codes, int64_t kp, int64_t r, int64_t c, uint8_t q) const {
     int shift = 0;
     const int64_t b = byte_of(kp, r, c, &shift);
     codes[b] = bits == 8 ? q : static_cast<uint8_t>((codes[b] & ~(0xF << shift)) | ((q & 0xF) << shift));
   }
-  uint8_t get_code(const uint8_t* codes, int64_t kp, int64_t r, int64_t c) const {
+  TESSERA_HD uint8_t get_code(const uint8_t* codes, int64_t kp, int64_t r, int64_t c) const {
     int shift = 0;
     const int64_t b = byte_of(kp, r, c, &shift);
     return bits == 8 ? codes[b] : static_cast<uint8_t>((codes[b] >> shift) & 0xF);

@@ -24,7 +24,6 @@ void check_quantized(const ArgCheck& check, const QuantizedWeight& w) {
   if (w.bits != 4 && w.bits != 8) check.fail("w.bits", "must be 4 or 8, got " + std::to_string(w.bits));
   if (w.n <= 0 || w.k <= 0)
     check.fail("w", "must have N > 0 and K > 0, got N " + std::to_string(w.n) + ", K " + std::to_string(w.k));
-  if (w.k % 8 != 0) check.fail("w.k", "must be a multiple of 8, got " + std::to_string(w.k));
   detail::check_bits_and_block(check, w.bits, w.k, w.block);
   const auto n_codes = static_cast<size_t>(w.n * w.k);
   const auto n_params = static_cast<size_t>(w.n * (w.k / w.block));

@@ -44,4 +44,18 @@ __device__ __forceinline__ void tma_load_5d(void* smem_dst, const void* tensor_m
       : "memory");
 }
 
+// 4-D im2col load (PTX ISA 5.5.4 "im2col mode"; the map from make_tensor_map_im2col over NHWC x): {c, w, h, n} is
+// the first filter base of the copy (c: the first channel; w, h: a position inside the map's bounding box; n: the
+// image), {off_w, off_h} the filter tap added to every base. The copy walks Pixels-per-Column bases in W, H, N
+// order within the bounding box (with the map's traversal strides) and lands Channels-per-Pixel channels of each
+// base + tap as one row; positions outside the tensor read as zeros and still count toward the transaction bytes.
+__device__ __forceinline__ void tma_load_4d_im2col(void* smem_dst, const void* tensor_map, uint64_t* bar, int32_t c,
+                                                   int32_t w, int32_t h, int32_t n, uint16_t off_w, uint16_t off_h) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+      "%6}], [%2], {%7, %8};\n" ::"r"(smem_u32(smem_dst)),
+      "l"(tensor_map), "r"(smem_u32(bar)), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w), "h"(off_h)
+      : "memory");
+}
+
 }  // namespace tessera::ptx

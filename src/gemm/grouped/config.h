@@ -10,13 +10,9 @@
 
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "gemm/grouped/problem.h"
 
-#if defined(__CUDACC__)
-#define TESSERA_HD __host__ __device__
-#else
-#define TESSERA_HD
-#endif
 
 namespace tessera::gemm::detail {
 

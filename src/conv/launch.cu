@@ -1,0 +1,247 @@
+// conv2d launcher: x rewritten as NHWC in the compute dtype where needed, then the linear layer's kernel (plain, or
+// with TMA im2col copies) or the direct kernel, then y transposed to NCHW where asked (docs/ops/conv.md).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "common/check.h"
+#include "common/numeric.cuh"
+#include "common/occupancy.h"
+#include "conv/problem.h"
+#include "linear/config.h"
+#include "linear/layout.h"
+
+namespace tessera::conv::detail {
+namespace {
+
+using ::tessera::detail::elementwise_grid;
+using ::tessera::detail::from_float;
+using ::tessera::detail::to_float;
+
+template <class T>
+__device__ __forceinline__ float param_value(uint16_t bits);
+template <>
+__device__ __forceinline__ float param_value<__nv_bfloat16>(uint16_t bits) {
+  return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+template <>
+__device__ __forceinline__ float param_value<__half>(uint16_t bits) {
+  return __half2float(__ushort_as_half(bits));
+}
+
+// dst[b][c][r] = Dst(src[b][r][c]) through 32 × 32 tiles of shared memory (coalesced on both sides): NCHW x → NHWC
+// (rows = C, cols = H·W) and NHWC y → NCHW (rows = Ho·Wo, cols = Co).
+template <class Src, class Dst>
+__global__ void transpose_batched(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t batch, int64_t rows,
+                                  int64_t cols) {
+  __shared__ float tile[32][33];
+  const int64_t row_tiles = (rows + 31) / 32, col_tiles = (cols + 31) / 32;
+  for (int64_t t = blockIdx.x; t < batch * row_tiles * col_tiles; t += gridDim.x) {
+    const int64_t b = t / (row_tiles * col_tiles), rt = (t / col_tiles) % row_tiles, ct = t % col_tiles;
+    const int64_t r0 = rt * 32, c0 = ct * 32;
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t r = r0 + j, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) tile[j][threadIdx.x] = to_float(src[(b * rows + r) * cols + c]);
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+      const int64_t c = c0 + j, r = r0 + threadIdx.x;
+      if (r < rows && c < cols) dst[(b * cols + c) * rows + r] = from_float<Dst>(tile[threadIdx.x][j]);
+    }
+    __syncthreads();
+  }
+}
+
+template <class Src, class Dst>
+void launch_transpose(const Src* src, Dst* dst, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
+  const int64_t tiles = batch * ((rows + 31) / 32) * ((cols + 31) / 32);
+  const int grid = static_cast<int>(std::min<int64_t>(tiles, int64_t{1} << 20));
+  transpose_batched<Src, Dst><<<grid, dim3(32, 8), 0, stream>>>(src, dst, batch, rows, cols);
+  TESSERA_CHECK_LAUNCH();
+}
+
+template <class Src, class Dst>
+__global__ void convert(const Src* __restrict__ src, Dst* __restrict__ dst, int64_t total) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_float<Dst>(to_float(src[i]));
+}
+
+struct DirectArgs {
+  const void* x;  // NHWC, compute dtype
+  const uint8_t* codes;
+  const uint16_t* params;
+  int64_t n, h, w, c, ho, wo, co, ci_g, co_g, kp, num_blocks, block;
+  int kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, bits;
+  bool zero_point;
+  void* y;  // NHWC, Y
+  const void* bias;
+  float clamp_min, clamp_max;
+};
+
+// One thread per output element (pixel, co), co fastest (a warp's x reads are one pixel's channels): fp32 sums of x
+// times the exact dequantized weight (q·s + o or (q − z)·s in fp32 from the stored 16-bit parameters), read from the
+// prepacked layout (linear/layout.h) one code at a time.
+template <class T, class Y>
+__global__ void conv_direct(const DirectArgs a) {
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const linear::detail::FragmentLayout layout(a.bits);
+  const int64_t total = a.n * a.ho * a.wo * a.co;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t co = i % a.co, pix = i / a.co;
+    const int64_t ow = pix % a.wo, oh = (pix / a.wo) % a.ho, img = pix / (a.wo * a.ho);
+    const T* const xb = x + img * a.h * a.w * a.c + (co / a.co_g) * a.ci_g;
+    float acc = 0.f, s = 0.f, p = 0.f;
+    int64_t open = -1;
+    for (int ky = 0; ky < a.kh; ++ky) {
+      const int64_t ih = oh * a.stride_h - a.pad_h + static_cast<int64_t>(ky) * a.dil_h;
+      if (ih < 0 || ih >= a.h) continue;
+      for (int kx = 0; kx < a.kw; ++kx) {
+        const int64_t iw = ow * a.stride_w - a.pad_w + static_cast<int64_t>(kx) * a.dil_w;
+        if (iw < 0 || iw >= a.w) continue;
+        const T* const xp = xb + (ih * a.w + iw) * a.c;
+        int64_t r = (static_cast<int64_t>(ky) * a.kw + kx) * a.ci_g;
+        for (int64_t ci = 0; ci < a.ci_g; ++ci, ++r) {
+          const int64_t blk = r / a.block;
+          if (blk != open) {
+            const int64_t at = linear::detail::param_index(co, blk, a.num_blocks);
+            s = param_value<T>(a.params[at]);
+            p = param_value<T>(a.params[at + 1]);
+            open = blk;
+          }
+          const float q = static_cast<float>(layout.get_code(a.codes, a.kp, co, r));
+          const float wv = a.zero_point ? (q - p) * s : fmaf(q, s, p);
+          acc = fmaf(to_float(xp[ci]), wv, acc);
+        }
+      }
+    }
+    if (a.bias != nullptr) acc += to_float(static_cast<const Y*>(a.bias)[co]);
+    acc = fminf(fmaxf(acc, a.clamp_min), a.clamp_max);
+    static_cast<Y*>(a.y)[i] = from_float<Y>(acc);
+  }
+}
+
+template <class T>
+void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
+  const ConvShape& s = pb.shape;
+  const WorkspaceLayout wl = workspace_layout(s, pb.path);
+  auto* ws = static_cast<unsigned char*>(pb.workspace);
+  const bool y_f32 = s.x_dtype == DType::kFP32;
+  // x as NHWC in the compute dtype.
+  const T* x = static_cast<const T*>(pb.x);
+  if (needs_x_rewrite(s)) {
+    T* xw = reinterpret_cast<T*>(ws);
+    if (s.p.x_layout == Layout::kNCHW) {
+      if (s.x_dtype == DType::kFP32)
+        launch_transpose(static_cast<const float*>(pb.x), xw, s.n, s.ci, s.h * s.w, stream);
+      else
+        launch_transpose(static_cast<const T*>(pb.x), xw, s.n, s.ci, s.h * s.w, stream);
+    } else {
+      const int64_t total = s.n * s.h * s.w * s.ci;
+      convert<float, T><<<elementwise_grid(total), 256, 0, stream>>>(static_cast<const float*>(pb.x), xw, total);
+      TESSERA_CHECK_LAUNCH();
+    }
+    x = xw;
+  }
+  // y as NHWC: the caller's tensor, or the staging area before the transpose.
+  void* const y_nhwc = s.p.y_layout == Layout::kNCHW ? static_cast<void*>(ws + wl.x_bytes) : pb.y;
+  if (pb.path == ConvPath::kDirect) {
+    DirectArgs a{};
+    a.x = x;
+    a.codes = pb.codes;
+    a.params = pb.params;
+    a.n = s.n;
+    a.h = s.h;
+    a.w = s.w;
+    a.c = s.ci;
+    a.ho = s.ho;
+    a.wo = s.wo;
+    a.co = s.co;
+    a.ci_g = s.ci_g();
+    a.co_g = s.co_g();
+    a.kp = (s.k() + linear::tile_k(s.bits) - 1) / linear::tile_k(s.bits) * linear::tile_k(s.bits);
+    a.num_blocks = pb.num_blocks;
+    a.block = s.block;
+    a.kh = static_cast<int>(s.kh);
+    a.kw = static_cast<int>(s.kw);
+    a.stride_h = static_cast<int>(s.p.stride_h);
+    a.stride_w = static_cast<int>(s.p.stride_w);
+    a.pad_h = static_cast<int>(s.p.pad_h);
+    a.pad_w = static_cast<int>(s.p.pad_w);
+    a.dil_h = static_cast<int>(s.p.dil_h);
+    a.dil_w = static_cast<int>(s.p.dil_w);
+    a.bits = s.bits;
+    a.zero_point = pb.zero_point;
+    a.y = y_nhwc;
+    a.bias = pb.bias;
+    a.clamp_min = pb.clamp_min;
+    a.clamp_max = pb.clamp_max;
+    const int grid = elementwise_grid(s.pixels() * s.co);
+    if (y_f32)
+      conv_direct<T, float><<<grid, 256, 0, stream>>>(a);
+    else
+      conv_direct<T, T><<<grid, 256, 0, stream>>>(a);
+    TESSERA_CHECK_LAUNCH();
+  } else {
+    linear::detail::LinearProblem lp;
+    lp.shape = gemm_shape(s, pb.path);
+    lp.config = linear::detail::select_config(lp.shape);
+    lp.compute = pb.compute;
+    lp.x_dtype = s.x_dtype;  // fp32 x: fp32 y
+    lp.x = x;
+    lp.ldx = s.ci;
+    lp.x_prepared = true;
+    lp.codes = pb.codes;
+    lp.params = pb.params;
+    lp.num_blocks = pb.num_blocks;
+    lp.block_shift = pb.block_shift;
+    lp.zero_point = pb.zero_point;
+    lp.y = y_nhwc;
+    lp.ldy = s.co;
+    lp.bias = pb.bias;
+    lp.clamp_min = pb.clamp_min;
+    lp.clamp_max = pb.clamp_max;
+    lp.workspace = ws + wl.x_bytes + wl.y_bytes;
+    if (pb.path == ConvPath::kImplicitGemm) {
+      linear::detail::ConvGeometry& g = lp.conv;
+      g.enabled = true;
+      g.n = s.n;
+      g.h = s.h;
+      g.w = s.w;
+      g.c = s.ci;
+      g.ho = s.ho;
+      g.wo = s.wo;
+      g.ci_g = s.ci_g();
+      g.co_g = s.co_g();
+      g.kh = static_cast<int>(s.kh);
+      g.kw = static_cast<int>(s.kw);
+      g.stride_h = static_cast<int>(s.p.stride_h);
+      g.stride_w = static_cast<int>(s.p.stride_w);
+      g.pad_h = static_cast<int>(s.p.pad_h);
+      g.pad_w = static_cast<int>(s.p.pad_w);
+      g.dil_h = static_cast<int>(s.p.dil_h);
+      g.dil_w = static_cast<int>(s.p.dil_w);
+    }
+    linear::detail::launch_linear(lp, stream);
+  }
+  if (s.p.y_layout == Layout::kNCHW) {
+    if (y_f32)
+      launch_transpose(static_cast<const float*>(y_nhwc), static_cast<float*>(pb.y), s.n, s.ho * s.wo, s.co, stream);
+    else
+      launch_transpose(static_cast<const T*>(y_nhwc), static_cast<T*>(pb.y), s.n, s.ho * s.wo, s.co, stream);
+  }
+}
+
+}  // namespace
+
+void launch_conv(const ConvProblem& pb, cudaStream_t stream) {
+  if (pb.compute == DType::kFP16)
+    launch_typed<__half>(pb, stream);
+  else
+    launch_typed<__nv_bfloat16>(pb, stream);
+}
+
+}  // namespace tessera::conv::detail
