@@ -18,14 +18,17 @@
 //    workspace and transposed (one more pass). Ho = floor((H + 2·pad_h − dil_h·(Kh − 1) − 1) / stride_h) + 1, W alike.
 //
 // Three paths; the op picks one (conv2d_path says which) and the result is the same computation:
-//   kLinear       1×1, stride 1, no padding, groups 1, Ci % 8 == 0: tessera::linear on x as [N·H·W, Ci] rows.
+//   kLinear       1×1, stride 1, no padding, groups 1, Ci % 8 == 0 (N·H·W < 2^31, ≤ 65535 row tiles):
+//                 tessera::linear on x as [N·H·W, Ci] rows.
 //   kImplicitGemm the linear layer's tensor-core kernel with x fetched by TMA im2col copies (the im2col matrix is
-//                 never formed): Ci_g % 64 == 0, groups 1 or Co_g % 128 == 0, pad ≤ 127, stride ≤ 8,
-//                 dil·(k − 1) ≤ 255 and dil·(k − 1) − pad ≤ 128 per axis, N·Ho·Wo < 2^24.
-//   kDirect       everything else (depthwise, small groups, Ci not a multiple of 64, the first RGB layer): one
-//   CUDA-core
+//                 never formed): Ci_g % 64 == 0, groups 1 or Co_g % 128 == 0, Ho ≥ 2 and Wo ≥ 2 (the copies' bounding
+//                 box must not be empty), pad ≤ 127, stride ≤ 8, dil·(k − 1) ≤ 255 and dil·(k − 1) − pad ≤ 128 per
+//                 axis, N·Ho·Wo < 2^24 in ≤ 65535 pixel tiles.
+//   kDirect       everything else (depthwise, small groups, Ci not a multiple of 64, the first RGB layer): one CUDA-core
 //                 thread per output element, fp32 sums over exact dequantized weights; correct on every geometry,
 //                 not tuned.
+// The tile limits depend on the device's SM count (the tile choice does), so conv2d_path and conv2d_workspace_bytes
+// read the current device.
 // The tensor-core paths round each weight once to the compute dtype and accumulate in fp32 (docs/ops/linear.md).
 //
 // Runs asynchronously on the stream, never synchronizes the host, never allocates (workspace sized by
@@ -62,11 +65,13 @@ struct ConvWeight {
 enum class ConvPath : int { kLinear = 0, kImplicitGemm = 1, kDirect = 2 };
 const char* conv_path_name(ConvPath path);
 
-// floor((in + 2·pad − dil·(k − 1) − 1) / stride) + 1 (PyTorch's rule; a floor for negative numerators too).
+// floor((in + 2·pad − dil·(k − 1) − 1) / stride) + 1 (PyTorch's rule; a floor for negative numerators too); 0 for
+// stride < 1 (which conv2d rejects).
 int64_t conv2d_output_size(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil);
 
-// The path a call with input [n, h, w, Ci] of x_dtype takes (validates the same arguments as conv2d, except the
-// tensors themselves).
+// The path a call with input [n, h, w, Ci] of x_dtype takes. Validates the weight (its arrays' shapes, dtypes and
+// alignment) and the geometry as conv2d does; x and y themselves are not seen. N = 0 is allowed (conv2d then launches
+// nothing).
 ConvPath conv2d_path(int64_t n, int64_t h, int64_t w, const ConvWeight& weight, const Conv2dParams& params,
                      DType x_dtype);
 

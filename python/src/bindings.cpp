@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "tessera/attention.h"
+#include "tessera/conv.h"
 #include "tessera/dlpack.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
@@ -724,6 +725,112 @@ std::size_t linear_workspace_bytes(int64_t max_m, const py::object& codes, const
   return tl::linear_workspace_bytes(max_m, w, dtype);
 }
 
+// ---- conv2d (int4 / int8 weights) -------------------------------------------------------------------------------
+// The weight is a prepacked linear weight (codes, params and its constants, as linear_weight_of reads them; a conv
+// weight has no k_perm) plus the kernel's kh, kw; the geometry travels as ints (tessera::conv::Conv2dParams' fields)
+// and the layouts by name ('NHWC' | 'NCHW'). The path comes back by name (conv_path_name).
+
+namespace tc = tessera::conv;
+
+tc::Layout parse_layout(std::string_view s, const char* op, const char* arg) {
+  static constexpr tessera::python::Choice<tc::Layout> kChoices[] = {{"NHWC", tc::Layout::kNHWC},
+                                                                     {"NCHW", tc::Layout::kNCHW}};
+  return tessera::python::parse_choice(s, op, arg, kChoices);
+}
+
+tc::Conv2dParams conv2d_params(const char* op, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
+                               int64_t dil_h, int64_t dil_w, int64_t groups, const std::string& x_layout,
+                               const std::string& y_layout) {
+  tc::Conv2dParams p;
+  p.stride_h = stride_h;
+  p.stride_w = stride_w;
+  p.pad_h = pad_h;
+  p.pad_w = pad_w;
+  p.dil_h = dil_h;
+  p.dil_w = dil_w;
+  p.groups = groups;
+  p.x_layout = parse_layout(x_layout, op, "x_layout");
+  p.y_layout = parse_layout(y_layout, op, "y_layout");
+  return p;
+}
+
+// The queries read the weight's tensors too (their shapes and the compute dtype), on the host or the device.
+tc::ConvWeight conv_weight_of(const char* op, const py::object& codes, const py::object& params, int64_t n, int64_t k,
+                              int bits, int64_t block, const std::string& zero_mode, int64_t kh, int64_t kw) {
+  tc::ConvWeight w;
+  w.w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
+  w.w.codes = view_of(codes, op, "codes");
+  w.w.params = view_of(params, op, "params");
+  w.w.n = n;
+  w.w.k = k;
+  w.w.bits = bits;
+  w.w.block = block;
+  w.kh = kh;
+  w.kw = kw;
+  return w;
+}
+
+// The output size, with a stride below 1 (a division by zero or a sign flip in the rule) refused here.
+int64_t conv2d_output_size(int64_t in_size, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+  if (stride < 1) fail("tessera.conv2d_output_size", "stride", "must be >= 1, got " + std::to_string(stride));
+  return tc::conv2d_output_size(in_size, k, stride, pad, dil);
+}
+
+const char* conv_path_name(int path) {
+  if (path < 0 || path > static_cast<int>(tc::ConvPath::kDirect))
+    fail("tessera.conv_path_name", "path",
+         "must be 0 (linear), 1 (implicit_gemm) or 2 (direct), got " + std::to_string(path));
+  return tc::conv_path_name(static_cast<tc::ConvPath>(path));
+}
+
+std::string conv2d_path(int64_t batch, int64_t height, int64_t width, const py::object& codes, const py::object& params,
+                        int64_t n, int64_t k, int bits, int64_t block, const std::string& zero_mode, int64_t kh,
+                        int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dil_h,
+                        int64_t dil_w, int64_t groups, const std::string& x_layout, const std::string& y_layout,
+                        const std::string& x_dtype) {
+  constexpr const char* op = "tessera.conv2d_path";
+  const DType dtype = parse_float_dtype(x_dtype, op, "x_dtype", true);
+  const tc::Conv2dParams p =
+      conv2d_params(op, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout);
+  const tc::ConvWeight w = conv_weight_of(op, codes, params, n, k, bits, block, zero_mode, kh, kw);
+  return tc::conv_path_name(tc::conv2d_path(batch, height, width, w, p, dtype));
+}
+
+std::size_t conv2d_workspace_bytes(int64_t batch, int64_t height, int64_t width, const py::object& codes,
+                                   const py::object& params, int64_t n, int64_t k, int bits, int64_t block,
+                                   const std::string& zero_mode, int64_t kh, int64_t kw, int64_t stride_h,
+                                   int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
+                                   int64_t groups, const std::string& x_layout, const std::string& y_layout,
+                                   const std::string& x_dtype) {
+  constexpr const char* op = "tessera.conv2d_workspace_bytes";
+  const DType dtype = parse_float_dtype(x_dtype, op, "x_dtype", true);
+  const tc::Conv2dParams p =
+      conv2d_params(op, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout);
+  const tc::ConvWeight w = conv_weight_of(op, codes, params, n, k, bits, block, zero_mode, kh, kw);
+  return tc::conv2d_workspace_bytes(batch, height, width, w, p, dtype);
+}
+
+void conv2d(const py::object& x, const py::object& codes, const py::object& params, const py::object& bias,
+            const py::object& y, const py::object& workspace, int64_t n, int64_t k, int bits, int64_t block,
+            const std::string& zero_mode, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+            int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups, const std::string& x_layout,
+            const std::string& y_layout, float clamp_min, float clamp_max, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.conv2d";
+  const tc::Conv2dParams p =
+      conv2d_params(op, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout);
+  const tc::ConvWeight w = conv_weight_of(op, codes, params, n, k, bits, block, zero_mode, kh, kw);
+  const TensorView x_v = view_of(x, op, "x");
+  tl::LinearEpilogue epilogue;
+  if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
+  epilogue.clamp_min = clamp_min;
+  epilogue.clamp_max = clamp_max;
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+
+  py::gil_scoped_release no_gil;
+  tc::conv2d(x_v, w, y_v, p, epilogue, ws, as_stream(stream));
+}
+
 // ---- W8A8 ------------------------------------------------------------------------------------------------------
 // The quantized operands travel as their four tensors (codes, scale, zero or None, sums or None) and the block, the
 // planes as the torch layer allocates them (int8_blocks_of in options.h narrows them). prepack_w8a8 takes a host
@@ -790,7 +897,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
       "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention, "
-      "tessera.linear, tessera.w8a8) rather than this module.";
+      "tessera.linear, tessera.conv, tessera.w8a8) rather than this module.";
 
   py::register_exception_translator(&tessera::python::translate_errors);
 
@@ -956,6 +1063,48 @@ PYBIND11_MODULE(_C, m) {
         py::arg("x_dtype"),
         "Bytes of device workspace linear needs for up to max_m rows of x of x_dtype ('bfloat16' | 'float16' | "
         "'float32'), on the current device.");
+
+  m.attr("conv_paths") =
+      py::make_tuple(tc::conv_path_name(tc::ConvPath::kLinear), tc::conv_path_name(tc::ConvPath::kImplicitGemm),
+                     tc::conv_path_name(tc::ConvPath::kDirect));
+
+  m.def("conv_path_name", &conv_path_name, py::arg("path"),
+        "The name of a tessera::conv::ConvPath value: 0 'linear', 1 'implicit_gemm', 2 'direct'.");
+
+  m.def("conv2d_output_size", &conv2d_output_size, py::arg("in_size"), py::arg("k"), py::arg("stride"), py::arg("pad"),
+        py::arg("dil"),
+        "floor((in_size + 2*pad - dil*(k - 1) - 1) / stride) + 1, PyTorch's rule (a floor for negative numerators "
+        "too); stride >= 1.");
+
+  m.def("conv2d_path", &conv2d_path, py::arg("batch"), py::arg("height"), py::arg("width"), py::arg("codes"),
+        py::arg("params"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
+        py::arg("kh"), py::arg("kw"), py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_h"), py::arg("pad_w"),
+        py::arg("dil_h"), py::arg("dil_w"), py::arg("groups"), py::arg("x_layout"), py::arg("y_layout"),
+        py::arg("x_dtype"),
+        "The path ('linear' | 'implicit_gemm' | 'direct') conv2d takes for an input of [batch, height, width] "
+        "pixels of x_dtype ('bfloat16' | 'float16' | 'float32') with this weight (its codes and params, on the host "
+        "or the device) and geometry; x_layout / y_layout: 'NHWC' | 'NCHW'. Validates what conv2d validates except "
+        "x and y; reads the current device's SM count.");
+
+  m.def("conv2d_workspace_bytes", &conv2d_workspace_bytes, py::arg("batch"), py::arg("height"), py::arg("width"),
+        py::arg("codes"), py::arg("params"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"),
+        py::arg("zero_mode"), py::arg("kh"), py::arg("kw"), py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_h"),
+        py::arg("pad_w"), py::arg("dil_h"), py::arg("dil_w"), py::arg("groups"), py::arg("x_layout"),
+        py::arg("y_layout"), py::arg("x_dtype"),
+        "Bytes of device workspace conv2d needs for these arguments (conv2d_path's), on the current device; 0 when "
+        "none.");
+
+  m.def("conv2d", &conv2d, py::arg("x"), py::arg("codes"), py::arg("params"), py::arg("bias"), py::arg("y"),
+        py::arg("workspace"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
+        py::arg("kh"), py::arg("kw"), py::arg("stride_h"), py::arg("stride_w"), py::arg("pad_h"), py::arg("pad_w"),
+        py::arg("dil_h"), py::arg("dil_w"), py::arg("groups"), py::arg("x_layout"), py::arg("y_layout"),
+        py::arg("clamp_min"), py::arg("clamp_max"), py::arg("stream"),
+        "y = clamp(conv2d(x, dequant(W)) + bias, clamp_min, clamp_max) into preallocated y (x's dtype): x "
+        "[N, H, W, Ci] ('NHWC') or [N, Ci, H, W] ('NCHW') bf16 | fp16 | fp32, contiguous; y [N, Ho, Wo, Co] or "
+        "[N, Co, Ho, Wo] as y_layout says, contiguous; the weight as linear's prepacked [Co, Kh*Kw*Ci_g] device "
+        "tensors codes and params with its constants (n = Co, k = Kh*Kw*Ci_g; reduction index (kh*Kw + kw)*Ci_g + "
+        "ci) and the kernel's kh, kw; symmetric zero padding; bias [Co] of y's dtype or None. workspace may be None "
+        "when conv2d_workspace_bytes is 0.");
 
   m.def("w8a8_quantize", &w8a8_quantize, py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("zero"),
         py::arg("sums"), py::arg("block"), py::arg("stream"),

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "tessera/attention.h"
+#include "tessera/conv.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
@@ -487,6 +488,72 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
     const std::size_t need = workspace.has_value() || xv.rank != 2 ? 0 : tl::linear_workspace_bytes(xv.shape[0], w, xv.dtype);
     const auto ws = workspace_or_new(workspace, need, device);
     tl::linear(xv, w, yv, epilogue, workspace_of(ws, op), s);
+  });
+}
+
+// ---- conv2d (int4 / int8 weights) ------------------------------------------------------------------------------
+// The weight travels as linear's prepacked tensors (codes, params; a conv weight has no k_perm) with its constants
+// and the kernel's kh, kw; the geometry as ints and the layouts by name ('NHWC' | 'NCHW'). x and y are contiguous in
+// their layouts (the torch layer passes a channels_last tensor as its NHWC view). A workspace not given is allocated
+// here, sized by conv2d_workspace_bytes for x's shape (asked with the device current).
+
+namespace tc = tessera::conv;
+
+tc::Layout parse_layout(std::string_view s, const char* op, const char* arg) {
+  static constexpr tessera::python::Choice<tc::Layout> kChoices[] = {{"NHWC", tc::Layout::kNHWC},
+                                                                     {"NCHW", tc::Layout::kNCHW}};
+  return tessera::python::parse_choice(s, op, arg, kChoices);
+}
+
+void conv2d(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+            const std::optional<at::Tensor>& bias, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
+            int64_t n, int64_t k, int64_t bits, int64_t block, std::string_view zero_mode, int64_t kh, int64_t kw,
+            int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
+            int64_t groups, std::string_view x_layout, std::string_view y_layout, double clamp_min, double clamp_max) {
+  constexpr const char* op = "tessera.conv2d";
+  tc::Conv2dParams p;
+  p.stride_h = stride_h;
+  p.stride_w = stride_w;
+  p.pad_h = pad_h;
+  p.pad_w = pad_w;
+  p.dil_h = dil_h;
+  p.dil_w = dil_w;
+  p.groups = groups;
+  p.x_layout = parse_layout(x_layout, op, "x_layout");
+  p.y_layout = parse_layout(y_layout, op, "y_layout");
+  tc::ConvWeight w;
+  w.w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
+  w.w.n = n;
+  w.w.k = k;
+  w.w.bits = narrow(bits, op, "bits");
+  w.w.block = block;
+  w.kh = kh;
+  w.kw = kw;
+  const c10::Device device = device_of(x, op, "x");
+  const TensorView xv = view_of(x, op, "x");
+  w.w.codes = view_of(codes, op, "codes");
+  w.w.params = view_of(params, op, "params");
+  tl::LinearEpilogue epilogue;
+  if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
+  epilogue.clamp_min = static_cast<float>(clamp_min);
+  epilogue.clamp_max = static_cast<float>(clamp_max);
+  const TensorView yv = view_of(y, op, "y");
+  run_on(device, [&](cudaStream_t s) {
+    std::size_t need = 0;
+    if (!workspace.has_value() && xv.rank == 4) {
+      // The query validates what the op validates (but the tensors); an argument it refuses is left to the op, whose
+      // message names it as the op's.
+      const bool nhwc = p.x_layout == tc::Layout::kNHWC;
+      try {
+        need = tc::conv2d_workspace_bytes(xv.shape[0], xv.shape[nhwc ? 1 : 2], xv.shape[nhwc ? 2 : 3], w, p, xv.dtype);
+      } catch (const tessera::CudaError&) {
+        throw;
+      } catch (const tessera::Error&) {
+        need = 0;
+      }
+    }
+    const auto ws = workspace_or_new(workspace, need, device);
+    tc::conv2d(xv, w, yv, p, epilogue, workspace_of(ws, op), s);
   });
 }
 
@@ -989,6 +1056,92 @@ at::Tensor gemm_w8a8_eager(const at::Tensor& a_codes, const at::Tensor& a_scale,
   return y;
 }
 
+void conv2d_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& y,
+                     const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
+                     std::string_view zero_mode, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w,
+                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+                     std::string_view x_layout, std::string_view y_layout, double clamp_min, double clamp_max);
+
+// The torch layer's memory-format rule for a 4-D [N, C, H, W] tensor: channels_last (held NHWC) when it is
+// channels_last-contiguous and, where it is standard-contiguous too (a size-1 dim), its channel stride is 1.
+bool channels_last(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) && (!t.is_contiguous() || t.stride(1) == 1);
+}
+
+// tessera.conv2d's eager call in one crossing. x [N, C, H, W] (PyTorch's logical order) is read in its memory
+// format: channels_last as the NHWC view x.permute(0, 2, 3, 1) (x_layout 'NHWC'), anything else as NCHW (a copy when
+// it is not contiguous). y [N, Co, Ho, Wo] of x's dtype is allocated in x's format unless out= is given (that shape,
+// contiguous or channels_last: its format is y's layout). The torch layer has checked the weight (kh, kw, K, no
+// k_perm), the epilogue and the geometry's ranges; the checks on x and out are made here with its messages, before
+// anything is allocated. Returns y (channels_last for an NHWC y).
+at::Tensor conv2d_eager(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& out,
+                        const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
+                        std::string_view zero_mode, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w,
+                        int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups, double clamp_min,
+                        double clamp_max) {
+  constexpr const char* op = "tessera.conv2d";
+  no_symbolic_sizes({&x});
+  // Checks before anything is allocated, with the torch layer's messages.
+  (void)tessera::python::parse_zero_mode(zero_mode, op);
+  at_least(n, 1, op, "n");
+  at_least(kh, 1, op, "kh");
+  at_least(kw, 1, op, "kw");
+  at_least(stride_h, 1, op, "stride");
+  at_least(stride_w, 1, op, "stride");
+  at_least(pad_h, 0, op, "padding");
+  at_least(pad_w, 0, op, "padding");
+  at_least(dil_h, 1, op, "dilation");
+  at_least(dil_w, 1, op, "dilation");
+  at_least(groups, 1, op, "groups");
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  rank_is(x, 4, "[N, C, H, W]", op, "x");
+  const int64_t batch = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);
+  if (c % groups != 0)
+    fail(op, "groups", "must divide x's channels C = " + std::to_string(c) + ", got " + std::to_string(groups));
+  if (n % groups != 0)
+    fail(op, "groups",
+         "must divide the weight's output channels Co = " + std::to_string(n) + ", got " + std::to_string(groups));
+  if ((c / groups) * kh * kw != k) {
+    const int64_t ci_g = k / (kh * kw);
+    fail(op, "x",
+         "must have C = groups·Ci_g = " + std::to_string(groups) + "·" + std::to_string(ci_g) + " = " +
+             std::to_string(groups * ci_g) + " channels (the weight's Ci_g = K / (Kh·Kw) = " + std::to_string(k) +
+             " / " + std::to_string(kh * kw) + "), got shape " + sizes_str(x.sizes()));
+  }
+  const int64_t ho = tc::conv2d_output_size(h, kh, stride_h, pad_h, dil_h);
+  const int64_t wo = tc::conv2d_output_size(w, kw, stride_w, pad_w, dil_w);
+  if (ho < 1 || wo < 1)
+    fail(op, "x",
+         "[H, W] = [" + std::to_string(h) + ", " + std::to_string(w) + "] with padding [" + std::to_string(pad_h) +
+             ", " + std::to_string(pad_w) + "] is smaller than the dilated kernel [" +
+             std::to_string(dil_h * (kh - 1) + 1) + ", " + std::to_string(dil_w * (kw - 1) + 1) +
+             "] (no output pixel)");
+  const std::vector<int64_t> sizes = {batch, n, ho, wo};
+  const bool x_nhwc = channels_last(x);
+  bool y_nhwc = x_nhwc;
+  if (out.has_value()) {
+    if (!out->sizes().equals(sizes))
+      fail(op, "out", "must be [N, Co, Ho, Wo] = " + sizes_str(sizes) + ", got shape " + sizes_str(out->sizes()));
+    y_nhwc = channels_last(*out);
+    if (!y_nhwc && !out->is_contiguous())
+      fail(op, "out", "must be contiguous or channels_last-contiguous, got strides " + sizes_str(out->strides()));
+  }
+  // The operator sees x and y contiguous in their layouts: a channels_last tensor as its NHWC view.
+  const at::Tensor x_store = x_nhwc ? x.permute({0, 2, 3, 1}) : x.contiguous();
+  at::Tensor y_store;
+  if (out.has_value())
+    y_store = y_nhwc ? out->permute({0, 2, 3, 1}) : *out;
+  else
+    y_store = y_nhwc ? at::empty({batch, ho, wo, n}, x.options()) : at::empty(sizes, x.options());
+  conv2d_dispatch(x_store, codes, params, bias, y_store, workspace, n, k, bits, block, zero_mode, kh, kw, stride_h,
+                  stride_w, pad_h, pad_w, dil_h, dil_w, groups, x_nhwc ? "NHWC" : "NCHW", y_nhwc ? "NHWC" : "NCHW",
+                  clamp_min, clamp_max);
+  if (out.has_value()) return *out;
+  return y_nhwc ? y_store.permute({0, 3, 1, 2}) : y_store;
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -1034,7 +1187,7 @@ struct Entry<Fn> {
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
   X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen) X(linear) X(w8a8_quantize)          \
-  X(gemm_w8a8)
+  X(gemm_w8a8) X(conv2d)
 #define TESSERA_TORCH_OPS(X) \
   TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv) X(attention_prefill_with_cache)
 
@@ -1146,6 +1299,16 @@ void gemm_w8a8_dispatch(const at::Tensor& a_codes, const at::Tensor& a_scale, co
                             block, clamp_min, clamp_max, out_scale);
 }
 
+void conv2d_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
+                     const std::optional<at::Tensor>& bias, const at::Tensor& y,
+                     const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
+                     std::string_view zero_mode, int64_t kh, int64_t kw, int64_t stride_h, int64_t stride_w,
+                     int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+                     std::string_view x_layout, std::string_view y_layout, double clamp_min, double clamp_max) {
+  Entry<&conv2d>::python(x, codes, params, bias, y, workspace, n, k, bits, block, zero_mode, kh, kw, stride_h, stride_w,
+                         pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout, clamp_min, clamp_max);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -1190,4 +1353,5 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("w8a8_quantize_eager", &w8a8_quantize_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("gemm_w8a8_eager", &gemm_w8a8_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -1,5 +1,5 @@
 """tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, weight-only
-quantized linear layers and W8A8 (int8 x int8) linear layers, callable from PyTorch.
+quantized linear layers and conv2d, and W8A8 (int8 x int8) linear layers, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -15,11 +15,15 @@ quantized linear layers and W8A8 (int8 x int8) linear layers, callable from PyTo
     packed = tessera.linear.prepack(tessera.linear.quantize(w, bits=4, block=128)).cuda()
     y = tessera.linear.linear(x, packed, bias, activation="relu")
 
+    wc = tessera.conv.quantize_weight(layer.weight, bits=4, block=64).cuda()     # an nn.Conv2d's weight
+    y = tessera.conv2d(x, wc, layer.bias, stride=1, padding=1, activation="relu")  # NCHW or channels_last x
+
     w8 = tessera.prepack_w8a8(w, block=128).cuda()
     y = tessera.linear_w8a8(x, w8, bias, activation="relu")   # quantize_per_block(x) + gemm_w8a8(a, w8, bias)
 
-The ops live in tessera.moe, tessera.gemm, tessera.attention, tessera.linear and tessera.w8a8; those of the first
-three and of tessera.w8a8 are re-exported here (tessera.linear's op keeps its module's name: tessera.linear.linear).
+The ops live in tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv and tessera.w8a8; those of
+the first three, tessera.conv's conv2d and tessera.w8a8's are re-exported here (tessera.linear's op keeps its module's
+name: tessera.linear.linear).
 They take torch tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and
 workspace=) to write into preallocated memory, raise ValueError for invalid arguments and RuntimeError for
 CUDA/device errors.
@@ -47,7 +51,7 @@ if _torch is not None:
 
     _dlpack.bind_ops(_torch_ops)
 
-from . import attention, dlpack, gemm, linear, moe, w8a8
+from . import attention, conv, dlpack, gemm, linear, moe, w8a8
 from .attention import (
     append_kv,
     attention_decode,
@@ -57,6 +61,7 @@ from .attention import (
     prefill_varlen,
     prefill_with_cache,
 )
+from .conv import ConvWeight, conv2d
 from .gemm import (
     gemm_fp8,
     grouped_gemm_bf16,
@@ -80,6 +85,7 @@ version = _C.version
 __version__ = _C.version
 
 __all__ = [
+    "ConvWeight",
     "Int8Blocks",
     "PackedLinearWeight",
     "PermuteResult",
@@ -87,6 +93,8 @@ __all__ = [
     "append_kv",
     "attention",
     "attention_decode",
+    "conv",
+    "conv2d",
     "decode_workspace_size",
     "dequantize_kv",
     "dlpack",

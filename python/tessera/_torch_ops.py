@@ -2,9 +2,10 @@
 
 Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
 (``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
-layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.w8a8) allocates the outputs, and
-torch.compile traces that allocation like any other torch code. The CUDA implementations live in tessera._torch_C
-(python/src/torch_ops.cpp), which takes at::Tensor directly and runs on PyTorch's current CUDA stream.
+layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv, tessera.w8a8) allocates the
+outputs, and torch.compile traces that allocation like any other torch code. The CUDA implementations live in
+tessera._torch_C (python/src/torch_ops.cpp), which takes at::Tensor directly and runs on PyTorch's current CUDA
+stream.
 
 Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op>; eager calls go to
 tessera._torch_C.<op>, the same C++ function bound directly, because the dispatcher's boxed call from Python costs
@@ -81,6 +82,13 @@ OPS = {
         "gemm_w8a8(Tensor a_codes, Tensor a_scale, Tensor? a_zero, Tensor? a_sums, Tensor w_codes, Tensor w_scale, "
         "Tensor? w_zero, Tensor? w_sums, Tensor? bias, Tensor(a!) y, Tensor(b!)? workspace, int block, "
         "float clamp_min, float clamp_max, float out_scale) -> ()"),
+    # x and y contiguous in the layouts named ('NHWC' | 'NCHW'): tessera.conv passes a channels_last tensor as its
+    # NHWC view. The weight is a prepacked linear weight [Co, Kh*Kw*Ci_g] (n = Co, k = Kh*Kw*Ci_g) with kh, kw.
+    "conv2d": (
+        "conv2d(Tensor x, Tensor codes, Tensor params, Tensor? bias, Tensor(a!) y, Tensor(b!)? workspace, int n, "
+        "int k, int bits, int block, str zero_mode, int kh, int kw, int stride_h, int stride_w, int pad_h, "
+        "int pad_w, int dil_h, int dil_w, int groups, str x_layout, str y_layout, float clamp_min, "
+        "float clamp_max) -> ()"),
 }
 
 

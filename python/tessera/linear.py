@@ -353,7 +353,8 @@ def prepack(weight, compute_dtype=None):
                    are converted to the documented dtypes, on the host).
     compute_dtype  torch.bfloat16 (default) or torch.float16: the type the kernels compute in and the parameters
                    are stored in (rounded once); it must be x's dtype, or the type fp32 x is rounded to.
-    Rules (checked, ValueError): bits 4 or 8; K a multiple of 8; block 32, 64, 128 or K dividing K; codes below
+    Rules (checked, ValueError): bits 4 or 8; K > 0 (tessera.linear.linear itself needs K % 8 == 0; a conv weight
+    may have any K); block 32, 64, 128 or K dividing K; codes below
     2^bits; k_perm a permutation of [0, K).
     """
     op = "tessera.linear.prepack"

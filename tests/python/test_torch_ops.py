@@ -112,6 +112,7 @@ def test_every_op_is_registered_with_its_mutations():
         "attention_prefill_varlen": {"out", "lse"},
         "attention_prefill_with_cache": {"out", "lse"},
         "linear": {"y", "workspace"},
+        "conv2d": {"y", "workspace"},
         "w8a8_quantize": {"codes", "scale", "zero", "sums"},
         "gemm_w8a8": {"y", "workspace"},
     }
