@@ -7,7 +7,7 @@ the wrappers are generated rather than written by hand. Run from the repository 
 """
 import sys
 
-NS = (8, 16, 32, 64, 128, 256)
+NS = (8, 16, 32, 64, 96, 128, 192, 256)
 # (wrapper name, PTX type suffix, K per instruction, trailing immediates after scale-d)
 KINDS = (
     ("mma_e4m3", "k32.f32.e4m3.e4m3", "1, 1"),       # imm-scale-a, imm-scale-b

@@ -46,7 +46,10 @@ linear::detail::LinearShape gemm_shape(const ConvShape& s, ConvPath path) {
   g.bits = s.bits;
   g.block = s.block;
   g.num_sms = s.num_sms;
-  if (path == ConvPath::kImplicitGemm) g.min_bn = 64;
+  if (path == ConvPath::kImplicitGemm) {
+    g.min_bn = 64;
+    g.wave_tiles = true;
+  }
   return g;
 }
 

@@ -124,6 +124,91 @@ __global__ void conv_direct(const DirectArgs a) {
   }
 }
 
+// The direct kernel with the weights staged: a CTA owns kChunk output channels (any groups: each thread finds its
+// own) and a block of output pixels; it dequantizes its channels' weights once into shared memory as fp32 [K][chunk]
+// (channel fastest: a warp reads one word per channel, no bank conflicts), then each thread sums its channel over
+// pixels (chunk / 4 of them, or one) reading x from global memory: one address for a warp when groups = 1 (a
+// broadcast), consecutive channels for depthwise. Used when K · chunk fits 48 KB; same arithmetic as conv_direct.
+constexpr int kDirectThreads = 256;
+constexpr int kStagedSmemFloats = 12288;
+
+template <class T, class Y>
+__global__ void __launch_bounds__(kDirectThreads)
+    conv_direct_staged(const DirectArgs a, int chunk, int pixels_per_cta) {
+  extern __shared__ float wsm[];  // [K][chunk]
+  const T* __restrict__ x = static_cast<const T*>(a.x);
+  const int64_t K = static_cast<int64_t>(a.kh) * a.kw * a.ci_g;
+  const int64_t co0 = static_cast<int64_t>(blockIdx.x) * chunk;
+  {
+    const linear::detail::FragmentLayout layout(a.bits);
+    for (int64_t idx = threadIdx.x; idx < K * chunk; idx += kDirectThreads) {
+      const int64_t r = idx / chunk, co = co0 + idx % chunk;
+      float wv = 0.f;
+      if (co < a.co) {
+        const int64_t at = linear::detail::param_index(co, r / a.block, a.num_blocks);
+        const float s = param_value<T>(a.params[at]), p = param_value<T>(a.params[at + 1]);
+        const float q = static_cast<float>(layout.get_code(a.codes, a.kp, co, r));
+        wv = a.zero_point ? (q - p) * s : fmaf(q, s, p);
+      }
+      wsm[idx] = wv;
+    }
+  }
+  __syncthreads();
+  const int c = threadIdx.x % chunk, lanes = kDirectThreads / chunk;  // pixel lanes
+  const int64_t co = co0 + c;
+  if (threadIdx.x >= lanes * chunk || co >= a.co) return;
+  const int64_t P = a.n * a.ho * a.wo;
+  const T* const xg = x + (co / a.co_g) * a.ci_g;
+  const float bias = a.bias != nullptr ? to_float(static_cast<const Y*>(a.bias)[co]) : 0.f;
+  for (int64_t p0 = static_cast<int64_t>(blockIdx.y) * pixels_per_cta; p0 < P;
+       p0 += static_cast<int64_t>(gridDim.y) * pixels_per_cta) {
+    for (int64_t pix = p0 + threadIdx.x / chunk; pix < min(P, p0 + pixels_per_cta); pix += lanes) {
+      const int64_t ow = pix % a.wo, oh = (pix / a.wo) % a.ho, img = pix / (a.wo * a.ho);
+      const T* const xb = xg + img * a.h * a.w * a.c;
+      float acc = 0.f;
+      for (int ky = 0; ky < a.kh; ++ky) {
+        const int64_t ih = oh * a.stride_h - a.pad_h + static_cast<int64_t>(ky) * a.dil_h;
+        if (ih < 0 || ih >= a.h) continue;
+        for (int kx = 0; kx < a.kw; ++kx) {
+          const int64_t iw = ow * a.stride_w - a.pad_w + static_cast<int64_t>(kx) * a.dil_w;
+          if (iw < 0 || iw >= a.w) continue;
+          const T* const xp = xb + (ih * a.w + iw) * a.c;
+          const float* const wr = wsm + ((static_cast<int64_t>(ky) * a.kw + kx) * a.ci_g) * chunk + c;
+          for (int64_t ci = 0; ci < a.ci_g; ++ci) acc = fmaf(to_float(xp[ci]), wr[ci * chunk], acc);
+        }
+      }
+      acc = fminf(fmaxf(acc + bias, a.clamp_min), a.clamp_max);
+      static_cast<Y*>(a.y)[pix * a.co + co] = from_float<Y>(acc);
+    }
+  }
+}
+
+// The staged kernel's channel chunk: the largest power of two <= 64 (and <= the next power of two of Co) whose
+// [K][chunk] fp32 weights fit 48 KB; 0 when even one channel's do not (the plain kernel then runs).
+int staged_chunk(int64_t k, int64_t co) {
+  int chunk = 64;
+  while (chunk > 1 && (chunk / 2 >= co || k * chunk > kStagedSmemFloats)) chunk /= 2;
+  return k * chunk <= kStagedSmemFloats ? chunk : 0;
+}
+
+template <class T, class Y>
+void launch_direct(const DirectArgs& a, const ConvShape& s, cudaStream_t stream) {
+  const int chunk = staged_chunk(s.k(), s.co);
+  if (chunk == 0) {
+    conv_direct<T, Y><<<elementwise_grid(s.pixels() * s.co), kDirectThreads, 0, stream>>>(a);
+    TESSERA_CHECK_LAUNCH();
+    return;
+  }
+  // A block of pixels per CTA: 16 per pixel lane (so that the staged weights serve a few thousand outputs).
+  const int lanes = kDirectThreads / chunk, pixels_per_cta = 16 * lanes;
+  const int64_t pixel_blocks = (s.pixels() + pixels_per_cta - 1) / pixels_per_cta;
+  const dim3 grid(static_cast<unsigned>((s.co + chunk - 1) / chunk),
+                  static_cast<unsigned>(std::min<int64_t>(pixel_blocks, 65535)));
+  const size_t smem = static_cast<size_t>(s.k()) * chunk * sizeof(float);
+  conv_direct_staged<T, Y><<<grid, kDirectThreads, smem, stream>>>(a, chunk, pixels_per_cta);
+  TESSERA_CHECK_LAUNCH();
+}
+
 template <class T>
 void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
   const ConvShape& s = pb.shape;
@@ -179,12 +264,10 @@ void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
     a.bias = pb.bias;
     a.clamp_min = pb.clamp_min;
     a.clamp_max = pb.clamp_max;
-    const int grid = elementwise_grid(s.pixels() * s.co);
     if (y_f32)
-      conv_direct<T, float><<<grid, 256, 0, stream>>>(a);
+      launch_direct<T, float>(a, s, stream);
     else
-      conv_direct<T, T><<<grid, 256, 0, stream>>>(a);
-    TESSERA_CHECK_LAUNCH();
+      launch_direct<T, T>(a, s, stream);
   } else {
     linear::detail::LinearProblem lp;
     lp.shape = gemm_shape(s, pb.path);

@@ -58,8 +58,8 @@ LinearConfig select_config(const LinearShape& s) {
   const double sm_bytes_per_us = kDramBytesPerUs / s.num_sms;
   LinearConfig best;
   best.predicted_us = INFINITY;
-  for (int bn : {8, 16, 32, 64, 128, 256}) {
-    if (bn < s.min_bn) continue;
+  for (int bn : {8, 16, 32, 64, 96, 128, 192, 256}) {
+    if (bn < s.min_bn || ((bn == 96 || bn == 192) && !s.wave_tiles)) continue;
     if (bn > std::max(8, s.min_bn) && s.m <= bn / 2) continue;  // a smaller tile covers M
     LinearConfig c;
     c.bn = bn;
@@ -67,6 +67,7 @@ LinearConfig select_config(const LinearShape& s) {
     c.m_tiles = ceil_div(s.m, bn);
     const StageBytes sb = stage_bytes(bn, s.bits, s.block, s.k);
     c.stages = static_cast<int>(std::min<int64_t>(kMaxStages, (kGemmSmemBudget - 1024) / sb.total));
+    c.stages = std::max(c.stages, static_cast<int>(ceil_div(epilogue_tile_bytes(bn), sb.total)));
     // Splits own whole stages, at least two each.
     const int64_t k_stages = ceil_div(k_blocks, kblocks_per_stage(bn));
     const int64_t max_splits = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, k_stages / 2));

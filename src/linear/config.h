@@ -30,11 +30,14 @@ struct LinearShape {
   int64_t block = 128;  // 32, 64, 128, or k (one block per output channel)
   int num_sms = 132;
   int min_bn = 8;  // the smallest token tile allowed (a conv's implicit GEMM runs on the wgmma tiles only: 64)
+  // Also the 96- and 192-token tiles (a conv's pixel counts: a grid of whole waves more often). The linear layer keeps
+  // the power-of-two set it was measured with.
+  bool wave_tiles = false;
 };
 
 // k-blocks per ring stage: small token tiles carry several, so that a stage is a few KB of codes (fewer barrier
 // round trips and TMA issues per byte); kBN 128 / 256 tiles carry one.
-constexpr int kblocks_per_stage(int bn) { return bn <= 32 ? 4 : bn == 64 ? 2 : 1; }
+constexpr int kblocks_per_stage(int bn) { return bn <= 32 ? 4 : bn < 128 ? 2 : 1; }
 
 // One ring stage: kblocks_per_stage x tiles (kBN rows × 128 bytes each, 128-byte swizzle), the 8 stripes' codes of
 // those k-blocks, their parameter pairs (every block the stage's columns touch).
@@ -44,8 +47,11 @@ struct StageBytes {
 };
 StageBytes stage_bytes(int bn, int bits, int64_t block, int64_t k);
 
+// The wgmma tiles' epilogue stages a [bn tokens][kGemmRows + 4] fp32 tile in the ring (gemm_kernel.cuh).
+constexpr int epilogue_tile_bytes(int bn) { return bn > kMmaSyncMaxBN ? bn * (kGemmRows + 4) * 4 : 0; }
+
 struct LinearConfig {
-  int bn = 8;      // token rows per CTA (wgmma N): 8, 16, 32, 64, 128 or 256
+  int bn = 8;      // token rows per CTA (wgmma N): 8, 16, 32, 64, 128 or 256 (also 96 and 192: wave_tiles)
   int splits = 1;  // K ranges across CTAs; > 1: fp32 partials in the workspace, reduced by a second kernel
   int stages = 2;  // ring depth
   int64_t n_tiles = 0, m_tiles = 0;  // grid (x, y); grid z = splits

@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <string>
 
 #include "common/check.h"
 #include "common/occupancy.h"
 #include "common/tensor_map.h"
 #include "linear/gemm_kernel.cuh"
 #include "linear/problem.h"
+#include "tessera/error.h"
 
 namespace tessera::linear::detail {
 namespace {
@@ -64,10 +66,18 @@ void launch_bn(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArgs&
   a.code_bytes = static_cast<uint32_t>(sb.codes);
   a.stage_bytes = static_cast<uint32_t>(sb.total);
   a.tx_bytes = static_cast<uint32_t>(sb.x + sb.codes + sb.params);
-  auto kernel = linear_gemm_kernel<T, kBits, kBN>;
-  if constexpr (kBN >= 64) {
-    if (pb.conv.enabled) kernel = linear_gemm_kernel<T, kBits, kBN, true>;
+  // The 96- and 192-token tiles exist for the implicit-GEMM conv only (LinearShape::wave_tiles); the plain kernels keep
+  // the power-of-two set.
+  constexpr bool kWaveTile = kBN == 96 || kBN == 192;
+  using Kernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, ConvArgs);
+  Kernel kernel = nullptr;
+  if (pb.conv.enabled) {
+    if constexpr (kBN >= 64) kernel = linear_gemm_kernel<T, kBits, kBN, true>;
+  } else if constexpr (!kWaveTile) {
+    kernel = linear_gemm_kernel<T, kBits, kBN>;
   }
+  if (kernel == nullptr)
+    throw Error("tessera: internal error: no linear kernel for a " + std::to_string(kBN) + "-token tile");
   const int smem = static_cast<int>(gemm_smem_bytes(s, c));
   // Raises the kernel's dynamic shared-memory limit (once per size).
   ::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), gemm_threads(kBN), smem);
@@ -104,8 +114,12 @@ void launch_bits(const LinearProblem& pb, const T* x, int64_t ldx, const GemmArg
       return launch_bn<T, kBits, 32>(pb, x, ldx, a, stream);
     case 64:
       return launch_bn<T, kBits, 64>(pb, x, ldx, a, stream);
+    case 96:
+      return launch_bn<T, kBits, 96>(pb, x, ldx, a, stream);
     case 128:
       return launch_bn<T, kBits, 128>(pb, x, ldx, a, stream);
+    case 192:
+      return launch_bn<T, kBits, 192>(pb, x, ldx, a, stream);
     default:
       return launch_bn<T, kBits, 256>(pb, x, ldx, a, stream);
   }

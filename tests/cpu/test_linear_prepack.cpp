@@ -584,6 +584,9 @@ TEST(LinearSelectConfig, ValidAndDeterministicOverTheShapeGrid) {
               EXPECT_LE(c.splits, (k + detail::kKBlock - 1) / detail::kKBlock);
               // Shared memory within the kernel's budget, and Hopper's 227 KB per block in any case.
               EXPECT_LE(detail::gemm_smem_bytes(s, c), static_cast<size_t>(detail::kGemmSmemBudget));
+              // The staged epilogue's tile fits in the ring.
+              EXPECT_GE(detail::gemm_smem_bytes(s, c) - 1024,
+                        static_cast<size_t>(detail::epilogue_tile_bytes(c.bn)));
               EXPECT_LE(detail::gemm_smem_bytes(s, c), 227u * 1024u);
               EXPECT_TRUE(std::isfinite(c.predicted_us));
               EXPECT_GT(c.predicted_us, 0.0);

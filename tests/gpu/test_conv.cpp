@@ -488,6 +488,13 @@ TEST_F(ConvGpu, DirectPath) {
     c.path = ConvPath::kDirect;
     cases.push_back(c);
   }
+  {  // K 12600 (Ci 1400, 3×3): the staged weights would not fit shared memory, the plain direct kernel runs
+    Case c = base(1, 5, 4, 1400, 8, 3);
+    c.block = 0;
+    c.bias = true;
+    c.path = ConvPath::kDirect;
+    cases.push_back(c);
+  }
   {  // groups 2 with Co_g 64 (< 128: a tile would straddle groups), Ci_g 64, block 64
     Case c = base(1, 10, 10, 128, 128, 3);
     c.groups = 2;

@@ -752,11 +752,14 @@ def test_bias_and_clamp(seed, case, epilogue, layout):
     bias = _x(seed + 2, (case["co"],), dt)
     geometry = {k: case[k] for k in ("stride", "padding", "dilation", "groups")}
     lo, hi = tl._bounds("test", epilogue.get("activation"), epilogue.get("clamp"))
-    want = _reference(x, cw, bias, lo, hi, **geometry)
+    # The error is relative to the product before the clamp (as the C++ tests take it): a narrow clamp keeps mostly
+    # the elements whose sums cancelled, whose error is relative to their terms, not to what is left of them.
+    product = _reference(x, cw, bias, **geometry)
+    want = product.clamp(lo, hi)
     y = tc.conv2d(x, cw, bias, out=_poisoned(tuple(want.shape), dt, fmt), **epilogue, **geometry)
     torch.cuda.synchronize()
     assert float(y.min()) >= lo and float(y.max()) <= hi
-    err = _rel(y, want)
+    err = (y.double() - want).norm().item() / product.norm().item()
     assert err <= TOL["bfloat16"], f"rel err {err:.3e}"
 
 
@@ -776,7 +779,7 @@ def test_formats_in_and_out_are_independent(seed, case):
             tc.conv2d(x.contiguous(memory_format=x_fmt), cw, out=out, **geometry)
             torch.cuda.synchronize()
             assert _rel(out, want.double()) <= TOL["float16"], (x_fmt, y_fmt)
-    strided = torch.cat([x, x], dim=3)[..., ::2]  # neither format: read through a contiguous copy
+    strided = torch.cat([x, x], dim=3)[..., : x.shape[3]]  # x's values in neither format: a contiguous copy
     assert not strided.is_contiguous() and not strided.is_contiguous(memory_format=torch.channels_last)
     got = tc.conv2d(strided, cw, **geometry)
     torch.cuda.synchronize()
