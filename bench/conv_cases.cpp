@@ -183,14 +183,6 @@ struct ConvInputs {
   DeviceBuffer codes, params, x;
 };
 
-// Interleaves two arrays of `count` 16-bit values into (a, b) pairs: dst[2i] = a[i], dst[2i + 1] = b[i].
-void interleave_pairs(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, cudaStream_t stream) {
-  TESSERA_CUDA_CHECK(
-      cudaMemcpy2DAsync(dst, 4, a, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
-  TESSERA_CUDA_CHECK(
-      cudaMemcpy2DAsync(dst + 1, 4, b, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
-}
-
 // Codes and pairs generated on the GPU (a layout without padding: every byte and pair is a real weight's).
 void make_weight_on_device(const Problem& p, uint64_t seed, ConvInputs& in, cudaStream_t stream) {
   in.codes.allocate(p.code_bytes());  // a multiple of 4 bytes: 16 rows × Kp·bits/8 per stripe
@@ -215,7 +207,7 @@ void make_weight_on_device(const Problem& p, uint64_t seed, ConvInputs& in, cuda
                                        cudaMemcpyDeviceToDevice, stream));
   gen::gather_rows(zero_table.get(), 2, index64.as<const int64_t>(), pairs, zero.get(), stream);
   in.params.allocate(pairs * 4);
-  interleave_pairs(in.params.as<uint16_t>(), scale.as<const uint16_t>(), zero.as<const uint16_t>(), pairs, stream);
+  gen::interleave_pairs(in.params.as<uint16_t>(), scale.as<const uint16_t>(), zero.as<const uint16_t>(), pairs, stream);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // the temporaries go out of scope
 }
 

@@ -394,4 +394,11 @@ void amax16(const uint16_t* x, DType dtype, int64_t count, float* amax, cudaStre
   check_launch();
 }
 
+void interleave_pairs(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, cudaStream_t stream) {
+  TESSERA_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, 4, a, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
+  TESSERA_CUDA_CHECK(
+      cudaMemcpy2DAsync(dst + 1, 4, b, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
+}
+
 }  // namespace tessera::bench::gen

@@ -77,4 +77,8 @@ void gather_rows(const void* src, int64_t row_bytes, const int64_t* rows, int64_
 // The largest |x| over count 16-bit floats (kBF16 / kFP16), into *amax (a device float, overwritten).
 void amax16(const uint16_t* x, DType dtype, int64_t count, float* amax, cudaStream_t stream);
 
+// Interleaves two arrays of `count` 16-bit values into (a, b) pairs, dst[2i] = a[i], dst[2i + 1] = b[i]: the
+// prepacked (scale, offset or zero) pairs of a weight-only linear / conv weight.
+void interleave_pairs(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, cudaStream_t stream);
+
 }  // namespace tessera::bench::gen

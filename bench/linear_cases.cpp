@@ -123,14 +123,6 @@ struct LinearInputs {
   DeviceBuffer codes, params, x;
 };
 
-// Interleaves two arrays of `count` 16-bit values into (a, b) pairs: dst[2i] = a[i], dst[2i + 1] = b[i].
-void interleave_pairs(uint16_t* dst, const uint16_t* a, const uint16_t* b, int64_t count, cudaStream_t stream) {
-  TESSERA_CUDA_CHECK(
-      cudaMemcpy2DAsync(dst, 4, a, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
-  TESSERA_CUDA_CHECK(
-      cudaMemcpy2DAsync(dst + 1, 4, b, 2, 2, static_cast<std::size_t>(count), cudaMemcpyDeviceToDevice, stream));
-}
-
 LinearInputs make_inputs(const Problem& p, uint64_t seed, cudaStream_t stream) {
   LinearInputs in;
   in.codes.allocate(p.code_bytes());  // a multiple of 4 bytes: 16 rows × K·bits/8 per stripe
@@ -165,7 +157,7 @@ LinearInputs make_inputs(const Problem& p, uint64_t seed, cudaStream_t stream) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));  // index32 is freed at the end of this scope
   }
   in.params.allocate(pairs * 4);
-  interleave_pairs(in.params.as<uint16_t>(), scale.as<const uint16_t>(), second.as<const uint16_t>(), pairs, stream);
+  gen::interleave_pairs(in.params.as<uint16_t>(), scale.as<const uint16_t>(), second.as<const uint16_t>(), pairs, stream);
 
   in.x.allocate(p.m * p.k() * 2);
   gen::fill_float(in.x.get(), DType::kBF16, p.m * p.k(), gen::sub_seed(seed, kX), {}, stream);

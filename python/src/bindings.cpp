@@ -732,27 +732,7 @@ std::size_t linear_workspace_bytes(int64_t max_m, const py::object& codes, const
 
 namespace tc = tessera::conv;
 
-tc::Layout parse_layout(std::string_view s, const char* op, const char* arg) {
-  static constexpr tessera::python::Choice<tc::Layout> kChoices[] = {{"NHWC", tc::Layout::kNHWC},
-                                                                     {"NCHW", tc::Layout::kNCHW}};
-  return tessera::python::parse_choice(s, op, arg, kChoices);
-}
-
-tc::Conv2dParams conv2d_params(const char* op, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w,
-                               int64_t dil_h, int64_t dil_w, int64_t groups, const std::string& x_layout,
-                               const std::string& y_layout) {
-  tc::Conv2dParams p;
-  p.stride_h = stride_h;
-  p.stride_w = stride_w;
-  p.pad_h = pad_h;
-  p.pad_w = pad_w;
-  p.dil_h = dil_h;
-  p.dil_w = dil_w;
-  p.groups = groups;
-  p.x_layout = parse_layout(x_layout, op, "x_layout");
-  p.y_layout = parse_layout(y_layout, op, "y_layout");
-  return p;
-}
+using tessera::python::conv2d_params;
 
 // The queries read the weight's tensors too (their shapes and the compute dtype), on the host or the device.
 tc::ConvWeight conv_weight_of(const char* op, const py::object& codes, const py::object& params, int64_t n, int64_t k,

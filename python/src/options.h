@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "tessera/attention.h"
+#include "tessera/conv.h"
 #include "tessera/error.h"
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
@@ -75,6 +76,28 @@ inline linear::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
   static constexpr Choice<linear::ZeroMode> kChoices[] = {{"offset", linear::ZeroMode::kOffset},
                                                           {"zero_point", linear::ZeroMode::kZeroPoint}};
   return parse_choice(s, op, "zero_mode", kChoices);
+}
+
+// conv2d's geometry and layouts ('NHWC' | 'NCHW') as both modules receive them.
+inline conv::Layout parse_layout(std::string_view s, const char* op, const char* arg) {
+  static constexpr Choice<conv::Layout> kChoices[] = {{"NHWC", conv::Layout::kNHWC}, {"NCHW", conv::Layout::kNCHW}};
+  return parse_choice(s, op, arg, kChoices);
+}
+
+inline conv::Conv2dParams conv2d_params(const char* op, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                                        int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups,
+                                        std::string_view x_layout, std::string_view y_layout) {
+  conv::Conv2dParams p;
+  p.stride_h = stride_h;
+  p.stride_w = stride_w;
+  p.pad_h = pad_h;
+  p.pad_w = pad_w;
+  p.dil_h = dil_h;
+  p.dil_w = dil_w;
+  p.groups = groups;
+  p.x_layout = parse_layout(x_layout, op, "x_layout");
+  p.y_layout = parse_layout(y_layout, op, "y_layout");
+  return p;
 }
 
 inline attention::KVFormat parse_kv_format(std::string_view s, const char* op) {

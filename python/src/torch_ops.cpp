@@ -499,28 +499,14 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
 
 namespace tc = tessera::conv;
 
-tc::Layout parse_layout(std::string_view s, const char* op, const char* arg) {
-  static constexpr tessera::python::Choice<tc::Layout> kChoices[] = {{"NHWC", tc::Layout::kNHWC},
-                                                                     {"NCHW", tc::Layout::kNCHW}};
-  return tessera::python::parse_choice(s, op, arg, kChoices);
-}
-
 void conv2d(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
             const std::optional<at::Tensor>& bias, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
             int64_t n, int64_t k, int64_t bits, int64_t block, std::string_view zero_mode, int64_t kh, int64_t kw,
             int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w, int64_t dil_h, int64_t dil_w,
             int64_t groups, std::string_view x_layout, std::string_view y_layout, double clamp_min, double clamp_max) {
   constexpr const char* op = "tessera.conv2d";
-  tc::Conv2dParams p;
-  p.stride_h = stride_h;
-  p.stride_w = stride_w;
-  p.pad_h = pad_h;
-  p.pad_w = pad_w;
-  p.dil_h = dil_h;
-  p.dil_w = dil_w;
-  p.groups = groups;
-  p.x_layout = parse_layout(x_layout, op, "x_layout");
-  p.y_layout = parse_layout(y_layout, op, "y_layout");
+  const tc::Conv2dParams p = tessera::python::conv2d_params(op, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups,
+                                                            x_layout, y_layout);
   tc::ConvWeight w;
   w.w.zero_mode = tessera::python::parse_zero_mode(zero_mode, op);
   w.w.n = n;

@@ -70,65 +70,77 @@ __global__ void convert(const Src* __restrict__ src, Dst* __restrict__ dst, int6
 }
 
 struct DirectArgs {
+  linear::detail::ConvGeometry g;
   const void* x;  // NHWC, compute dtype
   const uint8_t* codes;
   const uint16_t* params;
-  int64_t n, h, w, c, ho, wo, co, ci_g, co_g, kp, num_blocks, block;
-  int kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, bits;
+  int64_t co, kp, num_blocks, block;
+  int bits;
   bool zero_point;
   void* y;  // NHWC, Y
   const void* bias;
   float clamp_min, clamp_max;
 };
 
-// One thread per output element (pixel, co), co fastest (a warp's x reads are one pixel's channels): fp32 sums of x
-// times the exact dequantized weight (q·s + o or (q − z)·s in fp32 from the stored 16-bit parameters), read from the
-// prepacked layout (linear/layout.h) one code at a time.
+// Weight (co, r) exactly as the prepacked layout holds it: q·s + o or (q − z)·s in fp32 from the stored 16-bit
+// parameters.
+template <class T>
+__device__ __forceinline__ float dequant_weight(const DirectArgs& a, const linear::detail::FragmentLayout& layout,
+                                                int64_t co, int64_t r) {
+  const int64_t at = linear::detail::param_index(co, r / a.block, a.num_blocks);
+  const float s = param_value<T>(a.params[at]), p = param_value<T>(a.params[at + 1]);
+  const float q = static_cast<float>(layout.get_code(a.codes, a.kp, co, r));
+  return a.zero_point ? (q - p) * s : fmaf(q, s, p);
+}
+
+// Σ over the window of output pixel `pix` of x (NHWC, already offset to the group's first channel) times weight(r),
+// padded taps skipped; fp32.
+template <class T, class Weight>
+__device__ __forceinline__ float window_sum(const linear::detail::ConvGeometry& g, const T* xg, int64_t pix,
+                                            Weight weight) {
+  const int64_t ow = pix % g.wo, oh = (pix / g.wo) % g.ho, img = pix / (g.wo * g.ho);
+  const T* const xb = xg + img * g.h * g.w * g.c;
+  float acc = 0.f;
+  for (int ky = 0; ky < g.kh; ++ky) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + static_cast<int64_t>(ky) * g.dil_h;
+    if (ih < 0 || ih >= g.h) continue;
+    for (int kx = 0; kx < g.kw; ++kx) {
+      const int64_t iw = ow * g.stride_w - g.pad_w + static_cast<int64_t>(kx) * g.dil_w;
+      if (iw < 0 || iw >= g.w) continue;
+      const T* const xp = xb + (ih * g.w + iw) * g.c;
+      const int64_t r0 = (static_cast<int64_t>(ky) * g.kw + kx) * g.ci_g;
+      for (int64_t ci = 0; ci < g.ci_g; ++ci) acc = fmaf(to_float(xp[ci]), weight(r0 + ci), acc);
+    }
+  }
+  return acc;
+}
+
+template <class Y>
+__device__ __forceinline__ void store_direct(const DirectArgs& a, int64_t pix, int64_t co, float acc) {
+  if (a.bias != nullptr) acc += to_float(static_cast<const Y*>(a.bias)[co]);
+  static_cast<Y*>(a.y)[pix * a.co + co] = from_float<Y>(fminf(fmaxf(acc, a.clamp_min), a.clamp_max));
+}
+
+// One thread per output element (pixel, co), co fastest (a warp's x reads are one pixel's channels), each weight
+// decoded from the prepacked layout (linear/layout.h) where it is used: the fallback for K beyond the staged kernel's.
 template <class T, class Y>
 __global__ void conv_direct(const DirectArgs a) {
-  const T* __restrict__ x = static_cast<const T*>(a.x);
   const linear::detail::FragmentLayout layout(a.bits);
-  const int64_t total = a.n * a.ho * a.wo * a.co;
+  const int64_t total = a.g.n * a.g.ho * a.g.wo * a.co;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t co = i % a.co, pix = i / a.co;
-    const int64_t ow = pix % a.wo, oh = (pix / a.wo) % a.ho, img = pix / (a.wo * a.ho);
-    const T* const xb = x + img * a.h * a.w * a.c + (co / a.co_g) * a.ci_g;
-    float acc = 0.f, s = 0.f, p = 0.f;
-    int64_t open = -1;
-    for (int ky = 0; ky < a.kh; ++ky) {
-      const int64_t ih = oh * a.stride_h - a.pad_h + static_cast<int64_t>(ky) * a.dil_h;
-      if (ih < 0 || ih >= a.h) continue;
-      for (int kx = 0; kx < a.kw; ++kx) {
-        const int64_t iw = ow * a.stride_w - a.pad_w + static_cast<int64_t>(kx) * a.dil_w;
-        if (iw < 0 || iw >= a.w) continue;
-        const T* const xp = xb + (ih * a.w + iw) * a.c;
-        int64_t r = (static_cast<int64_t>(ky) * a.kw + kx) * a.ci_g;
-        for (int64_t ci = 0; ci < a.ci_g; ++ci, ++r) {
-          const int64_t blk = r / a.block;
-          if (blk != open) {
-            const int64_t at = linear::detail::param_index(co, blk, a.num_blocks);
-            s = param_value<T>(a.params[at]);
-            p = param_value<T>(a.params[at + 1]);
-            open = blk;
-          }
-          const float q = static_cast<float>(layout.get_code(a.codes, a.kp, co, r));
-          const float wv = a.zero_point ? (q - p) * s : fmaf(q, s, p);
-          acc = fmaf(to_float(xp[ci]), wv, acc);
-        }
-      }
-    }
-    if (a.bias != nullptr) acc += to_float(static_cast<const Y*>(a.bias)[co]);
-    acc = fminf(fmaxf(acc, a.clamp_min), a.clamp_max);
-    static_cast<Y*>(a.y)[i] = from_float<Y>(acc);
+    const T* const xg = static_cast<const T*>(a.x) + (co / a.g.co_g) * a.g.ci_g;
+    store_direct<Y>(a, pix, co,
+                    window_sum(a.g, xg, pix, [&](int64_t r) { return dequant_weight<T>(a, layout, co, r); }));
   }
 }
 
-// The direct kernel with the weights staged: a CTA owns kChunk output channels (any groups: each thread finds its
+// The direct kernel with the weights staged: a CTA owns `chunk` output channels (any groups: each thread finds its
 // own) and a block of output pixels; it dequantizes its channels' weights once into shared memory as fp32 [K][chunk]
 // (channel fastest: a warp reads one word per channel, no bank conflicts), then each thread sums its channel over
-// pixels (chunk / 4 of them, or one) reading x from global memory: one address for a warp when groups = 1 (a
-// broadcast), consecutive channels for depthwise. Used when K · chunk fits 48 KB; same arithmetic as conv_direct.
+// pixels reading x from global memory: one address for a warp when groups = 1 (a broadcast), consecutive channels for
+// depthwise. Used when K · chunk fits 48 KB; the same arithmetic as conv_direct.
 constexpr int kDirectThreads = 256;
 constexpr int kStagedSmemFloats = 12288;
 
@@ -136,51 +148,26 @@ template <class T, class Y>
 __global__ void __launch_bounds__(kDirectThreads)
     conv_direct_staged(const DirectArgs a, int chunk, int pixels_per_cta) {
   extern __shared__ float wsm[];  // [K][chunk]
-  const T* __restrict__ x = static_cast<const T*>(a.x);
-  const int64_t K = static_cast<int64_t>(a.kh) * a.kw * a.ci_g;
+  const int64_t K = static_cast<int64_t>(a.g.kh) * a.g.kw * a.g.ci_g;
   const int64_t co0 = static_cast<int64_t>(blockIdx.x) * chunk;
   {
     const linear::detail::FragmentLayout layout(a.bits);
     for (int64_t idx = threadIdx.x; idx < K * chunk; idx += kDirectThreads) {
       const int64_t r = idx / chunk, co = co0 + idx % chunk;
-      float wv = 0.f;
-      if (co < a.co) {
-        const int64_t at = linear::detail::param_index(co, r / a.block, a.num_blocks);
-        const float s = param_value<T>(a.params[at]), p = param_value<T>(a.params[at + 1]);
-        const float q = static_cast<float>(layout.get_code(a.codes, a.kp, co, r));
-        wv = a.zero_point ? (q - p) * s : fmaf(q, s, p);
-      }
-      wsm[idx] = wv;
+      wsm[idx] = co < a.co ? dequant_weight<T>(a, layout, co, r) : 0.f;
     }
   }
   __syncthreads();
   const int c = threadIdx.x % chunk, lanes = kDirectThreads / chunk;  // pixel lanes
   const int64_t co = co0 + c;
   if (threadIdx.x >= lanes * chunk || co >= a.co) return;
-  const int64_t P = a.n * a.ho * a.wo;
-  const T* const xg = x + (co / a.co_g) * a.ci_g;
-  const float bias = a.bias != nullptr ? to_float(static_cast<const Y*>(a.bias)[co]) : 0.f;
+  const int64_t P = a.g.n * a.g.ho * a.g.wo;
+  const T* const xg = static_cast<const T*>(a.x) + (co / a.g.co_g) * a.g.ci_g;
+  const float* const wc = wsm + c;
   for (int64_t p0 = static_cast<int64_t>(blockIdx.y) * pixels_per_cta; p0 < P;
-       p0 += static_cast<int64_t>(gridDim.y) * pixels_per_cta) {
-    for (int64_t pix = p0 + threadIdx.x / chunk; pix < min(P, p0 + pixels_per_cta); pix += lanes) {
-      const int64_t ow = pix % a.wo, oh = (pix / a.wo) % a.ho, img = pix / (a.wo * a.ho);
-      const T* const xb = xg + img * a.h * a.w * a.c;
-      float acc = 0.f;
-      for (int ky = 0; ky < a.kh; ++ky) {
-        const int64_t ih = oh * a.stride_h - a.pad_h + static_cast<int64_t>(ky) * a.dil_h;
-        if (ih < 0 || ih >= a.h) continue;
-        for (int kx = 0; kx < a.kw; ++kx) {
-          const int64_t iw = ow * a.stride_w - a.pad_w + static_cast<int64_t>(kx) * a.dil_w;
-          if (iw < 0 || iw >= a.w) continue;
-          const T* const xp = xb + (ih * a.w + iw) * a.c;
-          const float* const wr = wsm + ((static_cast<int64_t>(ky) * a.kw + kx) * a.ci_g) * chunk + c;
-          for (int64_t ci = 0; ci < a.ci_g; ++ci) acc = fmaf(to_float(xp[ci]), wr[ci * chunk], acc);
-        }
-      }
-      acc = fminf(fmaxf(acc + bias, a.clamp_min), a.clamp_max);
-      static_cast<Y*>(a.y)[pix * a.co + co] = from_float<Y>(acc);
-    }
-  }
+       p0 += static_cast<int64_t>(gridDim.y) * pixels_per_cta)
+    for (int64_t pix = p0 + threadIdx.x / chunk; pix < min(P, p0 + pixels_per_cta); pix += lanes)
+      store_direct<Y>(a, pix, co, window_sum(a.g, xg, pix, [&](int64_t r) { return wc[r * chunk]; }));
 }
 
 // The staged kernel's channel chunk: the largest power of two <= 64 (and <= the next power of two of Co) whose
@@ -209,6 +196,29 @@ void launch_direct(const DirectArgs& a, const ConvShape& s, cudaStream_t stream)
   TESSERA_CHECK_LAUNCH();
 }
 
+// The conv's geometry as the linear kernel's producer and the direct kernels read it.
+linear::detail::ConvGeometry geometry_of(const ConvShape& s) {
+  linear::detail::ConvGeometry g;
+  g.enabled = true;
+  g.n = s.n;
+  g.h = s.h;
+  g.w = s.w;
+  g.c = s.ci;
+  g.ho = s.ho;
+  g.wo = s.wo;
+  g.ci_g = s.ci_g();
+  g.co_g = s.co_g();
+  g.kh = static_cast<int>(s.kh);
+  g.kw = static_cast<int>(s.kw);
+  g.stride_h = static_cast<int>(s.p.stride_h);
+  g.stride_w = static_cast<int>(s.p.stride_w);
+  g.pad_h = static_cast<int>(s.p.pad_h);
+  g.pad_w = static_cast<int>(s.p.pad_w);
+  g.dil_h = static_cast<int>(s.p.dil_h);
+  g.dil_w = static_cast<int>(s.p.dil_w);
+  return g;
+}
+
 template <class T>
 void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
   const ConvShape& s = pb.shape;
@@ -235,29 +245,14 @@ void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
   void* const y_nhwc = s.p.y_layout == Layout::kNCHW ? static_cast<void*>(ws + wl.x_bytes) : pb.y;
   if (pb.path == ConvPath::kDirect) {
     DirectArgs a{};
+    a.g = geometry_of(s);
     a.x = x;
     a.codes = pb.codes;
     a.params = pb.params;
-    a.n = s.n;
-    a.h = s.h;
-    a.w = s.w;
-    a.c = s.ci;
-    a.ho = s.ho;
-    a.wo = s.wo;
     a.co = s.co;
-    a.ci_g = s.ci_g();
-    a.co_g = s.co_g();
     a.kp = (s.k() + linear::tile_k(s.bits) - 1) / linear::tile_k(s.bits) * linear::tile_k(s.bits);
     a.num_blocks = pb.num_blocks;
     a.block = s.block;
-    a.kh = static_cast<int>(s.kh);
-    a.kw = static_cast<int>(s.kw);
-    a.stride_h = static_cast<int>(s.p.stride_h);
-    a.stride_w = static_cast<int>(s.p.stride_w);
-    a.pad_h = static_cast<int>(s.p.pad_h);
-    a.pad_w = static_cast<int>(s.p.pad_w);
-    a.dil_h = static_cast<int>(s.p.dil_h);
-    a.dil_w = static_cast<int>(s.p.dil_w);
     a.bits = s.bits;
     a.zero_point = pb.zero_point;
     a.y = y_nhwc;
@@ -288,26 +283,7 @@ void launch_typed(const ConvProblem& pb, cudaStream_t stream) {
     lp.clamp_min = pb.clamp_min;
     lp.clamp_max = pb.clamp_max;
     lp.workspace = ws + wl.x_bytes + wl.y_bytes;
-    if (pb.path == ConvPath::kImplicitGemm) {
-      linear::detail::ConvGeometry& g = lp.conv;
-      g.enabled = true;
-      g.n = s.n;
-      g.h = s.h;
-      g.w = s.w;
-      g.c = s.ci;
-      g.ho = s.ho;
-      g.wo = s.wo;
-      g.ci_g = s.ci_g();
-      g.co_g = s.co_g();
-      g.kh = static_cast<int>(s.kh);
-      g.kw = static_cast<int>(s.kw);
-      g.stride_h = static_cast<int>(s.p.stride_h);
-      g.stride_w = static_cast<int>(s.p.stride_w);
-      g.pad_h = static_cast<int>(s.p.pad_h);
-      g.pad_w = static_cast<int>(s.p.pad_w);
-      g.dil_h = static_cast<int>(s.p.dil_h);
-      g.dil_w = static_cast<int>(s.p.dil_w);
-    }
+    if (pb.path == ConvPath::kImplicitGemm) lp.conv = geometry_of(s);
     linear::detail::launch_linear(lp, stream);
   }
   if (s.p.y_layout == Layout::kNCHW) {
