@@ -539,7 +539,7 @@ def test_conv2d_path_names_the_header_rules(seed):
     assert tc.conv2d_path(x[:, :, :1], one, stride=2) == "direct"  # Ho = 1: no im2col box
     dw = _weight(seed, co=64, ci_g=1, block=None)
     assert tc.conv2d_path(x, dw, padding=1, groups=64) == "direct"
-    g2 = _weight(seed, co=256, ci_g=32)
+    g2 = _weight(seed, co=256, ci_g=32, block=32)
     assert tc.conv2d_path(x, g2, padding=1, groups=2) == "direct"  # Ci_g = 32
     rgb = _weight(seed, co=32, ci_g=3, kh=7, kw=7, bits=8, block=None)
     assert tc.conv2d_path(torch.empty((1, 3, 224, 224), device="meta"), rgb, stride=2, padding=3) == "direct"
