@@ -24,9 +24,12 @@
 //                 never formed): Ci_g % 64 == 0, groups 1 or Co_g % 128 == 0, Ho ≥ 2 and Wo ≥ 2 (the copies' bounding
 //                 box must not be empty), pad ≤ 127, stride ≤ 8, dil·(k − 1) ≤ 255 and dil·(k − 1) − pad ≤ 128 per
 //                 axis, N·Ho·Wo < 2^24 in ≤ 65535 pixel tiles.
-//   kDirect       everything else (depthwise, small groups, Ci not a multiple of 64, the first RGB layer): one CUDA-core
-//                 thread per output element, fp32 sums over exact dequantized weights; correct on every geometry,
-//                 not tuned.
+//   kDirect       everything else (depthwise, small groups, Ci not a multiple of 64, the first RGB layer): a CTA per
+//                 (up to 64 output channels, block of output pixels) with those channels' dequantized weights staged
+//                 in shared memory as fp32 (K > 12288: decoded per use instead), fp32 sums over exact weights; correct
+//                 on every geometry, not tuned.
+// Sizes: kernel, stride, padding, dilation and groups at most 2^20; N, H, W, Ci below 2^30. The tensor-core paths
+// read NHWC 16-bit x straight from the caller's tensor by TMA: its base must then be 16-byte aligned (checked).
 // The tile limits depend on the device's SM count (the tile choice does), so conv2d_path and conv2d_workspace_bytes
 // read the current device.
 // The tensor-core paths round each weight once to the compute dtype and accumulate in fp32 (docs/ops/linear.md).

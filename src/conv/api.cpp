@@ -25,7 +25,7 @@ bool implicit_gemm_fits(const ConvShape& s) {
   if (p.stride_h > 8 || p.stride_w > 8 || p.pad_h > 127 || p.pad_w > 127) return false;
   const int64_t ext_h = p.dil_h * (s.kh - 1), ext_w = p.dil_w * (s.kw - 1);
   if (ext_h > 255 || ext_w > 255 || ext_h - p.pad_h > 128 || ext_w - p.pad_w > 128) return false;
-  if (s.pixels() >= (int64_t{1} << 24) || s.n * s.h * s.w * s.ci >= (int64_t{1} << 40)) return false;
+  if (s.pixels() >= (int64_t{1} << 24) || s.n * s.h * s.w * s.ci * 2 >= (int64_t{1} << 40)) return false;
   return linear::detail::select_config(gemm_shape(s, ConvPath::kImplicitGemm)).m_tiles <= 65535;
 }
 
@@ -77,18 +77,22 @@ detail::ConvShape check_shape(const ArgCheck& check, int64_t n, int64_t h, int64
   *compute = linear::detail::check_weight(check, weight.w, false, false);
   if (weight.w.k_perm.data != nullptr)
     check.fail("w.k_perm", "must be null: a conv weight has no act-order permutation");
-  if (weight.kh <= 0 || weight.kw <= 0)
-    check.fail("weight.kh",
-               "kernel size must be positive, got " + std::to_string(weight.kh) + " x " + std::to_string(weight.kw));
-  if (p.stride_h <= 0 || p.stride_w <= 0)
-    check.fail("params.stride_h",
-               "strides must be positive, got " + std::to_string(p.stride_h) + ", " + std::to_string(p.stride_w));
-  if (p.pad_h < 0 || p.pad_w < 0)
-    check.fail("params.pad_h", "padding must be >= 0, got " + std::to_string(p.pad_h) + ", " + std::to_string(p.pad_w));
-  if (p.dil_h <= 0 || p.dil_w <= 0)
-    check.fail("params.dil_h",
-               "dilations must be positive, got " + std::to_string(p.dil_h) + ", " + std::to_string(p.dil_w));
-  if (p.groups <= 0) check.fail("params.groups", "must be positive, got " + std::to_string(p.groups));
+  // Every size and geometry value in [lo, 2^20] (2^30 for the input sizes below): the products formed from them
+  // (taps, extents, pixel counts, workspace bytes) stay far inside int64, and the kernels' 32-bit fields hold them.
+  constexpr int64_t kMaxParam = int64_t{1} << 20;
+  auto in_range = [&](int64_t v, int64_t lo, const char* arg, const char* what) {
+    if (v < lo || v > kMaxParam)
+      check.fail(arg, std::string(what) + " must be in [" + std::to_string(lo) + ", 2^20], got " + std::to_string(v));
+  };
+  in_range(weight.kh, 1, "weight.kh", "the kernel height");
+  in_range(weight.kw, 1, "weight.kw", "the kernel width");
+  in_range(p.stride_h, 1, "params.stride_h", "the stride");
+  in_range(p.stride_w, 1, "params.stride_w", "the stride");
+  in_range(p.pad_h, 0, "params.pad_h", "the padding");
+  in_range(p.pad_w, 0, "params.pad_w", "the padding");
+  in_range(p.dil_h, 1, "params.dil_h", "the dilation");
+  in_range(p.dil_w, 1, "params.dil_w", "the dilation");
+  in_range(p.groups, 1, "params.groups", "the group count");
   if (p.x_layout != Layout::kNHWC && p.x_layout != Layout::kNCHW)
     check.fail("params.x_layout", "must be kNHWC or kNCHW");
   if (p.y_layout != Layout::kNHWC && p.y_layout != Layout::kNCHW)
@@ -99,6 +103,8 @@ detail::ConvShape check_shape(const ArgCheck& check, int64_t n, int64_t h, int64
   if (n < 0 || h <= 0 || w <= 0)
     check.fail("x", "needs N >= 0 and H, W >= 1, got N " + std::to_string(n) + ", H " + std::to_string(h) + ", W " +
                         std::to_string(w));
+  if (h > (int64_t{1} << 30) || w > (int64_t{1} << 30) || n > (int64_t{1} << 30))
+    check.fail("x", "sizes must stay below 2^30");
   const int64_t taps = weight.kh * weight.kw;
   if (weight.w.k % taps != 0)
     check.fail("w.k", "must be Kh·Kw·Ci/groups, got " + std::to_string(weight.w.k) + " for a " +
@@ -122,8 +128,10 @@ detail::ConvShape check_shape(const ArgCheck& check, int64_t n, int64_t h, int64
   if (s.ho < 1 || s.wo < 1)
     check.fail("x", "the output would be " + std::to_string(s.ho) + " x " + std::to_string(s.wo) + " for input " +
                         std::to_string(h) + " x " + std::to_string(w) + " (kernel, padding, dilation, stride)");
-  if (s.h > (int64_t{1} << 30) || s.w > (int64_t{1} << 30) || s.n > (int64_t{1} << 30) || s.ci > (int64_t{1} << 30))
-    check.fail("x", "sizes must stay below 2^30");
+  if (s.ci > (int64_t{1} << 30)) check.fail("x", "needs fewer than 2^30 channels");
+  // Element counts of x and y (the workspace's parts) below 2^56: no size computation can wrap.
+  if (static_cast<double>(s.n) * s.h * s.w * s.ci >= 0x1p56 || static_cast<double>(s.pixels()) * s.co >= 0x1p56)
+    check.fail("x", "is too large: x or y would hold 2^56 elements or more");
   return s;
 }
 
@@ -228,7 +236,16 @@ void conv2d(const TensorView& x, const ConvWeight& weight, const TensorView& y, 
   const ConvPath path = detail::choose_path(s);
   if (s.n == 0) return;
   const std::size_t need = detail::workspace_layout(s, path).total();
-  if (need > 0) check.workspace(workspace, need, " (conv2d_workspace_bytes)");
+  if (need > 0) {
+    check.workspace(workspace, need, " (conv2d_workspace_bytes)");
+    // The workspace is written (x rewritten, y staged, partials): it may overlap no argument.
+    const TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, x.device);
+    check.no_overlap(ws, "workspace", x, "x");
+    check.no_overlap(ws, "workspace", y, "y");
+    check.no_overlap(ws, "workspace", weight.w.codes, "w.codes");
+    check.no_overlap(ws, "workspace", weight.w.params, "w.params");
+    if (epilogue.bias.data != nullptr) check.no_overlap(ws, "workspace", epilogue.bias, "epilogue.bias");
+  }
   ::tessera::detail::require_hopper(check.op());
   detail::ConvProblem pb;
   pb.shape = s;

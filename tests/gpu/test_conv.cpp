@@ -590,6 +590,15 @@ TEST_F(ConvGpu, WorkspaceAndArguments) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
   }
+  // The workspace is written: it may not overlap y (or any other argument).
+  DeviceBuffer<uint8_t> shared(d.y.size() + d.workspace.bytes);
+  const TensorView y_in_ws = TensorView::contiguous(shared.get(), d.yv.dtype, {c.n, c.ho(), c.wo(), c.co}, d.yv.device);
+  try {
+    conv2d(d.xv, d.weight, y_in_ws, d.params_, d.epilogue, Workspace{shared.get(), d.workspace.bytes}, stream_);
+    ADD_FAILURE() << "a workspace overlapping y was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
+  }
   Conv2dParams p = d.params_;
   p.groups = 3;
   try {
