@@ -24,6 +24,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/gpu_util.h"
@@ -178,7 +179,8 @@ struct Problem {
   TensorView yv;
   W8A8Epilogue epi;
 
-  Problem(const Case& cs, uint64_t seed) : c(cs), h(make_host(cs, seed)) {
+  Problem(const Case& cs, uint64_t seed) : Problem(cs, make_host(cs, seed)) {}
+  Problem(const Case& cs, Host host) : c(cs), h(std::move(host)) {
     const int64_t block = c.block == 0 ? c.k : c.block;
     const int64_t lda = int8_block_param_ld(c.m) + c.ld_pad, ldw = int8_block_param_ld(c.n) + c.ld_pad;
     a = upload(h.a, planes_of(h.a, lda));
@@ -371,6 +373,45 @@ TEST_F(W8A8GemmGpu, ManyTiles) {
 // Each token tile select_config picks on the reference GPU (132 SMs): 32 rows with 8 splits (block-wise and per row),
 // 256 rows, 128 rows block-wise (the most registers), 64 block-wise; every promotion variant (zA, zB, both, neither);
 // a per-row K that is not a multiple of 128 with both zero points (the K·zA·zB term uses the real K).
+// Block-wise promotion with extreme zero points on both operands: codes near −128 against zA = 127 and near 127
+// against zB = −128, scales 1, two blocks of 128. Each block's D = Σ (Aq − zA)(Bq − zB) is an odd or even integer near
+// −7.4e6 and y = D1 + D2 stays below 2^24 in magnitude, so fp32 holds it exactly and y must equal it exactly. (Adding
+// the zero-point corrections to the −1.5·2^23 magic constant before the accumulator took partial sums past 2^24,
+// where fp32 integers are even only: odd D came out one off.)
+TEST_F(W8A8GemmGpu, ExtremeZeroPointsGiveExactIntegers) {
+  Case c;
+  c.m = 40;
+  c.n = 128;
+  c.k = 256;
+  c.block = 128;
+  c.asym_a = c.asym_w = true;
+  c.y_dtype = DType::kFP32;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
+  Host h = make_host(c, seed);
+  std::mt19937_64 rng(seed ^ 0x5EEDull);
+  for (int8_t& q : h.a.codes) q = static_cast<int8_t>(-128 + static_cast<int>(rng() % 29));
+  for (int8_t& q : h.w.codes) q = static_cast<int8_t>(127 - static_cast<int>(rng() % 29));
+  std::fill(h.a.scale.begin(), h.a.scale.end(), 1.0f);
+  std::fill(h.w.scale.begin(), h.w.scale.end(), 1.0f);
+  std::fill(h.a.zero.begin(), h.a.zero.end(), 127);
+  std::fill(h.w.zero.begin(), h.w.zero.end(), -128);
+  Problem p(c, std::move(h));
+  const std::vector<uint8_t> y = p.run(nullptr);
+  int64_t wrong = 0;
+  for (int64_t m = 0; m < c.m; ++m)
+    for (int64_t n = 0; n < c.n; ++n) {
+      int64_t d = 0;
+      for (int64_t j = 0; j < c.k; ++j)
+        d += (int64_t{p.h.a.codes[m * c.k + j]} - 127) * (int64_t{p.h.w.codes[n * c.k + j]} + 128);
+      ASSERT_LT(std::llabs(d), int64_t{1} << 24);
+      const double got = y_value(c.y_dtype, y, static_cast<std::size_t>(m * c.n + n));
+      if (got != static_cast<double>(d) && wrong++ < 5)
+        ADD_FAILURE() << "y[" << m << ", " << n << "] = " << got << ", exactly " << d;
+    }
+  EXPECT_EQ(wrong, 0);
+}
+
 TEST_F(W8A8GemmGpu, EveryTokenTile) {
   struct Shape {
     int64_t m, n, k, block;

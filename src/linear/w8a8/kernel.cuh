@@ -155,9 +155,10 @@ struct PlaneSlots {
 };
 
 // Block j of stage s, whose int32 sums are c, into the fp32 total: total += sA·sB·D with
-// D = acc − zA·(ΣBq − block·zB) − zB·ΣAq formed from integers (acc read as the float 1.5·2^23 + acc through its bits,
-// exact for |acc| < 2^22; the correction −1.5·2^23 − ... is exact while it stays below 2^24 in magnitude, which extreme
-// zero points on both operands can exceed: docs/ops/w8a8.md). kZA / kZB: the activations / weights have zero
+// D = acc − zA·(ΣBq − block·zB) − zB·ΣAq formed from integers: acc read as the float 1.5·2^23 + acc through its bits
+// (exact for |acc| < 2^22) minus 1.5·2^23, then each correction added to it, so that every partial sum stays below
+// 2^23 in magnitude and D is exact (adding the corrections to −1.5·2^23 first went past 2^24 with extreme zero points
+// on both operands: odd D one off; test ExtremeZeroPointsGiveExactIntegers). kZA / kZB: the activations / weights have zero
 // points (compile-time: this is the kernel's hot loop, 4 to 6 operations an element).
 template <int kBN, int kBlock, bool kZA, bool kZB, int kAcc>
 __device__ __forceinline__ void promote_block(const Args& a, const BlockwiseCtx& x, float (&total)[kAcc],
@@ -186,10 +187,10 @@ __device__ __forceinline__ void promote_block(const Args& a, const BlockwiseCtx&
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1;
-      float corr = -kMagic;
-      if constexpr (kZB) corr = fmaf(nzb[h], (e & 1) ? sq.y : sq.x, corr);
-      if constexpr (kZA) corr = fmaf((e & 1) ? za.y : za.x, nsbq[h], corr);
-      const float d = __int_as_float(c[4 * q + e] + 0x4B400000) + corr;
+      // acc first (exact: |acc| < 2^22), then each correction: every partial sum stays below 2^23, so D is exact.
+      float d = __int_as_float(c[4 * q + e] + 0x4B400000) - kMagic;
+      if constexpr (kZB) d = fmaf(nzb[h], (e & 1) ? sq.y : sq.x, d);
+      if constexpr (kZA) d = fmaf((e & 1) ? za.y : za.x, nsbq[h], d);
       total[4 * q + e] = fmaf(((e & 1) ? sa.y : sa.x) * sb[h], d, total[4 * q + e]);
     }
   }
