@@ -63,6 +63,7 @@ default_tests=(
   'W8A8GemmGpu.EpilogueAndTypes'
   'W8A8GemmGpu.SplitK'
   'W8A8GemmGpu.CudaGraphReplay'
+  'W8A8GemmGpu.ExtremeZeroPointsGiveExactIntegers'
   'W8A8QuantizeGpu.RaggedColumnTiles'
   'W8A8QuantizeGpu.UnalignedAndStridedX'
   'W8A8QuantizeGpu.OverflowingRange'
