@@ -94,22 +94,23 @@ __device__ __forceinline__ float dequant_weight(const DirectArgs& a, const linea
 }
 
 // Σ over the window of output pixel `pix` of x (NHWC, already offset to the group's first channel) times weight(r),
-// padded taps skipped; fp32.
-template <class T, class Weight>
-__device__ __forceinline__ float window_sum(const linear::detail::ConvGeometry& g, const T* xg, int64_t pix,
-                                            Weight weight) {
-  const int64_t ow = pix % g.wo, oh = (pix / g.wo) % g.ho, img = pix / (g.wo * g.ho);
-  const T* const xb = xg + img * g.h * g.w * g.c;
+// padded taps skipped; fp32. I: the index type, int32_t where every index of the call fits (fits_int32), else
+// int64_t (64-bit division costs several times more).
+template <class I, class T, class Weight>
+__device__ __forceinline__ float window_sum(const linear::detail::ConvGeometry& g, const T* xg, I pix, Weight weight) {
+  const I wo = static_cast<I>(g.wo), ho = static_cast<I>(g.ho), h = static_cast<I>(g.h), w = static_cast<I>(g.w);
+  const I ow = pix % wo, oh = (pix / wo) % ho, img = pix / (wo * ho);
+  const T* const xb = xg + static_cast<int64_t>(img) * h * w * static_cast<I>(g.c);
   float acc = 0.f;
   for (int ky = 0; ky < g.kh; ++ky) {
-    const int64_t ih = oh * g.stride_h - g.pad_h + static_cast<int64_t>(ky) * g.dil_h;
-    if (ih < 0 || ih >= g.h) continue;
+    const I ih = oh * g.stride_h - g.pad_h + static_cast<I>(ky) * g.dil_h;
+    if (ih < 0 || ih >= h) continue;
     for (int kx = 0; kx < g.kw; ++kx) {
-      const int64_t iw = ow * g.stride_w - g.pad_w + static_cast<int64_t>(kx) * g.dil_w;
-      if (iw < 0 || iw >= g.w) continue;
-      const T* const xp = xb + (ih * g.w + iw) * g.c;
-      const int64_t r0 = (static_cast<int64_t>(ky) * g.kw + kx) * g.ci_g;
-      for (int64_t ci = 0; ci < g.ci_g; ++ci) acc = fmaf(to_float(xp[ci]), weight(r0 + ci), acc);
+      const I iw = ow * g.stride_w - g.pad_w + static_cast<I>(kx) * g.dil_w;
+      if (iw < 0 || iw >= w) continue;
+      const T* const xp = xb + (ih * w + iw) * static_cast<I>(g.c);
+      const I r0 = (static_cast<I>(ky) * g.kw + kx) * static_cast<I>(g.ci_g);
+      for (I ci = 0; ci < static_cast<I>(g.ci_g); ++ci) acc = fmaf(to_float(xp[ci]), weight(r0 + ci), acc);
     }
   }
   return acc;
@@ -132,7 +133,7 @@ __global__ void conv_direct(const DirectArgs a) {
     const int64_t co = i % a.co, pix = i / a.co;
     const T* const xg = static_cast<const T*>(a.x) + (co / a.g.co_g) * a.g.ci_g;
     store_direct<Y>(a, pix, co,
-                    window_sum(a.g, xg, pix, [&](int64_t r) { return dequant_weight<T>(a, layout, co, r); }));
+                    window_sum<int64_t>(a.g, xg, pix, [&](int64_t r) { return dequant_weight<T>(a, layout, co, r); }));
   }
 }
 
@@ -144,7 +145,7 @@ __global__ void conv_direct(const DirectArgs a) {
 constexpr int kDirectThreads = 256;
 constexpr int kStagedSmemFloats = 12288;
 
-template <class T, class Y>
+template <class T, class Y, class I>
 __global__ void __launch_bounds__(kDirectThreads)
     conv_direct_staged(const DirectArgs a, int chunk, int pixels_per_cta) {
   extern __shared__ float wsm[];  // [K][chunk]
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kDirectThreads)
   for (int64_t p0 = static_cast<int64_t>(blockIdx.y) * pixels_per_cta; p0 < P;
        p0 += static_cast<int64_t>(gridDim.y) * pixels_per_cta)
     for (int64_t pix = p0 + threadIdx.x / chunk; pix < min(P, p0 + pixels_per_cta); pix += lanes)
-      store_direct<Y>(a, pix, co, window_sum(a.g, xg, pix, [&](int64_t r) { return wc[r * chunk]; }));
+      store_direct<Y>(a, pix, co, window_sum<I>(a.g, xg, static_cast<I>(pix), [&](I r) { return wc[r * chunk]; }));
 }
 
 // The staged kernel's channel chunk: the largest power of two <= 64 (and <= the next power of two of Co) whose
@@ -192,7 +193,15 @@ void launch_direct(const DirectArgs& a, const ConvShape& s, cudaStream_t stream)
   const dim3 grid(static_cast<unsigned>((s.co + chunk - 1) / chunk),
                   static_cast<unsigned>(std::min<int64_t>(pixel_blocks, 65535)));
   const size_t smem = static_cast<size_t>(s.k()) * chunk * sizeof(float);
-  conv_direct_staged<T, Y><<<grid, kDirectThreads, smem, stream>>>(a, chunk, pixels_per_cta);
+  // 32-bit indices when every index of the call fits: x's and y's elements, and the window positions.
+  constexpr int64_t kI32 = int64_t{1} << 31;
+  const bool fits_int32 = s.n * s.h * s.w * s.ci < kI32 && s.pixels() * s.co < kI32 &&
+                          s.ho * s.p.stride_h + s.p.dil_h * s.kh < kI32 &&
+                          s.wo * s.p.stride_w + s.p.dil_w * s.kw < kI32 && s.k() * chunk < kI32;
+  if (fits_int32)
+    conv_direct_staged<T, Y, int32_t><<<grid, kDirectThreads, smem, stream>>>(a, chunk, pixels_per_cta);
+  else
+    conv_direct_staged<T, Y, int64_t><<<grid, kDirectThreads, smem, stream>>>(a, chunk, pixels_per_cta);
   TESSERA_CHECK_LAUNCH();
 }
 
