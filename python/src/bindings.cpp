@@ -699,16 +699,22 @@ tl::LinearWeight linear_weight_of(const char* op, const py::object& codes, const
   return w;
 }
 
+// The linear / conv epilogue: bias (None: none) and clamp bounds.
+tl::LinearEpilogue epilogue_of(const py::object& bias, float clamp_min, float clamp_max, const char* op) {
+  tl::LinearEpilogue e;
+  if (!bias.is_none()) e.bias = view_of(bias, op, "bias");
+  e.clamp_min = clamp_min;
+  e.clamp_max = clamp_max;
+  return e;
+}
+
 void linear(const py::object& x, const py::object& codes, const py::object& params, const py::object& k_perm,
             const py::object& bias, const py::object& y, const py::object& workspace, int64_t n, int64_t k, int bits,
             int64_t block, const std::string& zero_mode, float clamp_min, float clamp_max, std::uintptr_t stream) {
   constexpr const char* op = "tessera.linear";
   const tl::LinearWeight w = linear_weight_of(op, codes, params, k_perm, n, k, bits, block, zero_mode);
   const TensorView x_v = view_of(x, op, "x");
-  tl::LinearEpilogue epilogue;
-  if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
-  epilogue.clamp_min = clamp_min;
-  epilogue.clamp_max = clamp_max;
+  const tl::LinearEpilogue epilogue = epilogue_of(bias, clamp_min, clamp_max, op);
   const TensorView y_v = view_of(y, op, "y");
   const tessera::Workspace ws = workspace_of(workspace, op);
 
@@ -800,10 +806,7 @@ void conv2d(const py::object& x, const py::object& codes, const py::object& para
       conv2d_params(op, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout);
   const tc::ConvWeight w = conv_weight_of(op, codes, params, n, k, bits, block, zero_mode, kh, kw);
   const TensorView x_v = view_of(x, op, "x");
-  tl::LinearEpilogue epilogue;
-  if (!bias.is_none()) epilogue.bias = view_of(bias, op, "bias");
-  epilogue.clamp_min = clamp_min;
-  epilogue.clamp_max = clamp_max;
+  const tl::LinearEpilogue epilogue = epilogue_of(bias, clamp_min, clamp_max, op);
   const TensorView y_v = view_of(y, op, "y");
   const tessera::Workspace ws = workspace_of(workspace, op);
 

@@ -461,6 +461,16 @@ void attention_prefill_with_cache(const at::Tensor& q, const at::Tensor& cu_seql
 
 namespace tl = tessera::linear;
 
+// The linear / conv epilogue: bias (absent: none) and clamp bounds.
+tl::LinearEpilogue epilogue_of(const std::optional<at::Tensor>& bias, double clamp_min, double clamp_max,
+                               const char* op) {
+  tl::LinearEpilogue e;
+  if (bias.has_value()) e.bias = view_of(*bias, op, "bias");
+  e.clamp_min = static_cast<float>(clamp_min);
+  e.clamp_max = static_cast<float>(clamp_max);
+  return e;
+}
+
 void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
             const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias, const at::Tensor& y,
             const std::optional<at::Tensor>& workspace, int64_t n, int64_t k, int64_t bits, int64_t block,
@@ -477,10 +487,7 @@ void linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
   w.codes = view_of(codes, op, "codes");
   w.params = view_of(params, op, "params");
   if (k_perm.has_value()) w.k_perm = view_of(*k_perm, op, "k_perm");
-  tl::LinearEpilogue epilogue;
-  if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
-  epilogue.clamp_min = static_cast<float>(clamp_min);
-  epilogue.clamp_max = static_cast<float>(clamp_max);
+  const tl::LinearEpilogue epilogue = epilogue_of(bias, clamp_min, clamp_max, op);
   const TensorView yv = view_of(y, op, "y");
   run_on(device, [&](cudaStream_t s) {
     // The size query (a closed-form bound) validates nothing the op does not validate again; an x of another rank is
@@ -519,10 +526,7 @@ void conv2d(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& para
   const TensorView xv = view_of(x, op, "x");
   w.w.codes = view_of(codes, op, "codes");
   w.w.params = view_of(params, op, "params");
-  tl::LinearEpilogue epilogue;
-  if (bias.has_value()) epilogue.bias = view_of(*bias, op, "bias");
-  epilogue.clamp_min = static_cast<float>(clamp_min);
-  epilogue.clamp_max = static_cast<float>(clamp_max);
+  const tl::LinearEpilogue epilogue = epilogue_of(bias, clamp_min, clamp_max, op);
   const TensorView yv = view_of(y, op, "y");
   run_on(device, [&](cudaStream_t s) {
     std::size_t need = 0;

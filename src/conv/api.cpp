@@ -80,19 +80,15 @@ detail::ConvShape check_shape(const ArgCheck& check, int64_t n, int64_t h, int64
   // Every size and geometry value in [lo, 2^20] (2^30 for the input sizes below): the products formed from them
   // (taps, extents, pixel counts, workspace bytes) stay far inside int64, and the kernels' 32-bit fields hold them.
   constexpr int64_t kMaxParam = int64_t{1} << 20;
-  auto in_range = [&](int64_t v, int64_t lo, const char* arg, const char* what) {
-    if (v < lo || v > kMaxParam)
-      check.fail(arg, std::string(what) + " must be in [" + std::to_string(lo) + ", 2^20], got " + std::to_string(v));
-  };
-  in_range(weight.kh, 1, "weight.kh", "the kernel height");
-  in_range(weight.kw, 1, "weight.kw", "the kernel width");
-  in_range(p.stride_h, 1, "params.stride_h", "the stride");
-  in_range(p.stride_w, 1, "params.stride_w", "the stride");
-  in_range(p.pad_h, 0, "params.pad_h", "the padding");
-  in_range(p.pad_w, 0, "params.pad_w", "the padding");
-  in_range(p.dil_h, 1, "params.dil_h", "the dilation");
-  in_range(p.dil_w, 1, "params.dil_w", "the dilation");
-  in_range(p.groups, 1, "params.groups", "the group count");
+  check.in_range(weight.kh, "weight.kh", 1, kMaxParam);
+  check.in_range(weight.kw, "weight.kw", 1, kMaxParam);
+  check.in_range(p.stride_h, "params.stride_h", 1, kMaxParam);
+  check.in_range(p.stride_w, "params.stride_w", 1, kMaxParam);
+  check.in_range(p.pad_h, "params.pad_h", 0, kMaxParam);
+  check.in_range(p.pad_w, "params.pad_w", 0, kMaxParam);
+  check.in_range(p.dil_h, "params.dil_h", 1, kMaxParam);
+  check.in_range(p.dil_w, "params.dil_w", 1, kMaxParam);
+  check.in_range(p.groups, "params.groups", 1, kMaxParam);
   if (p.x_layout != Layout::kNHWC && p.x_layout != Layout::kNCHW)
     check.fail("params.x_layout", "must be kNHWC or kNCHW");
   if (p.y_layout != Layout::kNHWC && p.y_layout != Layout::kNCHW)

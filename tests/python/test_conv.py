@@ -28,20 +28,9 @@ import pytest
 import tessera
 from _dispatch_record import recording_mode
 
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:  # the tests without torch still run
-    torch = None
+from _optional import HAS_CUDA, gpu, needs_torch, np, torch
 
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy comes with torch here
-    np = None
-
-HAS_CUDA = torch is not None and torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs torch with a CUDA device")
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
+F = torch.nn.functional if torch is not None else None
 
 TOL = {"bfloat16": 5e-3, "float16": 2e-3}
 tc = tessera.conv

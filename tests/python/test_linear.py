@@ -24,20 +24,8 @@ import pytest
 import tessera
 from _dispatch_record import recording_mode
 from _host_capsule import DL_FLOAT, DL_UINT, HostCapsule
+from _optional import gpu, HAS_CUDA, needs_torch, np, torch
 
-try:
-    import torch
-except ImportError:  # the tests without torch still run
-    torch = None
-
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy comes with torch here
-    np = None
-
-HAS_CUDA = torch is not None and torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs torch with a CUDA device")
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 TOL = {"bfloat16": 5e-3, "float16": 2e-3}
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of an AWQ word holds output 8c + AWQ_ORDER[i]

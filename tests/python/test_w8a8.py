@@ -28,20 +28,8 @@ import pytest
 import tessera
 from _dispatch_record import recording_mode
 from _host_capsule import DL_FLOAT, DL_INT, HostCapsule
+from _optional import gpu, HAS_CUDA, needs_torch, np, torch
 
-try:
-    import torch
-except ImportError:  # the tests without torch still run
-    torch = None
-
-try:
-    import numpy as np
-except ImportError:  # pragma: no cover - numpy comes with torch here
-    np = None
-
-HAS_CUDA = torch is not None and torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs torch with a CUDA device")
-needs_torch = pytest.mark.skipif(torch is None, reason="needs torch")
 
 TOL = {"bfloat16": 4e-3, "float16": 5e-4, "float32": 1e-5}
 tw = tessera.w8a8
