@@ -87,9 +87,11 @@ std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, const PermuteP
 
 // x [T, H] bf16 | fp16 (H % 8 == 0, rows 16-byte aligned); ids [T, k] int32 | int64 contiguous;
 // input_scale: fp32 [1] on the device, required for kFP8PerTensor only.
+// num_tokens: optional int32 [1] on the device; copies of tokens at or past its value are dropped (row_index -1),
+// so that a CUDA graph captured for T rows can replay with fewer (read on the device only).
 void permute(const TensorView& x, const TensorView& ids, const std::optional<TensorView>& input_scale,
              const PermuteOutputs& out, const Workspace& workspace, const PermuteParams& params,
-             cudaStream_t stream);
+             cudaStream_t stream, const std::optional<TensorView>& num_tokens = std::nullopt);
 
 // ------------------------------------------------------------------------------------------------------------
 // unpermute_reduce: out[t] = routed_scale * sum_j weights[t, j] * y_perm[row_index[t, j]]  (+ residual[t])

@@ -60,4 +60,11 @@ __device__ __forceinline__ uint2 pack_fp8x8_e4m3(const float (&v)[8]) {
 
 inline constexpr float kFP8E4M3Max = 448.0f;
 
+// The scale of one fp8 e4m3 activation block (DeepSeek-V3's 1×128 blocks: moe::permute, the MoE layer's
+// activation): max(amax, eps) / 448, as a product with the constant 1/448 (within an ulp of the quotient).
+// Codes are then x · rcp_approx(scale): the approximate reciprocal is far inside half an e4m3 ulp.
+__device__ __forceinline__ float fp8_block_scale(float amax, float eps) {
+  return fmaxf(amax, eps) * (1.0f / kFP8E4M3Max);
+}
+
 }  // namespace tessera::detail

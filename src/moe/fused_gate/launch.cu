@@ -6,6 +6,7 @@
 #include "common/dispatch.h"
 #include "common/occupancy.h"
 #include "common/validate.h"
+#include "moe/fused_gate/check.h"
 #include "moe/fused_gate/config.h"
 #include "moe/fused_gate/kernel.cuh"
 #include "tessera/moe.h"
@@ -80,18 +81,31 @@ void launch_gate_shape(const GateKernelParams& kp, const GateConfig& cfg, int nu
 
 }  // namespace
 
-void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias, const TensorView& weights,
-                const TensorView& ids, const GateParams& p, cudaStream_t stream) {
-  const tessera::detail::ArgCheck check("tessera::moe::fused_gate");
-  check.dtype(logits, "logits", {DType::kFP32, DType::kBF16, DType::kFP16});
-  check.rank(logits, "logits", 2);
+namespace detail {
+
+int64_t check_gate_inputs(const tessera::detail::ArgCheck& check, const TensorView& logits,
+                          const std::optional<TensorView>& bias, const GateParams& p, const char* logits_arg,
+                          const char* bias_arg) {
+  check.dtype(logits, logits_arg, {DType::kFP32, DType::kBF16, DType::kFP16});
+  check.rank(logits, logits_arg, 2);
   const int64_t T = logits.shape[0];
   const int64_t E = logits.shape[1];
-  check.in_range(E, "logits.shape[1] (num_experts)", 1, kGateMaxExperts);
-  check.unit_inner_stride(logits, "logits");
+  check_gate_params(check, E, p);
+  check.unit_inner_stride(logits, logits_arg);
   if (T > 1 && logits.strides[0] < E)
-    check.fail("logits", "must have row stride >= num_experts (" + std::to_string(E) + "), got " +
-                             std::to_string(logits.strides[0]));
+    check.fail(logits_arg, "must have row stride >= num_experts (" + std::to_string(E) + "), got " +
+                               std::to_string(logits.strides[0]));
+  if (bias) {
+    check.dtype(*bias, bias_arg, {DType::kFP32, DType::kBF16, DType::kFP16});
+    check.rank(*bias, bias_arg, 1);
+    check.dim(*bias, bias_arg, 0, E, "num_experts");
+    check.contiguous(*bias, bias_arg);
+  }
+  return T;
+}
+
+void check_gate_params(const tessera::detail::ArgCheck& check, int64_t E, const GateParams& p) {
+  check.in_range(E, "logits.shape[1] (num_experts)", 1, kGateMaxExperts);
   check.in_range(p.num_groups, "num_groups", 1, E);
   if (E % p.num_groups != 0)
     check.fail("num_groups", "must divide num_experts (" + std::to_string(E) + "), got " + std::to_string(p.num_groups));
@@ -108,13 +122,17 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   if (p.scoring != Scoring::kSigmoid && p.scoring != Scoring::kSoftmax) check.fail("scoring", "is not a Scoring value");
   if (p.group_score != GroupScore::kTop2Sum && p.group_score != GroupScore::kMax)
     check.fail("group_score", "is not a GroupScore value");
+}
+
+}  // namespace detail
+
+void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias, const TensorView& weights,
+                const TensorView& ids, const GateParams& p, cudaStream_t stream) {
+  const tessera::detail::ArgCheck check("tessera::moe::fused_gate");
+  const int64_t T = detail::check_gate_inputs(check, logits, bias, p);
+  const int64_t E = logits.shape[1];
+  const int64_t group_size = E / p.num_groups;
   const int width = p.topk + p.num_shared_experts;
-  if (bias) {
-    check.dtype(*bias, "bias", {DType::kFP32, DType::kBF16, DType::kFP16});
-    check.rank(*bias, "bias", 1);
-    check.dim(*bias, "bias", 0, E, "num_experts");
-    check.contiguous(*bias, "bias");
-  }
   check.contiguous_matrix(weights, "weights", {DType::kFP32}, T, "num_tokens", width, "topk + num_shared_experts");
   check.contiguous_matrix(ids, "ids", {DType::kInt32}, T, "num_tokens", width, "topk + num_shared_experts");
   check.no_overlap(logits, "logits", weights, "weights");

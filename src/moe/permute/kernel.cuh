@@ -26,6 +26,7 @@ struct PermuteKernelParams {
   int64_t x_row_stride;  // elements
   const void* ids;       // [T, k] int32 or int64
   const float* input_scale;
+  const int32_t* active_tokens;  // [1] or nullptr: copies of tokens at or past it are dropped
   void* x_perm;
   float* scales;
   int64_t scale_stride_row, scale_stride_block;
@@ -59,9 +60,14 @@ __global__ void __launch_bounds__(128) permute_count_kernel(const PermuteKernelP
   const int64_t begin = blockIdx.x * chunk_entries;
   const int64_t end = min(begin + chunk_entries, p.num_tokens * p.topk);
   const IdT* ids = static_cast<const IdT*>(p.ids);
+  int64_t routed_end = end;  // entries past the device-side token count are dropped copies
+  if (p.active_tokens != nullptr) {
+    const int64_t n = *p.active_tokens;
+    routed_end = min(end, (n < 0 ? 0 : n) * p.topk);
+  }
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const IdT e = ids[i];
-    const bool valid = e >= 0 && e < p.num_experts;
+    const bool valid = e >= 0 && e < p.num_experts && i < routed_end;
     p.ids32[i] = valid ? static_cast<int32_t>(e) : -1;
     if (valid) atomicAdd(&hist[e], 1);
   }
@@ -254,9 +260,7 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
       if constexpr (kQuant == QuantMode::kFP8Blockwise) {
 #pragma unroll
         for (int o = kItemLanes / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-        // A product with the constant 1/448 instead of a division: within an ulp, off the critical path.
-        block_scale = fmaxf(amax, ::tessera::moe::kFP8BlockScaleEps) * (1.0f / tessera::detail::kFP8E4M3Max);
-        // q only has to round x / scale to e4m3: an approximate reciprocal is far inside half an e4m3 ulp.
+        block_scale = tessera::detail::fp8_block_scale(amax, ::tessera::moe::kFP8BlockScaleEps);
         inv = ptx::rcp_approx_ftz(block_scale);
       }
 #pragma unroll

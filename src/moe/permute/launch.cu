@@ -60,7 +60,8 @@ std::size_t permute_workspace_bytes(int64_t num_tokens, int topk, const PermuteP
 }
 
 void permute(const TensorView& x, const TensorView& ids, const std::optional<TensorView>& input_scale,
-             const PermuteOutputs& out, const Workspace& workspace, const PermuteParams& p, cudaStream_t stream) {
+             const PermuteOutputs& out, const Workspace& workspace, const PermuteParams& p, cudaStream_t stream,
+             const std::optional<TensorView>& num_tokens) {
   const tessera::detail::ArgCheck check("tessera::moe::permute");
   check.dtype(x, "x", {DType::kBF16, DType::kFP16});
   check.rank(x, "x", 2);
@@ -103,6 +104,10 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
     if (input_scale->numel() != 1)
       check.fail("input_scale", "must have 1 element, got shape " + input_scale->shape_str());
   }
+  if (num_tokens) {
+    check.dtype(*num_tokens, "num_tokens", {DType::kInt32});
+    if (num_tokens->numel() != 1) check.fail("num_tokens", "must have 1 element, got shape " + num_tokens->shape_str());
+  }
   check.dtype(out.expert_offsets, "expert_offsets", {DType::kInt32});
   check.rank(out.expert_offsets, "expert_offsets", 1);
   check.dim(out.expert_offsets, "expert_offsets", 0, int64_t{E} + 1, "num_experts + 1");
@@ -133,6 +138,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   check.on_current_device(out.expert_counts, "expert_counts");
   check.on_current_device(out.row_index, "row_index");
   if (out.row_token) check.on_current_device(*out.row_token, "row_token");
+  if (num_tokens) check.on_current_device(*num_tokens, "num_tokens");
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
   TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8,
@@ -152,6 +158,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   kp.x_row_stride = T > 1 ? x.strides[0] : H;
   kp.ids = ids.data;
   kp.input_scale = input_scale ? static_cast<const float*>(input_scale->data) : nullptr;
+  kp.active_tokens = num_tokens ? static_cast<const int32_t*>(num_tokens->data) : nullptr;
   kp.x_perm = xp.data;
   kp.scales = out.scales ? static_cast<float*>(out.scales->data) : nullptr;
   kp.scale_stride_row = out.scales ? out.scales->strides[0] : 0;
