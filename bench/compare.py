@@ -13,11 +13,13 @@
         [--linear-peers torch,tinygemm]
     PYTHONPATH=build/python python3 bench/compare.py --ops w8a8 [--w8a8-cases /M16/,g128] [--w8a8-peak-tops 1979]
     python3 bench/compare.py --with-bench build-bench/bench/tessera-bench --ops conv [--all] [--conv-cases B8_C512]
+    PYTHONPATH=build/python python3 bench/compare.py --with-bench build-bench/bench/tessera-bench --ops moe_layer \
+        [--all] [--compile] [--moe-layer-cases dsv3/,/T4096/] [--moe-layer-peers composed,torch,compile]
 
 Case names are tessera-bench's (bench/*_cases.cpp: 'dsv3/T4096/fp32', 'hq8kv1/B128/T8192/paged16/native', ...).
 The peers of each family live in bench/peers/ (common.py: timing and tables; gate.py, permute.py, gemm.py,
-decode.py, linear.py, w8a8.py, conv.py; merge.py: the tessera-bench join); their docstrings say exactly what each
-peer runs.
+decode.py, linear.py, w8a8.py, conv.py, moe_layer.py; merge.py: the tessera-bench join); their docstrings say exactly
+what each peer runs.
 
 Ratios are peer µs / tessera µs of the same timing mode, CUDA graphs where both have them (> 1: tessera is faster).
 With --with-bench / --bench-json, tessera's µs is tessera-bench's and the µs measured here through tessera's
@@ -34,7 +36,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from peers import common as C  # noqa: E402
-from peers import conv, decode, fi_jit, gate, gemm, linear, merge, permute, w8a8  # noqa: E402
+from peers import conv, decode, fi_jit, gate, gemm, linear, merge, moe_layer, permute, w8a8  # noqa: E402
 
 # The linear family's registration in the tessera-bench join (its tables live in peers/linear.py).
 merge.FAMILIES.update({op: ("linear", linear) for op in linear.MERGED_OPS})
@@ -51,8 +53,14 @@ merge.FAMILIES.update({op: ("conv", conv) for op in conv.MERGED_OPS})
 merge.BENCH_OPS["conv"] = list(conv.BENCH_OPS)
 merge.CPP_PEER_LABELS.update(conv.CPP_PEER_LABELS)
 merge.TITLES["conv"] = conv.TITLE
+# The MoE layer (peers/moe_layer.py): tessera-bench's moe_layer rows against tessera's ops composed with torch glue, a
+# torch eager layer and torch.compile of it (no C++ peer).
+merge.FAMILIES.update({op: ("moe_layer", moe_layer) for op in moe_layer.MERGED_OPS})
+merge.BENCH_OPS["moe_layer"] = list(moe_layer.BENCH_OPS)
+merge.CPP_PEER_LABELS.update(moe_layer.CPP_PEER_LABELS)
+merge.TITLES["moe_layer"] = moe_layer.TITLE
 
-OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv")
+OPS = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv", "moe_layer")
 
 
 def standalone_cases(args):
@@ -64,13 +72,14 @@ def standalone_cases(args):
                   decode=lambda: decode.cases_from_args(args),
                   linear=lambda: linear.cases_from_args(args),
                   w8a8=lambda: w8a8.cases_from_args(args),
-                  conv=lambda: conv.cases_from_args(args))
+                  conv=lambda: conv.cases_from_args(args),
+                  moe_layer=lambda: moe_layer.cases_from_args(args))
     return {op: makers[op]() for op in args.ops_list}
 
 
 def run_families(cases_by_family, args):
     modules = dict(gate=gate, permute=permute, unpermute=permute, gemm=gemm, decode=decode, linear=linear, w8a8=w8a8,
-                   conv=conv)
+                   conv=conv, moe_layer=moe_layer)
     results = {}
     for key, cases in cases_by_family.items():
         if not cases:
@@ -93,7 +102,8 @@ def parse_args(argv):
     ap.add_argument("--bench-json", metavar="PATH", help="merge an existing tessera-bench --json output instead of "
                     "running tessera-bench")
     ap.add_argument("--all", action="store_true", help="with --with-bench: every case, not tessera-bench's headline "
-                    "subset (passed on as --all where tessera-bench has it)")
+                    "subset (passed on as --all where tessera-bench has it); standalone moe_layer: every case, not "
+                    "tessera-bench's headline six")
     ap.add_argument("--save-bench-json", metavar="PATH", help="with --with-bench: keep tessera-bench's --json output "
                     "there (for bench/plot.py --bench-json)")
     ap.add_argument("--bench-args", default="", help="more arguments for tessera-bench, with '=': --bench-args='--quick --case dsv3'")
@@ -104,7 +114,8 @@ def parse_args(argv):
     ap.add_argument("--tokens", type=int, default=0, help="permute / unpermute: only this T; default all")
     ap.add_argument("--reps", type=int, default=30, help="timed repetitions (median)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed repetitions first")
-    ap.add_argument("--compile", action="store_true", help="gate: also torch.compile the torch peer (10-40 s a case)")
+    ap.add_argument("--compile", action="store_true", help="gate, moe_layer: also torch.compile the torch peer "
+                    "(10-60 s a case)")
     ap.add_argument("--no-compile", action="store_true", help=argparse.SUPPRESS)  # the old default; now the default
     ap.add_argument("--no-flashinfer", action="store_true", help="skip the FlashInfer peers")
     ap.add_argument("--gemm-cases", default="", help="gemm: only shapes whose name contains one of these "
@@ -134,6 +145,17 @@ def parse_args(argv):
                     "comma-separated substrings (B8_C512, /int8_, nchw, direct, ...); default all")
     ap.add_argument("--conv-peers", default=",".join(conv.PEERS), help="conv: comma list of " + ",".join(conv.PEERS)
                     + " (cudnn: torch.nn.functional.conv2d bf16 channels-last, cudnn.benchmark on)")
+    ap.add_argument("--moe-layer-cases", default="", help="moe_layer: only cases whose name contains one of these "
+                    "comma-separated substrings (dsv3/, /T4096/, fp8_per_tensor, ...); a standalone run then picks "
+                    "among every case (else tessera-bench's headline six)")
+    ap.add_argument("--moe-layer-peers", default=",".join(moe_layer.DEFAULT_PEERS), help="moe_layer: comma list of "
+                    + ",".join(moe_layer.PEERS) + " (composed: tessera's ops with torch glue; torch: the torch eager "
+                    "layer; compile: torch.compile of it, ~20-60 s of compilation a case, also added by --compile); "
+                    "default %(default)s")
+    ap.add_argument("--moe-layer-fp8-peak", type=float, default=moe_layer.FP8_PEAK_TFLOPS, help="moe_layer: the dense "
+                    "fp8 TFLOP/s %% ceil divides by where this run measured no fp8 ceiling (default %(default)s)")
+    ap.add_argument("--moe-layer-bf16-peak", type=float, default=moe_layer.BF16_PEAK_TFLOPS, help="moe_layer: the "
+                    "same for bf16 (default %(default)s)")
     args = ap.parse_args(argv)
     args.ops_list = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in args.ops_list:
@@ -160,6 +182,11 @@ def parse_args(argv):
     for p in args.conv_peers.split(","):
         if p and p not in conv.PEERS:
             ap.error(f"unknown --conv-peers item {p!r} (expected {', '.join(conv.PEERS)})")
+    for p in args.moe_layer_peers.split(","):
+        if p and p not in moe_layer.PEERS:
+            ap.error(f"unknown --moe-layer-peers item {p!r} (expected {', '.join(moe_layer.PEERS)})")
+    if args.moe_layer_fp8_peak <= 0 or args.moe_layer_bf16_peak <= 0:
+        ap.error("--moe-layer-fp8-peak and --moe-layer-bf16-peak must be positive")
     if args.w8a8_peak_tops <= 0:
         ap.error("--w8a8-peak-tops must be positive")
     if args.with_bench and args.bench_json:
@@ -181,7 +208,7 @@ def header():
 
 
 def print_results(results, copy_bps, args=None):
-    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv", "other")
+    order = ("gate", "permute", "unpermute", "gemm", "decode", "linear", "w8a8", "conv", "moe_layer", "other")
     C.print_legend(any(r.bench is not None for rows in results.values() for r in rows))
     for key in order:
         if key == "linear" and key in results:
@@ -190,6 +217,8 @@ def print_results(results, copy_bps, args=None):
             w8a8.print_family(results[key], copy_bps, getattr(args, "w8a8_peak_tops", w8a8.PEAK_TOPS))
         elif key == "conv" and key in results:
             conv.print_family(results[key], copy_bps)
+        elif key == "moe_layer" and key in results:
+            moe_layer.print_family(results[key], copy_bps, args)
         elif key in results:
             metric = "tflops" if key == "gemm" else "gbps"
             C.print_family(merge.TITLES[key], results[key], copy_bps, metric)

@@ -71,6 +71,10 @@ default_tests=(
   'GroupedGemmGpu.DenseFp8IsTheOneGroupProduct'
   'ConvGpu.RandomGeometries'
   'ConvGpu.CudaGraphAndDeterminism'
+  'MoeLayerGpu.EveryFormatAndGate'
+  'MoeLayerGpu.RoutingExtremes'
+  'MoeLayerGpu.DeviceTokenCount'
+  'MoeLayerGpu.CudaGraphReplaysWithNewTokensAndRouting'
 )
 default_filter=$(IFS=:; echo "${default_tests[*]}")
 filter=${3:-}

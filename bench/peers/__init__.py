@@ -6,6 +6,7 @@
   gemm     grouped GEMM: torch._scaled_grouped_mm, torch._grouped_mm
   decode   attention decode: FlashInfer paged decode (CUDA-core / tensor-core, bf16 / fp8 KV), torch SDPA (cuDNN,
            flash), flash_attn_with_kvcache
+  moe_layer  the whole MoE layer: tessera's ops composed with torch glue, a torch eager layer, torch.compile of it
   merge    runs tessera-bench --json and joins its rows (and its C++ peers) with the Python peers' on case names
 
 Each family module has registry() (tessera-bench's case names for its ops, in its order), parse(op, name) (a case

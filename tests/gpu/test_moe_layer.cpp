@@ -1,16 +1,23 @@
 // The MoE layer on the GPU against the float64 reference of the whole layer (reference::moe_layer, every stored
 // rounding modeled), for the routing the GPU's own gate produces on the same logits.
 //
-// Error model (why 1e-2 relative Frobenius holds with room): the reference quantizes the activations exactly as the
-// GPU does and rounds h and the expert outputs to bf16 as the GPU stores them, so what remains is fp32 accumulation
-// order (~1e-6), the final bf16 rounding (2^-9 relative), and the rare fp8 code that lands on the other side of a
-// rounding boundary because h was one bf16 ulp apart (an e4m3 ulp is 2^-3 relative, on one element of ~I·k terms).
-// Measured errors are ~2e-3; the bound is the 1e-2. Per element: |y - ref| <= 2^-7 |ref| + 0.03 mag, where
-// mag is the sum of |products| (a code flip moves one product by at most 1/8 of its magnitude).
+// Error model. The reference quantizes the activations exactly as the GPU does and rounds h and the expert outputs
+// to bf16 as the GPU stores them. What it cannot model is the FP8 tensor cores' accumulator: wgmma adds a k-block's
+// fp8 products with about 14 bits kept (DeepSeek-V3 report; tests/gpu/test_ptx.cu measured up to 2^-10.4 of the
+// block's sum of |products| on an H200). For random-sign products |h| is ~sqrt(K) below that sum, so at K = 256 h
+// carries up to ~1.2 % relative error; silu(g)·u inherits it from both halves, the second GEMM adds its own, and
+// fp8 codes of the activation move by one step where h moved across a rounding boundary. Measured (H200, 6 seeds ×
+// 13 cases): bf16 1.6e-3–1.7e-3 every time (only bf16 roundings and fp32 order remain); fp8 2.8e-3–1.0e-2 typical,
+// 2.2e-2 the largest. Bounds: 1e-2 relative Frobenius for bf16, 3e-2 for fp8 (the propagated accumulator bound).
+// A wrong scale, block, expert or row moves the error to O(1), far past either. Per element:
+// |y - ref| <= 2^-7 |ref| + 0.03 mag, mag being the sum of |products| of the second GEMM and the reduce.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
+#include <optional>
 #include <cstring>
 #include <random>
 #include <string>
@@ -61,6 +68,7 @@ struct LayerCase {
   float scaling = 1.0f;
   WeightFormat format = WeightFormat::kFP8Blockwise;
   Routing routing = Routing::kRandom;
+  bool outliers = true;  // three channels of x 20× larger
 };
 
 std::string describe(const LayerCase& c) {
@@ -71,7 +79,7 @@ std::string describe(const LayerCase& c) {
          " I=" + std::to_string(c.I) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
          " shared=" + std::to_string(c.shared) + " groups=" + std::to_string(c.groups) + "/" +
          std::to_string(c.topk_groups) + " " + f + " routing=" + std::to_string(static_cast<int>(c.routing)) +
-         (c.residual ? " residual" : "") + (c.bias ? " bias" : "");
+         (c.residual ? " residual" : "") + (c.bias ? " bias" : "") + (c.outliers ? " outliers" : "");
 }
 
 MoeLayerConfig config_of(const LayerCase& c) {
@@ -116,7 +124,7 @@ LayerData make_data(const LayerCase& c, uint64_t seed) {
   d.x.resize(c.T * H);
   for (int64_t t = 0; t < c.T; ++t)
     for (int64_t h = 0; h < H; ++h) {
-      const float big = (h == 3 || h == H / 2 || h == H - 7) ? 20.0f : 1.0f;
+      const float big = c.outliers && (h == 3 || h == H / 2 || h == H - 7) ? 20.0f : 1.0f;
       d.x[t * H + h] = host::f32_to_bf16(normal(rng) * big);
     }
   std::vector<float> hot(c.E, 0.0f);
@@ -259,6 +267,7 @@ void gpu_routing(const LayerData& d, std::vector<int32_t>& ids, std::vector<doub
 
 struct Errors {
   double rel_frobenius = 0;
+  double vs_exact = 0;  // against the layer without activation quantization (information)
   int64_t bad_elements = 0;
   std::string first_bad;
 };
@@ -290,7 +299,9 @@ Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
   in.a2_scale = d.a2;
   for (uint16_t v : d.residual) in.residual.push_back(host::bf16_to_f32(v));
   const reference::MoeLayerRef ref = reference::moe_layer(p, in, reference::MoeLayerRefMode::kModelStorage);
+  const reference::MoeLayerRef exact = reference::moe_layer(p, in, reference::MoeLayerRefMode::kExact);
   Errors e;
+  double num_x = 0, den_x = 0;
   double num = 0, den = 0;
   for (int64_t t = 0; t < c.T; ++t)
     for (int64_t h = 0; h < c.H; ++h) {
@@ -304,6 +315,8 @@ Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
         const double want = ref.y[i];
         num += (got - want) * (got - want);
         den += want * want;
+        num_x += (got - exact.y[i]) * (got - exact.y[i]);
+        den_x += exact.y[i] * exact.y[i];
         bad = !(std::fabs(got - want) <= std::ldexp(std::fabs(want), -7) + 0.03 * ref.mag[i] + 1e-30);
       }
       if (bad && e.bad_elements++ == 0)
@@ -311,8 +324,11 @@ Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
                       ", reference " + std::to_string(ref.y[i]) + " (mag " + std::to_string(ref.mag[i]) + ")";
     }
   e.rel_frobenius = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  e.vs_exact = den_x > 0 ? std::sqrt(num_x / den_x) : std::sqrt(num_x);
   return e;
 }
+
+double frobenius_bound(WeightFormat f) { return f == WeightFormat::kBF16 ? 1e-2 : 3e-2; }
 
 void run_and_check(const LayerCase& c) {
   const uint64_t seed = test::fresh_seed();
@@ -324,7 +340,9 @@ void run_and_check(const LayerCase& c) {
   r.run(stream.get());
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
   const Errors e = check_layer(d, r.y.download());
-  EXPECT_LE(e.rel_frobenius, 1e-2);
+  std::printf("[ moe-layer] %s: relative Frobenius error %.3e (against unquantized activations %.3e)\n",
+              describe(c).c_str(), e.rel_frobenius, e.vs_exact);
+  EXPECT_LE(e.rel_frobenius, frobenius_bound(c.format));
   EXPECT_EQ(e.bad_elements, 0) << e.first_bad;
 }
 
@@ -335,6 +353,8 @@ TEST(MoeLayerGpu, EveryFormatAndGate) {
     LayerCase mix;
     mix.T = 37;
     mix.format = f;
+    run_and_check(mix);
+    mix.outliers = false;
     run_and_check(mix);
     // DeepSeek-V3-like: sigmoid, 4 groups keep 2, top-4 of 16, bias, renormalized, scaled, one shared expert;
     // I not a power of two.
@@ -441,7 +461,7 @@ TEST(MoeLayerGpu, CudaGraphReplaysWithNewTokensAndRouting) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     const std::vector<uint16_t> from_graph = r.y.download();
     const Errors e = check_layer(fresh, from_graph);
-    EXPECT_LE(e.rel_frobenius, 1e-2) << "replay " << replay;
+    EXPECT_LE(e.rel_frobenius, frobenius_bound(c.format)) << "replay " << replay;
     EXPECT_EQ(e.bad_elements, 0) << "replay " << replay << ": " << e.first_bad;
     // Deterministic: an eager call on the same inputs gives the same bits.
     r.y.poison();
