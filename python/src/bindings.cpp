@@ -10,7 +10,8 @@
 // (Debian ships 0.6), and PyTorch's to_dlpack has long refused fp8 tensors ("float8 types are not supported by
 // dlpack"). The Python layer therefore passes fp8 tensors as torch.uint8 views of the same bytes and strides, and
 // the bindings re-label a uint8 view as fp8 e4m3 wherever the argument can only be fp8 e4m3: permute's x_perm when
-// quant is not "none", x and w of grouped_gemm_fp8{,_masked}, and the k/v cache data when the KV format is "fp8". The Python layer checks the torch dtype
+// quant is not "none", x and w of grouped_gemm_fp8{,_masked}, the k/v cache data when the KV format is "fp8",
+// and moe_layer's w13 / w2 when its format is an fp8 one. The Python layer checks the torch dtype
 // (float8_e4m3fn) before making the view, so an e5m2 or a genuine uint8 tensor is refused there, not
 // reinterpreted. A capsule that already says fp8 e4m3 (new header and producer) is accepted as is; any other
 // dtype is left to the op's validation.
@@ -36,6 +37,7 @@
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
 #include "tessera/moe.h"
+#include "tessera/moe_layer.h"
 #include "tessera/tensor.h"
 #include "tessera/version.h"
 #include "tessera/w8a8.h"
@@ -874,13 +876,76 @@ py::dict prepack_w8a8(const py::object& w, int64_t block, bool symmetric) {
   return d;
 }
 
+// ---- MoE layer -------------------------------------------------------------------------------------------------
+// The config travels as its constants (tessera.moe_layer.MoeLayerConfig's fields in order, the enums by name) plus
+// max_tokens; each call rebuilds the plan with moe_layer_plan (which validates the constants before any tensor is
+// read). The weights travel as their six tensors (scales None where the format has none); fp8 weights may be uint8
+// views (read as e4m3). Nothing is allocated: the workspace must hold moe_layer_plan's bytes.
+
+namespace tm = tessera::moe;
+
+tm::MoeLayerPlan moe_layer_plan_of(const char* op, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                                   int64_t topk, int64_t num_groups, int64_t topk_groups, const std::string& scoring,
+                                   const std::string& group_score, bool renormalize, float routed_scaling_factor,
+                                   int64_t num_shared_experts, float shared_expert_weight, const std::string& format,
+                                   int64_t max_tokens) {
+  const tm::MoeLayerConfig config = tessera::python::moe_layer_config(
+      op, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring, group_score, renormalize,
+      routed_scaling_factor, num_shared_experts, shared_expert_weight, format);
+  return tm::moe_layer_plan(config, max_tokens);
+}
+
+std::size_t moe_layer_plan(int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
+                           int64_t topk_groups, const std::string& scoring, const std::string& group_score,
+                           bool renormalize, float routed_scaling_factor, int64_t num_shared_experts,
+                           float shared_expert_weight, const std::string& format, int64_t max_tokens) {
+  return moe_layer_plan_of("tessera.moe_layer.plan", hidden, intermediate, num_experts, topk, num_groups, topk_groups,
+                           scoring, group_score, renormalize, routed_scaling_factor, num_shared_experts,
+                           shared_expert_weight, format, max_tokens)
+      .workspace_bytes;
+}
+
+void moe_layer(const py::object& x, const py::object& router_logits, const py::object& correction_bias,
+               const py::object& residual, const py::object& num_tokens, const py::object& w13, const py::object& w2,
+               const py::object& w13_scale, const py::object& w2_scale, const py::object& a13_scale,
+               const py::object& a2_scale, const py::object& y, const py::object& workspace, int64_t hidden,
+               int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups, int64_t topk_groups,
+               const std::string& scoring, const std::string& group_score, bool renormalize,
+               float routed_scaling_factor, int64_t num_shared_experts, float shared_expert_weight,
+               const std::string& format, int64_t max_tokens, std::uintptr_t stream) {
+  constexpr const char* op = "tessera.moe_layer";
+  const tm::MoeLayerPlan plan = moe_layer_plan_of(op, hidden, intermediate, num_experts, topk, num_groups, topk_groups,
+                                                  scoring, group_score, renormalize, routed_scaling_factor,
+                                                  num_shared_experts, shared_expert_weight, format, max_tokens);
+  const bool fp8 = plan.config.format != tm::WeightFormat::kBF16;
+  tm::MoeLayerInputs in;
+  in.x = view_of(x, op, "x");
+  in.router_logits = view_of(router_logits, op, "router_logits");
+  in.correction_bias = optional_view_of(correction_bias, op, "correction_bias");
+  in.residual = optional_view_of(residual, op, "residual");
+  in.num_tokens = optional_view_of(num_tokens, op, "num_tokens");
+  tm::MoeLayerWeights w;
+  // fp8 weights arrive as uint8 views (see the note at the top of this file).
+  w.w13 = fp8 ? fp8_view_of(w13, op, "w13") : view_of(w13, op, "w13");
+  w.w2 = fp8 ? fp8_view_of(w2, op, "w2") : view_of(w2, op, "w2");
+  w.w13_scale = optional_view_of(w13_scale, op, "w13_scale");
+  w.w2_scale = optional_view_of(w2_scale, op, "w2_scale");
+  w.a13_scale = optional_view_of(a13_scale, op, "a13_scale");
+  w.a2_scale = optional_view_of(a2_scale, op, "a2_scale");
+  const TensorView y_v = view_of(y, op, "y");
+  const tessera::Workspace ws = workspace_of(workspace, op);
+
+  py::gil_scoped_release no_gil;
+  tm::moe_layer(plan, in, w, y_v, ws, as_stream(stream));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() =
       "tessera._C: low-level bindings. Tensors are DLPack capsules ('dltensor'), optional ones None; stream is a "
       "cudaStream_t as an int. Use the tessera package (tessera.moe, tessera.gemm, tessera.attention, "
-      "tessera.linear, tessera.conv, tessera.w8a8) rather than this module.";
+      "tessera.linear, tessera.conv, tessera.w8a8, tessera.moe_layer) rather than this module.";
 
   py::register_exception_translator(&tessera::python::translate_errors);
 
@@ -1088,6 +1153,29 @@ PYBIND11_MODULE(_C, m) {
         "tensors codes and params with its constants (n = Co, k = Kh*Kw*Ci_g; reduction index (kh*Kw + kw)*Ci_g + "
         "ci) and the kernel's kh, kw; symmetric zero padding; bias [Co] of y's dtype or None. workspace may be None "
         "when conv2d_workspace_bytes is 0.");
+
+  m.attr("moe_layer_formats") = py::make_tuple("fp8_blockwise", "fp8_per_tensor", "bf16");  // WeightFormat's order
+
+  m.def("moe_layer_plan", &moe_layer_plan, py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"),
+        py::arg("topk"), py::arg("num_groups"), py::arg("topk_groups"), py::arg("scoring"), py::arg("group_score"),
+        py::arg("renormalize"), py::arg("routed_scaling_factor"), py::arg("num_shared_experts"),
+        py::arg("shared_expert_weight"), py::arg("format"), py::arg("max_tokens"),
+        "Validates the MoE layer's constants (scoring: 'sigmoid' | 'softmax'; group_score: 'top2_sum' | 'max'; "
+        "format: 'fp8_blockwise' | 'fp8_per_tensor' | 'bf16') and returns the bytes of device workspace moe_layer "
+        "needs for up to max_tokens tokens (tessera::moe::moe_layer_plan's workspace_bytes).");
+
+  m.def("moe_layer", &moe_layer, py::arg("x"), py::arg("router_logits"), py::arg("correction_bias"),
+        py::arg("residual"), py::arg("num_tokens"), py::arg("w13"), py::arg("w2"), py::arg("w13_scale"),
+        py::arg("w2_scale"), py::arg("a13_scale"), py::arg("a2_scale"), py::arg("y"), py::arg("workspace"),
+        py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"), py::arg("topk"), py::arg("num_groups"),
+        py::arg("topk_groups"), py::arg("scoring"), py::arg("group_score"), py::arg("renormalize"),
+        py::arg("routed_scaling_factor"), py::arg("num_shared_experts"), py::arg("shared_expert_weight"),
+        py::arg("format"), py::arg("max_tokens"), py::arg("stream"),
+        "One MoE layer (gate, permute, w13 GEMM, SiLU-mul, w2 GEMM, weighted reduce) into preallocated y [T, H] "
+        "bf16: x [T, H] bf16, router_logits [T, E], correction_bias [E] / residual [T, H] / num_tokens (int32 [1] on "
+        "the device) or None; the weights w13 [G, 2I, H], w2 [G, H, I] (fp8 e4m3, uint8 views accepted, or bf16) "
+        "with w13_scale, w2_scale, a13_scale, a2_scale as the format needs (else None); the constants as "
+        "moe_layer_plan's. workspace: at least moe_layer_plan's bytes (None only when that is 0).");
 
   m.def("w8a8_quantize", &w8a8_quantize, py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("zero"),
         py::arg("sums"), py::arg("block"), py::arg("stream"),

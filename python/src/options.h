@@ -1,9 +1,10 @@
 // What the two Python modules (tessera._C and tessera._torch_C) share: the option strings, parsed in one place (each
-// parser returns the C++ enum or throws tessera::Error naming the op and the argument), the GEMM options, the W8A8
-// operands' views and the translation of tessera's exceptions. Include after pybind11 (translate_errors uses the
-// Python C API).
+// parser returns the C++ enum or throws tessera::Error naming the op and the argument), the GEMM options, the MoE
+// layer's config, the W8A8 operands' views and the translation of tessera's exceptions. Include after pybind11
+// (translate_errors uses the Python C API).
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -17,6 +18,7 @@
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
 #include "tessera/moe.h"
+#include "tessera/moe_layer.h"
 #include "tessera/tensor.h"
 #include "tessera/w8a8.h"
 
@@ -76,6 +78,44 @@ inline linear::ZeroMode parse_zero_mode(std::string_view s, const char* op) {
   static constexpr Choice<linear::ZeroMode> kChoices[] = {{"offset", linear::ZeroMode::kOffset},
                                                           {"zero_point", linear::ZeroMode::kZeroPoint}};
   return parse_choice(s, op, "zero_mode", kChoices);
+}
+
+// A schema / Python int that the C++ API holds as int: out-of-range values are argument errors, never wrapped.
+inline int int32_arg(int64_t v, const char* op, const char* arg) {
+  if (v < INT32_MIN || v > INT32_MAX) fail(op, arg, "must fit in 32 bits, got " + std::to_string(v));
+  return static_cast<int>(v);
+}
+
+// The MoE layer's weight format by name, in moe::WeightFormat's order.
+inline moe::WeightFormat parse_weight_format(std::string_view s, const char* op) {
+  static constexpr Choice<moe::WeightFormat> kChoices[] = {{"fp8_blockwise", moe::WeightFormat::kFP8Blockwise},
+                                                           {"fp8_per_tensor", moe::WeightFormat::kFP8PerTensor},
+                                                           {"bf16", moe::WeightFormat::kBF16}};
+  return parse_choice(s, op, "format", kChoices);
+}
+
+// The MoE layer's constants as both modules receive them (tessera.moe_layer.MoeLayerConfig's fields, in its order):
+// the names parsed first, then the ints narrowed; the rules on the values are moe_layer_plan's.
+inline moe::MoeLayerConfig moe_layer_config(const char* op, int64_t hidden, int64_t intermediate, int64_t num_experts,
+                                            int64_t topk, int64_t num_groups, int64_t topk_groups,
+                                            std::string_view scoring, std::string_view group_score, bool renormalize,
+                                            double routed_scaling_factor, int64_t num_shared_experts,
+                                            double shared_expert_weight, std::string_view format) {
+  moe::MoeLayerConfig c;
+  c.gate.scoring = parse_scoring(scoring, op);
+  c.gate.group_score = parse_group_score(group_score, op);
+  c.format = parse_weight_format(format, op);
+  c.hidden = hidden;
+  c.intermediate = intermediate;
+  c.num_experts = int32_arg(num_experts, op, "num_experts");
+  c.gate.topk = int32_arg(topk, op, "topk");
+  c.gate.num_groups = int32_arg(num_groups, op, "num_groups");
+  c.gate.topk_groups = int32_arg(topk_groups, op, "topk_groups");
+  c.gate.renormalize = renormalize;
+  c.gate.routed_scaling_factor = static_cast<float>(routed_scaling_factor);
+  c.gate.num_shared_experts = int32_arg(num_shared_experts, op, "num_shared_experts");
+  c.gate.shared_expert_weight = static_cast<float>(shared_expert_weight);
+  return c;
 }
 
 // conv2d's geometry and layouts ('NHWC' | 'NCHW') as both modules receive them.

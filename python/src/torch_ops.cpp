@@ -12,7 +12,8 @@
 // module's translator (options.h: translate_errors) maps them to the same Python types.
 //
 // fp8: the torch layer hands fp8 tensors over as torch.float8_e4m3fn; uint8 is accepted wherever the argument can
-// only hold e4m3 bytes (permute's quantized x_perm, the fp8 GEMM operands, an 'fp8' KV cache), as in tessera._C.
+// only hold e4m3 bytes (permute's quantized x_perm, the fp8 GEMM operands, an 'fp8' KV cache, the MoE layer's fp8
+// weights), as in tessera._C.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -42,6 +43,7 @@
 #include "tessera/grouped_gemm.h"
 #include "tessera/linear.h"
 #include "tessera/moe.h"
+#include "tessera/moe_layer.h"
 #include "tessera/tensor.h"
 #include "tessera/w8a8.h"
 
@@ -595,6 +597,50 @@ void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::
   });
 }
 
+// ---- MoE layer -----------------------------------------------------------------------------------------------
+// The config travels as its constants (tessera.moe_layer.MoeLayerConfig's fields in order, the enums by name) plus
+// max_tokens, from which the plan is rebuilt (moe_layer_plan validates the constants and sizes the workspace, asked
+// with the device current); the weights as their six tensors (scales absent where the format has none; fp8 weights
+// float8_e4m3fn or their uint8 bytes). A workspace not given is allocated here with the plan's size.
+
+namespace tm = tessera::moe;
+
+void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::optional<at::Tensor>& correction_bias,
+               const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& num_tokens,
+               const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
+               const std::optional<at::Tensor>& w2_scale, const std::optional<at::Tensor>& a13_scale,
+               const std::optional<at::Tensor>& a2_scale, const at::Tensor& y,
+               const std::optional<at::Tensor>& workspace, int64_t hidden, int64_t intermediate, int64_t num_experts,
+               int64_t topk, int64_t num_groups, int64_t topk_groups, std::string_view scoring,
+               std::string_view group_score, bool renormalize, double routed_scaling_factor, int64_t num_shared_experts,
+               double shared_expert_weight, std::string_view format, int64_t max_tokens) {
+  constexpr const char* op = "tessera.moe_layer";
+  const tm::MoeLayerConfig config = tessera::python::moe_layer_config(
+      op, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring, group_score, renormalize,
+      routed_scaling_factor, num_shared_experts, shared_expert_weight, format);
+  const c10::Device device = device_of(x, op, "x");
+  run_on(device, [&](cudaStream_t s) {
+    const tm::MoeLayerPlan plan = tm::moe_layer_plan(config, max_tokens);
+    tm::MoeLayerInputs in;
+    in.x = view_of(x, op, "x");
+    in.router_logits = view_of(router_logits, op, "router_logits");
+    in.correction_bias = optional_view_of(correction_bias, op, "correction_bias");
+    in.residual = optional_view_of(residual, op, "residual");
+    in.num_tokens = optional_view_of(num_tokens, op, "num_tokens");
+    const bool fp8 = config.format != tm::WeightFormat::kBF16;
+    tm::MoeLayerWeights w;
+    w.w13 = fp8 ? fp8_view_of(w13, op, "w13") : view_of(w13, op, "w13");
+    w.w2 = fp8 ? fp8_view_of(w2, op, "w2") : view_of(w2, op, "w2");
+    w.w13_scale = optional_view_of(w13_scale, op, "w13_scale");
+    w.w2_scale = optional_view_of(w2_scale, op, "w2_scale");
+    w.a13_scale = optional_view_of(a13_scale, op, "a13_scale");
+    w.a2_scale = optional_view_of(a2_scale, op, "a2_scale");
+    const TensorView yv = view_of(y, op, "y");
+    const auto ws = workspace_or_new(workspace, plan.workspace_bytes, device);
+    tm::moe_layer(plan, in, w, yv, workspace_of(ws, op), s);
+  });
+}
+
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
 // Python key: FakeTensor, DTensor, ...) or one wrapped by functorch (vmap, grad). Plain CPU tensors stay on the
 // direct path, which names them as argument errors.
@@ -1132,6 +1178,49 @@ at::Tensor conv2d_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   return y_nhwc ? y_store.permute({0, 3, 1, 2}) : y_store;
 }
 
+void moe_layer_dispatch(const at::Tensor& x, const at::Tensor& router_logits,
+                        const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                        const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                        const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                        const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                        const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t hidden,
+                        int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
+                        int64_t topk_groups, std::string_view scoring, std::string_view group_score, bool renormalize,
+                        double routed_scaling_factor, int64_t num_shared_experts, double shared_expert_weight,
+                        std::string_view format, int64_t max_tokens);
+
+// tessera.moe_layer.moe_layer's eager call in one crossing: y [T, H] bf16 is allocated on x's device and current
+// stream unless out= (that shape) is given, then the op, which allocates the workspace when none is given. The torch
+// layer has checked the plan and the weights' container; the names, x's rank and out's shape are checked here with
+// its messages, before anything is allocated. Returns y.
+at::Tensor moe_layer_eager(const at::Tensor& x, const at::Tensor& router_logits,
+                           const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                           const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                           const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                           const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
+                           int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
+                           int64_t topk_groups, std::string_view scoring, std::string_view group_score,
+                           bool renormalize, double routed_scaling_factor, int64_t num_shared_experts,
+                           double shared_expert_weight, std::string_view format, int64_t max_tokens) {
+  constexpr const char* op = "tessera.moe_layer";
+  no_symbolic_sizes({&x});
+  (void)tessera::python::moe_layer_config(op, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring,
+                                          group_score, renormalize, routed_scaling_factor, num_shared_experts,
+                                          shared_expert_weight, format);
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  rank_is(x, 2, "[T, H]", op, "x");
+  const std::vector<int64_t> sizes = {x.size(0), x.size(1)};
+  if (out.has_value() && !out->sizes().equals(sizes))
+    fail(op, "out", "must be [T, H] = " + sizes_str(sizes) + " (x's shape), got shape " + sizes_str(out->sizes()));
+  const at::Tensor y = out.has_value() ? *out : at::empty(sizes, x.options().dtype(at::kBFloat16));
+  moe_layer_dispatch(x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale, a13_scale,
+                     a2_scale, y, workspace, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring,
+                     group_score, renormalize, routed_scaling_factor, num_shared_experts, shared_expert_weight, format,
+                     max_tokens);
+  return y;
+}
+
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
 // torch.ops.tessera.* call); Entry<op>::python is the same function bound directly for the eager path of the torch
@@ -1177,7 +1266,7 @@ struct Entry<Fn> {
 #define TESSERA_TORCH_OPS_POSITIONAL(X)                                                                          \
   X(fused_gate) X(permute) X(unpermute_reduce) X(grouped_gemm_fp8) X(grouped_gemm_fp8_masked) X(grouped_gemm_bf16) \
   X(grouped_gemm_bf16_masked) X(attention_prefill) X(attention_prefill_varlen) X(linear) X(w8a8_quantize)          \
-  X(gemm_w8a8) X(conv2d)
+  X(gemm_w8a8) X(conv2d) X(moe_layer)
 #define TESSERA_TORCH_OPS(X) \
   TESSERA_TORCH_OPS_POSITIONAL(X) X(attention_decode) X(append_kv) X(attention_prefill_with_cache)
 
@@ -1299,6 +1388,22 @@ void conv2d_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                          pad_h, pad_w, dil_h, dil_w, groups, x_layout, y_layout, clamp_min, clamp_max);
 }
 
+void moe_layer_dispatch(const at::Tensor& x, const at::Tensor& router_logits,
+                        const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                        const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                        const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                        const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                        const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t hidden,
+                        int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
+                        int64_t topk_groups, std::string_view scoring, std::string_view group_score, bool renormalize,
+                        double routed_scaling_factor, int64_t num_shared_experts, double shared_expert_weight,
+                        std::string_view format, int64_t max_tokens) {
+  Entry<&moe_layer>::python(x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale,
+                            a13_scale, a2_scale, y, workspace, hidden, intermediate, num_experts, topk, num_groups,
+                            topk_groups, scoring, group_score, renormalize, routed_scaling_factor, num_shared_experts,
+                            shared_expert_weight, format, max_tokens);
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -1344,4 +1449,5 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("w8a8_quantize_eager", &w8a8_quantize_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("gemm_w8a8_eager", &gemm_w8a8_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("moe_layer_eager", &moe_layer_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -1,5 +1,5 @@
-"""tessera — CUDA kernels for MoE routing, grouped expert GEMMs, attention prefill and decode, weight-only
-quantized linear layers and conv2d, and W8A8 (int8 x int8) linear layers, callable from PyTorch.
+"""tessera — CUDA kernels for MoE routing and whole MoE layers, grouped expert GEMMs, attention prefill and decode,
+weight-only quantized linear layers and conv2d, and W8A8 (int8 x int8) linear layers, callable from PyTorch.
 
     import tessera
     weights, ids = tessera.fused_gate(logits, bias, topk=8, num_groups=8, topk_groups=4,
@@ -21,9 +21,15 @@ quantized linear layers and conv2d, and W8A8 (int8 x int8) linear layers, callab
     w8 = tessera.prepack_w8a8(w, block=128).cuda()
     y = tessera.linear_w8a8(x, w8, bias, activation="relu")   # quantize_per_block(x) + gemm_w8a8(a, w8, bias)
 
-The ops live in tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv and tessera.w8a8; those of
-the first three, tessera.conv's conv2d and tessera.w8a8's are re-exported here (tessera.linear's op keeps its module's
-name: tessera.linear.linear).
+    cfg = tessera.MoeLayerConfig(hidden=7168, intermediate=2048, num_experts=256, topk=8, num_groups=8,
+                                 topk_groups=4, renormalize=True, routed_scaling_factor=2.5, num_shared_experts=1)
+    plan = tessera.moe_layer.plan(cfg, max_tokens=4096)         # validates; sizes the workspace
+    y = tessera.moe_layer.moe_layer(x, router_logits, layer_weights, plan, correction_bias=bias)   # the whole layer
+
+The ops live in tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv, tessera.w8a8 and
+tessera.moe_layer; those of the first three, tessera.conv's conv2d and tessera.w8a8's are re-exported here
+(tessera.linear's and tessera.moe_layer's ops keep their module's name: tessera.linear.linear,
+tessera.moe_layer.moe_layer; tessera.moe_layer's config, plan and weight classes are re-exported).
 They take torch tensors (or any DLPack producer), run on the current CUDA stream (or stream=), take out= (and
 workspace=) to write into preallocated memory, raise ValueError for invalid arguments and RuntimeError for
 CUDA/device errors.
@@ -51,7 +57,7 @@ if _torch is not None:
 
     _dlpack.bind_ops(_torch_ops)
 
-from . import attention, conv, dlpack, gemm, linear, moe, w8a8
+from . import attention, conv, dlpack, gemm, linear, moe, moe_layer, w8a8
 from .attention import (
     append_kv,
     attention_decode,
@@ -79,6 +85,7 @@ from .moe import (
     permute_workspace_bytes,
     unpermute_reduce,
 )
+from .moe_layer import MoeLayerConfig, MoeLayerPlan, MoeLayerWeights
 from .w8a8 import Int8Blocks, gemm_w8a8, linear_w8a8, prepack_w8a8, quantize_per_block
 
 version = _C.version
@@ -87,6 +94,9 @@ __version__ = _C.version
 __all__ = [
     "ConvWeight",
     "Int8Blocks",
+    "MoeLayerConfig",
+    "MoeLayerPlan",
+    "MoeLayerWeights",
     "PackedLinearWeight",
     "PermuteResult",
     "QuantizedLinearWeight",
@@ -110,6 +120,7 @@ __all__ = [
     "linear",
     "linear_w8a8",
     "moe",
+    "moe_layer",
     "permute",
     "permute_capacity_rows",
     "permute_workspace_bytes",

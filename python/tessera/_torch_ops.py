@@ -2,10 +2,10 @@
 
 Each entry of OPS is an op's schema and its fake implementation. The schema marks every tensor the op writes
 (``Tensor(a!)``); every op returns nothing, so the fake (meta) implementation has no shape to compute: the torch
-layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv, tessera.w8a8) allocates the
-outputs, and torch.compile traces that allocation like any other torch code. The CUDA implementations live in
-tessera._torch_C (python/src/torch_ops.cpp), which takes at::Tensor directly and runs on PyTorch's current CUDA
-stream.
+layer (tessera.moe, tessera.gemm, tessera.attention, tessera.linear, tessera.conv, tessera.w8a8, tessera.moe_layer)
+allocates the outputs, and torch.compile traces that allocation like any other torch code. The CUDA implementations
+live in tessera._torch_C (python/src/torch_ops.cpp), which takes at::Tensor directly and runs on PyTorch's current
+CUDA stream.
 
 Two ways in, one kernel: traced code (torch.compile) calls torch.ops.tessera.<op>; eager calls go to
 tessera._torch_C.<op>, the same C++ function bound directly, because the dispatcher's boxed call from Python costs
@@ -89,6 +89,16 @@ OPS = {
         "int k, int bits, int block, str zero_mode, int kh, int kw, int stride_h, int stride_w, int pad_h, "
         "int pad_w, int dil_h, int dil_w, int groups, str x_layout, str y_layout, float clamp_min, "
         "float clamp_max) -> ()"),
+    # The whole MoE layer (tessera.moe_layer): the config as its constants (MoeLayerConfig's fields, the enums by
+    # name) and max_tokens, from which the kernel rebuilds the plan; the weights as their six tensors (scales None
+    # where the format has none). num_tokens (int32 [1]) is read on the device only.
+    "moe_layer": (
+        "moe_layer(Tensor x, Tensor router_logits, Tensor? correction_bias, Tensor? residual, Tensor? num_tokens, "
+        "Tensor w13, Tensor w2, Tensor? w13_scale, Tensor? w2_scale, Tensor? a13_scale, Tensor? a2_scale, "
+        "Tensor(a!) y, Tensor(b!)? workspace, int hidden, int intermediate, int num_experts, int topk, "
+        "int num_groups, int topk_groups, str scoring, str group_score, bool renormalize, "
+        "float routed_scaling_factor, int num_shared_experts, float shared_expert_weight, str format, "
+        "int max_tokens) -> ()"),
 }
 
 

@@ -25,8 +25,11 @@
 
 #include "common/gpu_util.h"
 #include "common/host_numeric.h"
+#include "moe/layer/problem.h"
+#include "reference/gemm_reference.h"
 #include "reference/moe_layer_reference.h"
 #include "tessera/error.h"
+#include "tessera/grouped_gemm.h"
 #include "tessera/moe.h"
 #include "tessera/moe_layer.h"
 
@@ -469,6 +472,145 @@ TEST(MoeLayerGpu, CudaGraphReplaysWithNewTokensAndRouting) {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     EXPECT_EQ(r.y.download(), from_graph) << "replay " << replay;
   }
+}
+
+// Each step of the block-wise chain against a model fed with the GPU's own input to that step, so that a step's error
+// cannot hide in the steps before it: permute's codes and scales, the first GEMM's bf16 h, the activation's codes and
+// scales, the second GEMM's bf16 output.
+TEST(MoeLayerGpu, BlockwiseStepsMatchTheirModels) {
+  TESSERA_REQUIRE_GPU();
+  LayerCase c;
+  c.T = 64;
+  c.H = 1024;
+  c.I = 512;
+  c.E = 8;
+  c.k = 2;
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
+  const LayerData d = make_data(c, seed);
+  const int64_t T = c.T, H = c.H, I = c.I, G = d.G, S = c.k, R = T * S;
+  test::Stream stream;
+  const cudaStream_t st = stream.get();
+  DeviceBuffer<uint16_t> x(d.x), logits(d.logits);
+  DeviceBuffer<float> gw(R), xs(R * (H / 128)), as(R * (I / 128)), w13s(d.w13_scale), w2s(d.w2_scale);
+  DeviceBuffer<int32_t> ids(R), offsets(G + 1), counts(G), row_index(R), row_token(R);
+  DeviceBuffer<uint8_t> xq(R * H), act(R * I), w13(d.w13_codes), w2(d.w2_codes);
+  DeviceBuffer<uint16_t> h(R * 2 * I), yp(R * H);
+  const MoeLayerConfig cfg = config_of(c);
+  fused_gate(logits.view(DType::kBF16, {T, c.E}), std::nullopt, gw.view(DType::kFP32, {T, S}),
+             ids.view(DType::kInt32, {T, S}), cfg.gate, st);
+  PermuteParams pp;
+  pp.num_experts = static_cast<int>(G);
+  pp.quant = PermuteQuant::kFP8Blockwise;
+  PermuteOutputs po;
+  po.x_perm = xq.view(DType::kFP8E4M3, {R, H});
+  po.scales = xs.view(DType::kFP32, {R, H / 128});
+  po.expert_offsets = offsets.view(DType::kInt32, {G + 1});
+  po.expert_counts = counts.view(DType::kInt32, {G});
+  po.row_index = row_index.view(DType::kInt32, {T, S});
+  po.row_token = row_token.view(DType::kInt32, {R});
+  DeviceBuffer<uint8_t> pws(permute_workspace_bytes(T, S, pp));
+  permute(x.view(DType::kBF16, {T, H}), ids.view(DType::kInt32, {T, S}), std::nullopt, po,
+          Workspace{pws.get(), pws.size()}, pp, st);
+  const gemm::FP8Scales s1{gemm::ScaleMode::kBlockwise, xs.view(DType::kFP32, {R, H / 128}),
+                           w13s.view(DType::kFP32, {G, 2 * I / 128, H / 128})};
+  gemm::grouped_gemm_fp8(xq.view(DType::kFP8E4M3, {R, H}), w13.view(DType::kFP8E4M3, {G, 2 * I, H}),
+                         offsets.view(DType::kInt32, {G + 1}), s1, h.view(DType::kBF16, {R, 2 * I}), Workspace{}, st);
+  detail::ActivationArgs aa{};
+  aa.h = h.get();
+  aa.act = act.get();
+  aa.act_scales = as.get();
+  aa.rows_end = offsets.get() + G;
+  aa.capacity = R;
+  aa.intermediate = I;
+  aa.format = WeightFormat::kFP8Blockwise;
+  detail::launch_activation(aa, st);
+  const gemm::FP8Scales s2{gemm::ScaleMode::kBlockwise, as.view(DType::kFP32, {R, I / 128}),
+                           w2s.view(DType::kFP32, {G, H / 128, I / 128})};
+  gemm::grouped_gemm_fp8(act.view(DType::kFP8E4M3, {R, I}), w2.view(DType::kFP8E4M3, {G, H, I}),
+                         offsets.view(DType::kInt32, {G + 1}), s2, yp.view(DType::kBF16, {R, H}), Workspace{}, st);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(st));
+  const auto tok = row_token.download();
+  const auto xq_h = xq.download(), act_h = act.download();
+  const auto xs_h = xs.download(), as_h = as.download();
+  const auto h_h = h.download(), yp_h = yp.download();
+  const auto off = offsets.download();
+  ASSERT_EQ(off[G], R);
+
+  // 1. permute: codes and scales from x.
+  int64_t code_diff = 0, scale_diff = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < H / 128; ++b) {
+      double amax = 0;
+      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs((double)host::bf16_to_f32(d.x[tok[r] * H + b * 128 + i])));
+      const double sc = std::max(amax, 1e-10) / 448.0;
+      if (std::fabs(xs_h[r * (H / 128) + b] - sc) > 1e-6 * sc) ++scale_diff;
+      for (int64_t i = 0; i < 128; ++i) {
+        const double v = host::bf16_to_f32(d.x[tok[r] * H + b * 128 + i]) / xs_h[r * (H / 128) + b];
+        if (host::e4m3_to_f32(xq_h[r * H + b * 128 + i]) != reference::round_e4m3(v)) ++code_diff;
+      }
+    }
+  // 2. first GEMM from the GPU's codes and scales.
+  reference::GroupedGemmShape shape;
+  shape.num_groups = static_cast<int>(G);
+  shape.rows = R;
+  shape.n = 2 * I;
+  shape.k = H;
+  shape.x_row_stride = H;
+  shape.w_row_stride = H;
+  shape.w_group_stride = 2 * I * H;
+  reference::GroupedGemmScales sc1;
+  sc1.mode = gemm::ScaleMode::kBlockwise;
+  sc1.x_scale = xs_h;
+  sc1.xs_row_stride = H / 128;
+  sc1.xs_k_stride = 1;
+  sc1.w_scale = d.w13_scale;
+  sc1.ws_group_stride = (2 * I / 128) * (H / 128);
+  sc1.ws_n_stride = H / 128;
+  sc1.ws_k_stride = 1;
+  const auto ref1 = reference::grouped_gemm_fp8(xq_h, d.w13_codes, off, sc1, shape);
+  const reference::GroupedGemmCheck c1 = reference::check_grouped_gemm(ref1, h_h, 2 * I, 0, 0xFFFF);
+  // 3. activation from the GPU's h.
+  int64_t act_code_diff = 0, act_scale_diff = 0;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t b = 0; b < I / 128; ++b) {
+      double v[128], amax = 0;
+      for (int64_t i = 0; i < 128; ++i) {
+        const double g = host::bf16_to_f32(h_h[r * 2 * I + b * 128 + i]);
+        const double u = host::bf16_to_f32(h_h[r * 2 * I + I + b * 128 + i]);
+        v[i] = g / (1.0 + std::exp(-g)) * u;
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      const double sc = std::max(amax, 1e-10) / 448.0;
+      const double got_sc = as_h[r * (I / 128) + b];
+      if (std::fabs(got_sc - sc) > 1e-6 * sc) ++act_scale_diff;
+      for (int64_t i = 0; i < 128; ++i)
+        if (host::e4m3_to_f32(act_h[r * I + b * 128 + i]) != reference::round_e4m3(v[i] / got_sc)) ++act_code_diff;
+    }
+  // 4. second GEMM from the GPU's activation.
+  shape.n = H;
+  shape.k = I;
+  shape.x_row_stride = I;
+  shape.w_row_stride = I;
+  shape.w_group_stride = H * I;
+  reference::GroupedGemmScales sc2 = sc1;
+  sc2.x_scale = as_h;
+  sc2.xs_row_stride = I / 128;
+  sc2.w_scale = d.w2_scale;
+  sc2.ws_group_stride = (H / 128) * (I / 128);
+  sc2.ws_n_stride = I / 128;
+  const auto ref2 = reference::grouped_gemm_fp8(act_h, d.w2_codes, off, sc2, shape);
+  const reference::GroupedGemmCheck c2 = reference::check_grouped_gemm(ref2, yp_h, H, 0, 0xFFFF);
+  std::printf("[ moe-layer] steps: permute %lld / %lld codes and %lld scales differ; GEMM1 %s; activation %lld / %lld "
+              "codes and %lld scales differ; GEMM2 %s\n",
+              (long long)code_diff, (long long)(R * H), (long long)scale_diff, c1.message.c_str(),
+              (long long)act_code_diff, (long long)(R * I), (long long)act_scale_diff, c2.message.c_str());
+  EXPECT_LE(code_diff, R * H / 1000);
+  EXPECT_EQ(scale_diff, 0);
+  EXPECT_TRUE(c1.ok) << c1.message;
+  EXPECT_LE(act_code_diff, R * I / 1000);
+  EXPECT_EQ(act_scale_diff, 0);
+  EXPECT_TRUE(c2.ok) << c2.message;
 }
 
 TEST(MoeLayerGpu, ArgumentErrorsBeforeAnyLaunch) {

@@ -115,6 +115,7 @@ def test_every_op_is_registered_with_its_mutations():
         "conv2d": {"y", "workspace"},
         "w8a8_quantize": {"codes", "scale", "zero", "sums"},
         "gemm_w8a8": {"y", "workspace"},
+        "moe_layer": {"y", "workspace"},
     }
     assert set(_torch_ops.OPS) == set(written)
     for name, expected in written.items():
