@@ -70,11 +70,11 @@
 // headline cases sample about: DeepSeek-V3 1 / 4 / 4 tokens over 9 / 27 / 27 experts, Qwen3 12 and 19 tokens over 63
 // experts, Mixtral 8 tokens over 6 experts; the message states the sample). It favours tokens whose experts are
 // already in the sample, i.e. the hot ones: the large groups.
-// Pass: relative Frobenius error of the sampled rows <= 1e-2 (bf16) / 3e-2 (fp8: see frobenius_tol) and every element |y - ref| <= 2^-5 · mag + 2^-7 · |ref|
-// (mag: Σ_j |weight| Σ_i |a_i| |w2_i|, the reference's; 2^-5: the grouped GEMM's fp8 accumulation bound 2^-6 of
-// reference/gemm_reference.h, doubled for the second rounding of the activations an fp32 difference in h can flip;
-// 2^-7: the final bf16 rounding, twice). The message adds the error against kExact (the same weights, activations
-// not quantized nor rounded): the quantization error a user sees, for information.
+// Pass: relative Frobenius error of the sampled rows <= 1e-2 (bf16) / 3e-2 (fp8: see frobenius_tol) and every element
+// |y - ref| <= 2^-5 · mag + 2^-7 · |ref| (mag: Σ_j |weight| Σ_i |a_i| |w2_i|, the reference's; 2^-5: the grouped GEMM's
+// fp8 accumulation bound 2^-6 of reference/gemm_reference.h, doubled for the second rounding of the activations an fp32
+// difference in h can flip; 2^-7: the final bf16 rounding, twice). The message adds the error against kExact (the same
+// weights, activations not quantized nor rounded): the quantization error a user sees, for information.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -90,6 +90,7 @@
 #include "common/host_numeric.h"
 #include "device_random.h"
 #include "harness.h"
+#include "moe/layer/problem.h"
 #include "reference/moe_layer_reference.h"
 #include "tessera/moe.h"
 #include "tessera/moe_layer.h"
@@ -405,12 +406,7 @@ class MoeLayerCase final : public CaseInstance {
   int activated_experts() const { return activated_; }
 
   void run(cudaStream_t stream, int set) override {
-    moe::MoeLayerInputs in;
-    in.x = TensorView::contiguous(x_[set].get(), DType::kBF16, {p_.tokens, p_.h()}, device_);
-    in.router_logits = TensorView::contiguous(logits_.get(), DType::kFP32, {p_.tokens, p_.experts()}, device_);
-    if (p_.m.correction_bias)
-      in.correction_bias = TensorView::contiguous(bias_.get(), DType::kFP32, {p_.experts()}, device_);
-    moe::moe_layer(plan_, in, weights_, y_view_, Workspace{workspace_.get(), plan_.workspace_bytes}, stream);
+    moe::moe_layer(plan_, inputs(set), weights_, y_view_, Workspace{workspace_.get(), plan_.workspace_bytes}, stream);
   }
 
   CheckResult check(cudaStream_t stream) override;
@@ -419,6 +415,15 @@ class MoeLayerCase final : public CaseInstance {
   void make_weights(cudaStream_t stream);
   void route(cudaStream_t stream);
   ExpertSample download_expert(int e, cudaStream_t stream) const;
+  std::string step_breakdown(cudaStream_t stream);
+  moe::MoeLayerInputs inputs(int set) const {
+    moe::MoeLayerInputs in;
+    in.x = TensorView::contiguous(x_[set].get(), DType::kBF16, {p_.tokens, p_.h()}, device_);
+    in.router_logits = TensorView::contiguous(logits_.get(), DType::kFP32, {p_.tokens, p_.experts()}, device_);
+    if (p_.m.correction_bias)
+      in.correction_bias = TensorView::contiguous(bias_.get(), DType::kFP32, {p_.experts()}, device_);
+    return in;
+  }
 
   Problem p_;
   int device_;
@@ -649,7 +654,45 @@ CheckResult MoeLayerCase::check(cudaStream_t stream) {
   else
     r.message += "; all " + std::to_string(T) + " rows of y finite";
   r.message += "; info: against kExact (activations not quantized) " + fmt("%.3g", rel_exact);
+  r.message += "; " + step_breakdown(stream);
   return r;
+}
+
+// The layer's own code path with an event after each step (moe::detail::moe_layer_marked), on set 0, stream mode:
+// kBreakdownRuns calls queued back to back after one warm-up (one synchronization at the end, so the GPU does not wait
+// for the host between calls), the mean µs of each step, and the share of the four steps around the GEMMs (issue
+// target: <= 10 % of the layer). Host work between two steps can still show as a gap where a call is shorter than
+// its own host time (T 1).
+std::string MoeLayerCase::step_breakdown(cudaStream_t stream) {
+  constexpr int kBreakdownRuns = 20;
+  struct Events {
+    std::vector<cudaEvent_t> e;
+    explicit Events(std::size_t n) : e(n, nullptr) {
+      for (cudaEvent_t& x : e) TESSERA_CUDA_CHECK(cudaEventCreate(&x));
+    }
+    ~Events() {
+      for (cudaEvent_t x : e)
+        if (x) cudaEventDestroy(x);
+    }
+  } marks(7 * (kBreakdownRuns + 1));
+  const moe::MoeLayerInputs in = inputs(0);
+  const Workspace ws{workspace_.get(), plan_.workspace_bytes};
+  for (int run = 0; run <= kBreakdownRuns; ++run)
+    moe::detail::moe_layer_marked(plan_, in, weights_, y_view_, ws, stream, &marks.e[7 * run]);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  double sum[6] = {};
+  for (int run = 1; run <= kBreakdownRuns; ++run)
+    for (int i = 0; i < 6; ++i) {
+      float ms = 0;
+      TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, marks.e[7 * run + i], marks.e[7 * run + i + 1]));
+      sum[i] += ms * 1000.0 / kBreakdownRuns;
+    }
+  const double total = sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5];
+  const double glue = sum[0] + sum[1] + sum[3] + sum[5];
+  return "steps (stream, mean of " + std::to_string(kBreakdownRuns) + " µs): gate " + fmt("%.1f", sum[0]) +
+         ", permute " + fmt("%.1f", sum[1]) + ", GEMM w13 " + fmt("%.1f", sum[2]) + ", SiLU·mul " +
+         fmt("%.1f", sum[3]) + ", GEMM w2 " + fmt("%.1f", sum[4]) + ", reduce " + fmt("%.1f", sum[5]) +
+         "; gate + permute + SiLU·mul + reduce " + fmt("%.1f", 100.0 * glue / total) + " % of " + fmt("%.1f", total);
 }
 
 // ============================================================================================================

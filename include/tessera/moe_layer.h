@@ -5,13 +5,16 @@
 //   per copy (t, j) of token t routed to expert e = ids[t, j] (shared experts are ids E .. E+s-1):
 //     h   = Q1(x[t]) · W13[e]ᵀ                         [2I]  (bf16; rows 0..I-1 of W13[e] are the gate
 //                                                                projection w1, rows I..2I-1 the up projection w3)
-//     a   = Q2(silu(h[0:I]) * h[I:2I])                 [I]   silu(g) = g / (1 + exp(-g)), fp32 math
+//     a   = Q2(silu(h[0:I]) * h[I:2I])                 [I]   silu(g) = g / (1 + exp(-g)), fp32 math (exp by the
+//                                                                fast exponential, within a few ulp)
 //     o   = a · W2[e]ᵀ                                 [H]   (bf16)
 //   y[t] = Σ_j weights[t, j] · o(t, j)  (+ residual[t])      fp32 sum in slot order, one bf16 rounding
 // Q1 / Q2 follow the weight format: kFP8Blockwise quantizes each row per 128 columns to e4m3 with
 // scale = max(amax, 1e-10) / 448 (the DeepSeek-V3 1×128 activation blocks); kFP8PerTensor divides by the static
 // activation scales a13_scale / a2_scale (the input_scale tensors of per-tensor FP8 checkpoints) and saturates;
-// kBF16 rounds to bf16. Weights are used as stored: W = codes × scale (block-wise: one scale per 128×128 block,
+// kBF16 rounds to bf16. The fp32 scale is amax times the fp32 1/448, and v / scale is computed as v times an
+// approximate reciprocal (within an ulp of the quotient; a code can differ only where v / scale lies within that of
+// an e4m3 rounding boundary). Weights are used as stored: W = codes × scale (block-wise: one scale per 128×128 block,
 // the checkpoints' weight_scale_inv; per-tensor: one scale per expert).
 //
 // plan / run: moe_layer_plan takes the model constants and the largest token count and returns the workspace

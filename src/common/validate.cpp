@@ -62,6 +62,12 @@ void ArgCheck::aligned(const TensorView& t, const char* arg, int bytes) const {
                   std::to_string(t.strides[0]) + " elements of " + dtype_name(t.dtype));
 }
 
+void ArgCheck::device_count(const TensorView& t, const char* arg) const {
+  dtype(t, arg, {DType::kInt32});
+  if (t.numel() != 1) fail(arg, "must have 1 element, got shape " + t.shape_str());
+  aligned(t, arg, 4);
+}
+
 ByteDims byte_dims(const TensorView& t) {
   const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
   ByteDims dims = {{1, elem}};

@@ -34,6 +34,8 @@ class ArgCheck {
   // Device memory on the current device (skipped for empty tensors).
   void on_current_device(const TensorView& t, const char* arg) const;
   void in_range(int64_t value, const char* arg, int64_t lo, int64_t hi) const;
+  // A count read on the device (a token count for graph replays): int32, one element, 4-byte aligned.
+  void device_count(const TensorView& t, const char* arg) const;
   // Distinct elements of an output do not share memory (two threads would race on one address): injective(byte_dims).
   void no_self_overlap(const TensorView& t, const char* arg) const;
   // The caller's workspace holds `need` bytes (> 0) and is 16-byte aligned; `sizing` follows "must hold N bytes" in the

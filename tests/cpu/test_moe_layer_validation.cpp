@@ -93,6 +93,15 @@ TEST(MoeLayerPlan, WorkspaceRegionsFollowTheLifetimes) {
     for (std::size_t off : {l.gate_weights, l.gate_ids, l.row_index, l.offsets, l.counts, l.permute_ws, l.x_perm,
                             l.x_scales, l.act, l.act_scales, l.h, l.gemm_ws})
       EXPECT_EQ(off % 256, 0u);
+    // The regions that live through the whole call end before region A begins, in order, without overlap.
+    const std::size_t routing = T * 5 * 4;
+    EXPECT_GE(l.gate_ids, l.gate_weights + routing);
+    EXPECT_GE(l.row_index, l.gate_ids + routing);
+    EXPECT_GE(l.offsets, l.row_index + routing);
+    EXPECT_GE(l.counts, l.offsets + 4 * 18);
+    EXPECT_GE(l.permute_ws, l.counts + 4 * 17);
+    EXPECT_GE(l.gemm_ws, l.permute_ws + l.permute_ws_bytes);
+    EXPECT_GE(l.x_perm, l.gemm_ws + l.gemm_ws_bytes);
     EXPECT_EQ(moe_layer_plan(c, T).workspace_bytes, l.total);
     // Monotone in the token count (a plan for more tokens serves fewer).
     EXPECT_GE(detail::layer_layout(c, T + 1).total, l.total);
@@ -104,9 +113,9 @@ TEST(MoeLayerPlan, WorkspaceRegionsFollowTheLifetimes) {
 constexpr int64_t kT = 8, kH = 256, kI = 128, kE = 16, kG = 17;
 
 struct Buffers {
-  HostBuffer x{kT * kH * 2, 1}, logits{kT * kE * 4, 0}, bias{kE * 4, 0}, residual{kT * kH * 2, 0},
-      y{kT * kH * 2, 0xAB}, w13{kG * 2 * kI * kH * 2, 0}, w2{kG * kH * kI * 2, 0}, w13s{kG * 4 * 4, 0},
-      w2s{kG * 2 * 4, 0}, a13{16, 0}, a2{16, 0}, count{16, 0}, ws{8 << 20, 0};
+  HostBuffer x{kT * kH * 2, 1}, logits{kT * kE * 4, 0}, bias{kE * 4, 0}, residual{kT * kH * 2, 0}, y{kT * kH * 2, 0xAB},
+      w13{kG * 2 * kI * kH * 2, 0}, w2{kG * kH * kI * 2, 0}, w13s{kG * 4 * 4, 0}, w2s{kG * 2 * 4, 0}, a13{16, 0},
+      a2{16, 0}, count{16, 0}, ws{8 << 20, 0};
 };
 
 struct Args {

@@ -141,6 +141,7 @@ TEST(PermuteValidation, EachRuleNamesItsArgument) {
     PermuteOutputs out;
     Workspace ws;
     PermuteParams params;
+    std::optional<TensorView> num_tokens;
   };
   struct Case {
     const char* name;
@@ -167,6 +168,12 @@ TEST(PermuteValidation, EachRuleNamesItsArgument) {
       {"row_token size", [](Args& a) { a.out.row_token->shape[0] = 3; }, "row_token"},
       {"workspace too small", [](Args& a) { a.ws.bytes = 16; }, "workspace"},
       {"x_perm overlaps x", [](Args& a) { a.out.x_perm.data = a.x.data; }, "x_perm"},
+      {"num_tokens int64", [](Args& a) { a.num_tokens->dtype = DType::kInt64; }, "num_tokens"},
+      {"num_tokens two elements", [](Args& a) { a.num_tokens->shape[0] = 2; }, "num_tokens"},
+      {"num_tokens misaligned",
+       [](Args& a) { a.num_tokens->data = static_cast<char*>(a.num_tokens->data) + 1; }, "num_tokens"},
+      {"num_tokens inside the workspace", [](Args& a) { a.num_tokens->data = a.ws.data; }, "workspace"},
+      {"num_tokens inside row_index", [](Args& a) { a.num_tokens->data = a.out.row_index.data; }, "row_index"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -185,8 +192,11 @@ TEST(PermuteValidation, EachRuleNamesItsArgument) {
     a.out.row_token = TensorView::contiguous(b.row_token.data(), DType::kInt32, {rows}, 0);
     a.ws = Workspace{b.workspace.data() + (16 - reinterpret_cast<uintptr_t>(b.workspace.data()) % 16) % 16,
                      b.workspace.size() - 16};
+    std::vector<int32_t> count(4, 3);
+    a.num_tokens = TensorView::contiguous(count.data(), DType::kInt32, {1}, 0);
     c.mutate(a);
-    expect_error([&] { permute(a.x, a.ids, a.input_scale, a.out, a.ws, a.params, nullptr); }, kPermute, c.arg);
+    expect_error([&] { permute(a.x, a.ids, a.input_scale, a.out, a.ws, a.params, nullptr, a.num_tokens); }, kPermute,
+                 c.arg);
     EXPECT_TRUE(b.untouched());
   }
 }

@@ -16,9 +16,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <optional>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +26,7 @@
 #include "common/gpu_util.h"
 #include "common/host_numeric.h"
 #include "moe/layer/problem.h"
+#include "reference/attention_reference.h"
 #include "reference/gemm_reference.h"
 #include "reference/moe_layer_reference.h"
 #include "tessera/error.h"
@@ -38,32 +39,12 @@ namespace {
 
 using test::DeviceBuffer;
 
-// Nearest e4m3 code of v (ties to the even code), saturated to ±448.
-uint8_t e4m3_code(float v) {
-  static const std::vector<std::pair<float, uint8_t>> table = [] {
-    std::vector<std::pair<float, uint8_t>> t;
-    for (int c = 0; c < 0x7F; ++c) t.emplace_back(host::e4m3_to_f32(static_cast<uint8_t>(c)), static_cast<uint8_t>(c));
-    return t;  // ascending in value
-  }();
-  const float a = std::min(std::fabs(v), 448.0f);
-  auto it = std::lower_bound(table.begin(), table.end(), a, [](const auto& e, float x) { return e.first < x; });
-  uint8_t code;
-  if (it == table.end()) code = table.back().second;
-  else if (it == table.begin()) code = it->second;
-  else {
-    const auto lo = *(it - 1), hi = *it;
-    const float dl = a - lo.first, dh = hi.first - a;
-    code = dl < dh ? lo.second : dh < dl ? hi.second : ((lo.second & 1) == 0 ? lo.second : hi.second);
-  }
-  return static_cast<uint8_t>(code | (std::signbit(v) && code != 0 ? 0x80 : 0));
-}
-
 enum class Routing { kRandom, kSkewed, kOneExpert };
 
 struct LayerCase {
-  int64_t T = 16;       // rows of x
-  int64_t active = -1;  // num_tokens on the device (-1: not given)
-  int64_t max_tokens = 0;  // 0: T
+  int64_t T = 16;                 // rows of x
+  std::optional<int64_t> active;  // num_tokens on the device (none: not given)
+  int64_t max_tokens = 0;         // 0: T
   int64_t H = 256, I = 256;
   int E = 8, k = 2, shared = 0, groups = 1, topk_groups = 1;
   Scoring scoring = Scoring::kSoftmax;
@@ -75,13 +56,13 @@ struct LayerCase {
 };
 
 std::string describe(const LayerCase& c) {
-  const char* f = c.format == WeightFormat::kFP8Blockwise ? "fp8-block" : c.format == WeightFormat::kFP8PerTensor
-                                                                            ? "fp8-tensor"
-                                                                            : "bf16";
-  return "T=" + std::to_string(c.T) + " active=" + std::to_string(c.active) + " H=" + std::to_string(c.H) +
-         " I=" + std::to_string(c.I) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) +
-         " shared=" + std::to_string(c.shared) + " groups=" + std::to_string(c.groups) + "/" +
-         std::to_string(c.topk_groups) + " " + f + " routing=" + std::to_string(static_cast<int>(c.routing)) +
+  const char* f = c.format == WeightFormat::kFP8Blockwise   ? "fp8-block"
+                  : c.format == WeightFormat::kFP8PerTensor ? "fp8-tensor"
+                                                            : "bf16";
+  return "T=" + std::to_string(c.T) + " active=" + (c.active ? std::to_string(*c.active) : "none") +
+         " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) + " E=" + std::to_string(c.E) +
+         " k=" + std::to_string(c.k) + " shared=" + std::to_string(c.shared) + " groups=" + std::to_string(c.groups) +
+         "/" + std::to_string(c.topk_groups) + " " + f + " routing=" + std::to_string(static_cast<int>(c.routing)) +
          (c.residual ? " residual" : "") + (c.bias ? " bias" : "") + (c.outliers ? " outliers" : "");
 }
 
@@ -107,9 +88,9 @@ struct LayerData {
   LayerCase c;
   int G = 0;
   std::vector<uint16_t> x, logits, bias, residual;  // bf16 bits
-  std::vector<uint8_t> w13_codes, w2_codes;           // fp8
-  std::vector<uint16_t> w13_bf16, w2_bf16;            // bf16
-  std::vector<float> w13_scale, w2_scale;             // block-wise [G, n/128, k/128] or per-tensor [G]
+  std::vector<uint8_t> w13_codes, w2_codes;         // fp8
+  std::vector<uint16_t> w13_bf16, w2_bf16;          // bf16
+  std::vector<float> w13_scale, w2_scale;           // block-wise [G, n/128, k/128] or per-tensor [G]
   float a13 = 1.0f, a2 = 1.0f;
   std::vector<double> w13_deq, w2_deq;
 };
@@ -138,6 +119,13 @@ LayerData make_data(const LayerCase& c, uint64_t seed) {
   d.logits.resize(c.T * c.E);
   for (int64_t t = 0; t < c.T; ++t)
     for (int e = 0; e < c.E; ++e) d.logits[t * c.E + e] = host::f32_to_bf16(normal(rng) + hot[e]);
+  // Tokens past the device-side count are not routed: their x rows hold NaN and ±Inf (and their logits NaN), so that
+  // any leak into a routed row, or into their own zero / residual rows, shows.
+  if (c.active)
+    for (int64_t t = std::max<int64_t>(*c.active, 0); t < c.T; ++t) {
+      for (int64_t h = 0; h < H; ++h) d.x[t * H + h] = h % 3 == 0 ? 0x7FC0 : h % 3 == 1 ? 0x7F80 : 0xFF80;
+      for (int e = 0; e < c.E; ++e) d.logits[t * c.E + e] = 0x7FC0;
+    }
   if (c.bias)
     for (int e = 0; e < c.E; ++e) d.bias.push_back(host::f32_to_bf16(0.1f * normal(rng)));
   if (c.residual)
@@ -164,7 +152,7 @@ LayerData make_data(const LayerCase& c, uint64_t seed) {
       for (int64_t r = 0; r < n; ++r)
         for (int64_t col = 0; col < k; ++col) {
           const int64_t i = (g * n + r) * k + col;
-          codes[i] = e4m3_code(normal(rng) * 16.0f);
+          codes[i] = reference::e4m3_rne_sat(normal(rng) * 16.0f);
           const float s = block ? sc[(g * nb + r / 128) * kb + col / 128] : sc[g];
           deq[i] = static_cast<double>(host::e4m3_to_f32(codes[i])) * s;
         }
@@ -209,7 +197,7 @@ struct LayerRun {
         a2(std::vector<float>{data.a2}),
         num_tokens(1),
         ws(plan.workspace_bytes) {
-    if (d.c.active >= 0) num_tokens.upload({static_cast<int32_t>(d.c.active)});
+    if (d.c.active) num_tokens.upload({static_cast<int32_t>(*d.c.active)});
   }
 
   MoeLayerInputs inputs() const {
@@ -219,7 +207,7 @@ struct LayerRun {
     in.router_logits = logits.view(DType::kBF16, {c.T, c.E});
     if (c.bias) in.correction_bias = bias.view(DType::kBF16, {c.E});
     if (c.residual) in.residual = residual.view(DType::kBF16, {c.T, c.H});
-    if (c.active >= 0) in.num_tokens = num_tokens.view(DType::kInt32, {1});
+    if (c.active) in.num_tokens = num_tokens.view(DType::kInt32, {1});
     return in;
   }
   MoeLayerWeights weights() const {
@@ -260,8 +248,8 @@ void gpu_routing(const LayerData& d, std::vector<int32_t>& ids, std::vector<doub
   const MoeLayerConfig cfg = config_of(c);
   std::optional<TensorView> b;
   if (c.bias) b = bias.view(DType::kBF16, {c.E});
-  fused_gate(logits.view(DType::kBF16, {c.T, c.E}), b, w.view(DType::kFP32, {c.T, S}),
-             id.view(DType::kInt32, {c.T, S}), cfg.gate, nullptr);
+  fused_gate(logits.view(DType::kBF16, {c.T, c.E}), b, w.view(DType::kFP32, {c.T, S}), id.view(DType::kInt32, {c.T, S}),
+             cfg.gate, nullptr);
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   ids = id.download();
   const std::vector<float> wf = w.download();
@@ -279,7 +267,7 @@ struct Errors {
 Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
   const LayerCase& c = d.c;
   const int S = c.k + c.shared;
-  const int64_t active = c.active < 0 ? c.T : std::min<int64_t>(c.active, c.T);
+  const int64_t active = !c.active ? c.T : std::clamp<int64_t>(*c.active, 0, c.T);
   std::vector<int32_t> ids;
   std::vector<double> weights;
   gpu_routing(d, ids, weights);
@@ -355,6 +343,7 @@ TEST(MoeLayerGpu, EveryFormatAndGate) {
     // Mixtral-like: softmax top-2 of 8, renormalized.
     LayerCase mix;
     mix.T = 37;
+    mix.max_tokens = 77;
     mix.format = f;
     run_and_check(mix);
     mix.outliers = false;
@@ -406,9 +395,10 @@ TEST(MoeLayerGpu, RoutingExtremes) {
 
 TEST(MoeLayerGpu, DeviceTokenCount) {
   TESSERA_REQUIRE_GPU();
-  for (int64_t active : {0, 1, 17, 40, 1000}) {  // 1000 > T: clamped to T
+  for (int64_t active : {0, 1, 17, 40, 1000, -5}) {  // 1000 > T: clamped to T; -5: to 0
     LayerCase c;
     c.T = 40;
+    c.max_tokens = 2 * c.T + 3;  // views sized for T inside a workspace planned for more
     c.active = active;
     c.residual = active == 17;
     c.shared = active == 40 ? 1 : 0;
@@ -448,6 +438,7 @@ TEST(MoeLayerGpu, CudaGraphReplaysWithNewTokensAndRouting) {
     // New tokens, new logits (so new routing), a new count: uploaded in stream order before the replay.
     LayerCase now = c;
     now.active = replay == 0 ? 48 : (replay * 13) % 48;
+    now.max_tokens = 0;
     now.routing = replay % 2 ? Routing::kSkewed : Routing::kRandom;
     LayerData fresh = make_data(now, test::fresh_seed());
     fresh.w13_codes = d.w13_codes;  // same weights
@@ -458,7 +449,7 @@ TEST(MoeLayerGpu, CudaGraphReplaysWithNewTokensAndRouting) {
     fresh.w2_deq = d.w2_deq;
     r.x.upload_async(fresh.x, stream.get());
     r.logits.upload_async(fresh.logits, stream.get());
-    r.num_tokens.upload_async({static_cast<int32_t>(now.active)}, stream.get());
+    r.num_tokens.upload_async({static_cast<int32_t>(*now.active)}, stream.get());
     r.y.poison();
     graph.replay(stream.get());
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
@@ -542,7 +533,8 @@ TEST(MoeLayerGpu, BlockwiseStepsMatchTheirModels) {
   for (int64_t r = 0; r < R; ++r)
     for (int64_t b = 0; b < H / 128; ++b) {
       double amax = 0;
-      for (int64_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs((double)host::bf16_to_f32(d.x[tok[r] * H + b * 128 + i])));
+      for (int64_t i = 0; i < 128; ++i)
+        amax = std::max(amax, std::fabs((double)host::bf16_to_f32(d.x[tok[r] * H + b * 128 + i])));
       const double sc = std::max(amax, 1e-10) / 448.0;
       if (std::fabs(xs_h[r * (H / 128) + b] - sc) > 1e-6 * sc) ++scale_diff;
       for (int64_t i = 0; i < 128; ++i) {
@@ -601,10 +593,11 @@ TEST(MoeLayerGpu, BlockwiseStepsMatchTheirModels) {
   sc2.ws_n_stride = I / 128;
   const auto ref2 = reference::grouped_gemm_fp8(act_h, d.w2_codes, off, sc2, shape);
   const reference::GroupedGemmCheck c2 = reference::check_grouped_gemm(ref2, yp_h, H, 0, 0xFFFF);
-  std::printf("[ moe-layer] steps: permute %lld / %lld codes and %lld scales differ; GEMM1 %s; activation %lld / %lld "
-              "codes and %lld scales differ; GEMM2 %s\n",
-              (long long)code_diff, (long long)(R * H), (long long)scale_diff, c1.message.c_str(),
-              (long long)act_code_diff, (long long)(R * I), (long long)act_scale_diff, c2.message.c_str());
+  std::printf(
+      "[ moe-layer] steps: permute %lld / %lld codes and %lld scales differ; GEMM1 %s; activation %lld / %lld "
+      "codes and %lld scales differ; GEMM2 %s\n",
+      (long long)code_diff, (long long)(R * H), (long long)scale_diff, c1.message.c_str(), (long long)act_code_diff,
+      (long long)(R * I), (long long)act_scale_diff, c2.message.c_str());
   EXPECT_LE(code_diff, R * H / 1000);
   EXPECT_EQ(scale_diff, 0);
   EXPECT_TRUE(c1.ok) << c1.message;
@@ -638,9 +631,9 @@ TEST(MoeLayerGpu, ArgumentErrorsBeforeAnyLaunch) {
   EXPECT_THROW(r9.run(stream.get()), Error);
   EXPECT_EQ(nodes([&] { r9.run(stream.get()); }), 0u);
   // A workspace one byte short.
-  EXPECT_THROW(moe_layer(r.plan, r.inputs(), r.weights(), r.y_view(), Workspace{r.ws.get(), r.ws.size() - 1},
-                         stream.get()),
-               Error);
+  EXPECT_THROW(
+      moe_layer(r.plan, r.inputs(), r.weights(), r.y_view(), Workspace{r.ws.get(), r.ws.size() - 1}, stream.get()),
+      Error);
   // Weights not in the declared format: per-tensor scales for a block-wise plan.
   MoeLayerWeights w = r.weights();
   w.w13_scale = r.w13s.view(DType::kFP32, {d.G});

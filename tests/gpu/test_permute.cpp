@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,13 +32,15 @@ struct PermuteCase {
   DType x_dtype;
   DType id_dtype;
   IdPattern ids;
+  std::optional<int64_t> active = std::nullopt;  // num_tokens on the device
 };
 
 std::string describe(const PermuteCase& c) {
   return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " k=" + std::to_string(c.k) +
          " E=" + std::to_string(c.E) + " pad=" + std::to_string(c.pad) + " quant=" +
          std::to_string(static_cast<int>(c.quant)) + " x=" + dtype_name(c.x_dtype) + " ids=" +
-         dtype_name(c.id_dtype) + " pattern=" + std::to_string(static_cast<int>(c.ids));
+         dtype_name(c.id_dtype) + " pattern=" + std::to_string(static_cast<int>(c.ids)) +
+         (c.active ? " active=" + std::to_string(*c.active) : "");
 }
 
 std::vector<int64_t> make_ids(const PermuteCase& c, std::mt19937_64& rng) {
@@ -73,6 +76,10 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
     float v = normal(rng) * ((i % 97 == 0) ? 300.0f : 1.0f);  // a few outliers: block scales differ
     r.x[i] = c.x_dtype == DType::kBF16 ? host::f32_to_bf16(v) : host::f32_to_fp16(v);
   }
+  // With a device-side count, tokens at or past it are dropped: the reference sees their ids as -1.
+  const int64_t routed = c.active ? std::clamp<int64_t>(*c.active, 0, c.T) : c.T;
+  std::vector<int64_t> ref_ids = ids;
+  for (int64_t i = routed * c.k; i < c.T * c.k; ++i) ref_ids[i] = -1;
   PermuteParams p;
   p.num_experts = c.E;
   p.pad_multiple = c.pad;
@@ -99,6 +106,8 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
   DeviceBuffer<int32_t> offsets(c.E + 1), counts(c.E), row_index(c.T * c.k), row_token(rows);
   DeviceBuffer<uint8_t> workspace(permute_workspace_bytes(c.T, c.k, p));
   DeviceBuffer<float> input_scale(1);
+  DeviceBuffer<int32_t> count(1);
+  if (c.active) count.upload({static_cast<int32_t>(*c.active)});
   r.input_scale = 0.01f;  // 4.48 maps to 448: outliers saturate
   input_scale.upload({r.input_scale});
   x_perm.poison();
@@ -125,9 +134,10 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
   std::optional<TensorView> scale_in;
   if (c.quant == PermuteQuant::kFP8PerTensor) scale_in = input_scale.view(DType::kFP32, {1});
   permute(x.view(c.x_dtype, {c.T, c.H}), ids_dev.view(c.id_dtype, {c.T, c.k}), scale_in, out,
-          Workspace{workspace.get(), workspace.size()}, p, stream);
+          Workspace{workspace.get(), workspace.size()}, p, stream,
+          c.active ? std::optional(count.view(DType::kInt32, {1})) : std::nullopt);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
-  r.ref = reference::permute_index(ids, c.T, c.k, c.E, c.pad);
+  r.ref = reference::permute_index(ref_ids, c.T, c.k, c.E, c.pad);
   r.x_perm = x_perm.download();
   r.scales = scales.download();
   r.offsets = offsets.download();
@@ -188,6 +198,20 @@ TEST_F(PermuteGpu, EveryQuantPadAndPattern) {
           const uint64_t seed = test::fresh_seed();
           check_permute(c, run_permute(c, seed), seed);
         }
+}
+
+// A device-side token count (CUDA graphs replayed with fewer tokens): copies of the tokens at or past it are dropped
+// exactly as ids outside [0, E) are: -1 in row_index, no rows, not counted; counts past T clamp to T, below 0 to 0.
+TEST_F(PermuteGpu, DeviceTokenCountDropsLaterTokens) {
+  int n = 0;
+  for (int64_t active : {0, 1, 57, 299, 300, 1000, -3})
+    for (PermuteQuant q : {PermuteQuant::kNone, PermuteQuant::kFP8Blockwise, PermuteQuant::kFP8PerTensor}) {
+      PermuteCase c{300, 512, 4, 64, (n % 2) ? 8 : 1, q, DType::kBF16, DType::kInt32, IdPattern::kWithDropped};
+      c.active = active;
+      ++n;
+      const uint64_t seed = test::fresh_seed();
+      check_permute(c, run_permute(c, seed), seed);
+    }
 }
 
 TEST_F(PermuteGpu, DeepSeekShapeAndDeterminism) {

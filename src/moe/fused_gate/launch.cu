@@ -100,6 +100,7 @@ int64_t check_gate_inputs(const tessera::detail::ArgCheck& check, const TensorVi
     check.rank(*bias, bias_arg, 1);
     check.dim(*bias, bias_arg, 0, E, "num_experts");
     check.contiguous(*bias, bias_arg);
+    check.aligned(*bias, bias_arg, static_cast<int>(dtype_size(bias->dtype)));
   }
   return T;
 }

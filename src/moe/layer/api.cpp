@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "common/check.h"
 #include "common/device_info.h"
 #include "common/validate.h"
 #include "gemm/grouped/problem.h"
@@ -23,9 +24,12 @@ std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 
 const char* format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::kFP8Blockwise: return "fp8 block-wise";
-    case WeightFormat::kFP8PerTensor: return "fp8 per-tensor";
-    case WeightFormat::kBF16: return "bf16";
+    case WeightFormat::kFP8Blockwise:
+      return "fp8 block-wise";
+    case WeightFormat::kFP8PerTensor:
+      return "fp8 per-tensor";
+    case WeightFormat::kBF16:
+      return "bf16";
   }
   return "?";
 }
@@ -79,8 +83,7 @@ LayerLayout layer_layout(const MoeLayerConfig& c, int64_t max_tokens) {
   l.offsets = take(4 * (static_cast<std::size_t>(l.experts) + 1));
   l.counts = take(4 * static_cast<std::size_t>(l.experts));
   // The permute's workspace grows with the token count, so the largest covers every smaller call.
-  l.permute_ws_bytes =
-      detail::select_permute_config(PermuteProblem{max_tokens, l.slots, l.experts, 1}).workspace_bytes;
+  l.permute_ws_bytes = detail::select_permute_config(PermuteProblem{max_tokens, l.slots, l.experts, 1}).workspace_bytes;
   l.permute_ws = take(l.permute_ws_bytes);
   l.gemm_ws_bytes = std::max(gemm::grouped_gemm_workspace_bytes(l.experts, 2 * c.intermediate, c.hidden),
                              gemm::grouped_gemm_workspace_bytes(l.experts, c.hidden, c.intermediate));
@@ -203,6 +206,16 @@ gemm::detail::GroupedProblem check_gemm(const char* op, bool fp8, const TensorVi
 
 void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLayerWeights& weights, const TensorView& y,
                const Workspace& workspace, cudaStream_t stream) {
+  detail::moe_layer_marked(plan, in, weights, y, workspace, stream, nullptr);
+}
+
+namespace detail {
+
+void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLayerWeights& weights,
+                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks) {
+  auto mark = [&](int i) {
+    if (marks != nullptr) TESSERA_CUDA_CHECK(cudaEventRecord(marks[i], stream));
+  };
   const ArgCheck check("tessera::moe::moe_layer");
   const MoeLayerConfig& c = plan.config;
   check_config(check, c, plan.max_tokens);
@@ -227,7 +240,7 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
   check.rank(in.router_logits, "router_logits", 2);
   check.dim(in.router_logits, "router_logits", 1, c.num_experts, "num_experts");
   const int64_t logits_tokens = detail::check_gate_inputs(check, in.router_logits, in.correction_bias, c.gate,
-                                                             "router_logits", "correction_bias");
+                                                          "router_logits", "correction_bias");
   if (logits_tokens != T) check.dim(in.router_logits, "router_logits", 0, T, "tokens of x");
   if (in.residual) {
     check.dtype(*in.residual, "residual", {DType::kBF16});
@@ -237,11 +250,7 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
     check.unit_inner_stride(*in.residual, "residual");
     check.aligned(*in.residual, "residual", 16);
   }
-  if (in.num_tokens) {
-    check.dtype(*in.num_tokens, "num_tokens", {DType::kInt32});
-    if (in.num_tokens->numel() != 1)
-      check.fail("num_tokens", "must have 1 element, got shape " + in.num_tokens->shape_str());
-  }
+  if (in.num_tokens) check.device_count(*in.num_tokens, "num_tokens");
   check.dtype(y, "y", {DType::kBF16});
   check.rank(y, "y", 2);
   check.dim(y, "y", 0, T, "tokens of x");
@@ -251,8 +260,8 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
   check.no_self_overlap(y, "y");
   check_weights(check, c, weights);
   check.workspace(workspace, L.total, " (moe_layer_plan for max_tokens " + std::to_string(plan.max_tokens) + ")");
-  const TensorView ws_all = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(L.total)},
-                                                   in.x.device);
+  const TensorView ws_all =
+      TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(L.total)}, in.x.device);
   // y and the workspace are written: neither may overlap anything the call reads or the other.
   const std::pair<const TensorView*, const char*> inputs[] = {
       {&in.x, "x"}, {&in.router_logits, "router_logits"}, {&weights.w13, "w13"}, {&weights.w2, "w2"}};
@@ -261,8 +270,8 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
     check.no_overlap(*t, name, ws_all, "workspace");
   }
   const std::pair<const std::optional<TensorView>*, const char*> optional_inputs[] = {
-      {&in.correction_bias, "correction_bias"}, {&in.residual, "residual"},     {&in.num_tokens, "num_tokens"},
-      {&weights.w13_scale, "w13_scale"},         {&weights.w2_scale, "w2_scale"}, {&weights.a13_scale, "a13_scale"},
+      {&in.correction_bias, "correction_bias"}, {&in.residual, "residual"},      {&in.num_tokens, "num_tokens"},
+      {&weights.w13_scale, "w13_scale"},        {&weights.w2_scale, "w2_scale"}, {&weights.a13_scale, "a13_scale"},
       {&weights.a2_scale, "a2_scale"}};
   for (const auto& [t, name] : optional_inputs)
     if (*t) {
@@ -298,8 +307,8 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
     s2 = gemm::FP8Scales{gemm::ScaleMode::kPerTensor, verified(*weights.a2_scale), verified(*weights.w2_scale)};
   }
   const gemm::detail::GroupedProblem gemm1 =
-      check_gemm("tessera::moe::moe_layer (first GEMM: w = w13, w_scale = w13_scale, x_scale = a13_scale)", fp8,
-                 x_perm, verified(weights.w13), offsets, s1, h, gemm_ws);
+      check_gemm("tessera::moe::moe_layer (first GEMM: w = w13, w_scale = w13_scale, x_scale = a13_scale)", fp8, x_perm,
+                 verified(weights.w13), offsets, s1, h, gemm_ws);
   const gemm::detail::GroupedProblem gemm2 =
       check_gemm("tessera::moe::moe_layer (second GEMM: w = w2, w_scale = w2_scale, x_scale = a2_scale)", fp8, act,
                  verified(weights.w2), offsets, s2, y_perm, gemm_ws);
@@ -316,10 +325,13 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
   if (T == 0) return;
   tessera::detail::require_hopper("tessera::moe::moe_layer");
 
+  mark(0);
   // 1. routing
   GateParams gp = c.gate;
-  fused_gate(verified(in.router_logits), in.correction_bias ? std::optional(verified(*in.correction_bias)) : std::nullopt,
-             gate_w, gate_ids, gp, stream);
+  fused_gate(verified(in.router_logits),
+             in.correction_bias ? std::optional(verified(*in.correction_bias)) : std::nullopt, gate_w, gate_ids, gp,
+             stream);
+  mark(1);
   // 2. permute (+ quantize)
   PermuteParams pp;
   pp.num_experts = G;
@@ -335,8 +347,10 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
       c.format == WeightFormat::kFP8PerTensor ? std::optional(verified(*weights.a13_scale)) : std::nullopt;
   permute(verified(in.x), gate_ids, a13, po, permute_ws, pp, stream,
           in.num_tokens ? std::optional(verified(*in.num_tokens)) : std::nullopt);
+  mark(2);
   // 3. h = x_perm · w13ᵀ
   gemm::detail::launch_grouped_gemm(gemm1, stream);
+  mark(3);
   // 4. act = Q(silu(gate) · up) over the rows in use (offsets[G], read on the device)
   detail::ActivationArgs aa{};
   aa.h = h.data;
@@ -349,11 +363,16 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
   aa.intermediate = I;
   aa.format = c.format;
   detail::launch_activation(aa, stream);
+  mark(4);
   // 5. y_perm = act · w2ᵀ
   gemm::detail::launch_grouped_gemm(gemm2, stream);
+  mark(5);
   // 6. y = Σ_j weight · y_perm (+ residual)
   unpermute_reduce(y_perm, row_index, gate_w, in.residual ? std::optional(verified(*in.residual)) : std::nullopt,
                    verified(y), 1.0f, stream);
+  mark(6);
 }
+
+}  // namespace detail
 
 }  // namespace tessera::moe

@@ -16,23 +16,23 @@ namespace tessera::moe::detail {
 // a (the activation) from the activation step to the second, so they share region A; h (the first GEMM's output)
 // lives to the activation step and y_perm from the second GEMM to the reduce, so they share region B.
 struct LayerLayout {
-  int slots = 0;            // ids per token: topk + shared experts
-  int experts = 0;          // G = routed + shared
-  int64_t capacity = 0;     // rows of the permuted buffers: max_tokens * slots
-  std::size_t gate_weights = 0;   // fp32 [max_tokens, slots]
-  std::size_t gate_ids = 0;       // int32 [max_tokens, slots]
-  std::size_t row_index = 0;      // int32 [max_tokens, slots]
-  std::size_t offsets = 0;        // int32 [G + 1]
-  std::size_t counts = 0;         // int32 [G]
-  std::size_t permute_ws = 0;     // permute's own workspace
+  int slots = 0;                 // ids per token: topk + shared experts
+  int experts = 0;               // G = routed + shared
+  int64_t capacity = 0;          // rows of the permuted buffers: max_tokens * slots
+  std::size_t gate_weights = 0;  // fp32 [max_tokens, slots]
+  std::size_t gate_ids = 0;      // int32 [max_tokens, slots]
+  std::size_t row_index = 0;     // int32 [max_tokens, slots]
+  std::size_t offsets = 0;       // int32 [G + 1]
+  std::size_t counts = 0;        // int32 [G]
+  std::size_t permute_ws = 0;    // permute's own workspace
   std::size_t permute_ws_bytes = 0;
-  std::size_t x_perm = 0;         // region A: fp8 | bf16 [capacity, H]
-  std::size_t x_scales = 0;       //           fp32 [capacity, H/128] (block-wise)
-  std::size_t act = 0;            //           fp8 | bf16 [capacity, I] (after x_perm is dead)
-  std::size_t act_scales = 0;     //           fp32 [capacity, I/128] (block-wise)
-  std::size_t h = 0;              // region B: bf16 [capacity, 2I]
-  std::size_t y_perm = 0;         //           bf16 [capacity, H] (after h is dead)
-  std::size_t gemm_ws = 0;        // the grouped GEMMs' workspace (shared: they run one after the other)
+  std::size_t x_perm = 0;      // region A: fp8 | bf16 [capacity, H]
+  std::size_t x_scales = 0;    //           fp32 [capacity, H/128] (block-wise)
+  std::size_t act = 0;         //           fp8 | bf16 [capacity, I] (after x_perm is dead)
+  std::size_t act_scales = 0;  //           fp32 [capacity, I/128] (block-wise)
+  std::size_t h = 0;           // region B: bf16 [capacity, 2I]
+  std::size_t y_perm = 0;      //           bf16 [capacity, H] (after h is dead)
+  std::size_t gemm_ws = 0;     // the grouped GEMMs' workspace (shared: they run one after the other)
   std::size_t gemm_ws_bytes = 0;
   std::size_t total = 0;
 };
@@ -42,15 +42,21 @@ LayerLayout layer_layout(const MoeLayerConfig& config, int64_t max_tokens);
 
 // The activation step: a[r, i] = Q(silu(h[r, i]) * h[r, I + i]) for the rows r < min(*rows_end, capacity).
 struct ActivationArgs {
-  const void* h;               // bf16 [capacity, 2I], row stride 2I
-  void* act;                   // fp8 | bf16 [capacity, I], row stride I
-  float* act_scales;           // block-wise: fp32 [capacity, I/128] row-major; else nullptr
-  const float* static_scale;   // per-tensor: fp32 [1]; else nullptr
-  const int32_t* rows_end;     // int32 [1] on the device: the permuted rows in use (offsets[G])
+  const void* h;              // bf16 [capacity, 2I], row stride 2I
+  void* act;                  // fp8 | bf16 [capacity, I], row stride I
+  float* act_scales;          // block-wise: fp32 [capacity, I/128] row-major; else nullptr
+  const float* static_scale;  // per-tensor: fp32 [1]; else nullptr
+  const int32_t* rows_end;    // int32 [1] on the device: the permuted rows in use (offsets[G])
   int64_t capacity;
   int64_t intermediate;
   WeightFormat format;
 };
 void launch_activation(const ActivationArgs& args, cudaStream_t stream);
+
+// moe_layer itself, with an event recorded on the stream before the first step and after each of the six (marks[0]
+// .. marks[6]: gate, permute, first GEMM, activation, second GEMM, reduce) when marks is not null: the benchmark's
+// per-step breakdown of the very code path users call. moe_layer passes null.
+void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& inputs, const MoeLayerWeights& weights,
+                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks);
 
 }  // namespace tessera::moe::detail

@@ -208,7 +208,13 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
   const int64_t blk_left = blocks_per_row - blk_begin;
   const int64_t blk_count = blk_left <= 0 ? 0 : (blk_left < blocks_per_slice ? blk_left : blocks_per_slice);
 
-  const int64_t work = num_chunk_tokens * blk_count;
+  // Tokens at or past the device-side count have no copies: their rows are not even read.
+  int64_t copy_tokens = num_chunk_tokens;
+  if (p.active_tokens != nullptr) {
+    const int64_t left = *p.active_tokens - t0;
+    copy_tokens = left <= 0 ? 0 : (left < copy_tokens ? left : copy_tokens);
+  }
+  const int64_t work = copy_tokens * blk_count;
   constexpr int kItemLanes = kLanesPerItem<kQuant>;
   const int sub = lane % kItemLanes;
   const int group = lane / kItemLanes;

@@ -104,10 +104,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
     if (input_scale->numel() != 1)
       check.fail("input_scale", "must have 1 element, got shape " + input_scale->shape_str());
   }
-  if (num_tokens) {
-    check.dtype(*num_tokens, "num_tokens", {DType::kInt32});
-    if (num_tokens->numel() != 1) check.fail("num_tokens", "must have 1 element, got shape " + num_tokens->shape_str());
-  }
+  if (num_tokens) check.device_count(*num_tokens, "num_tokens");
   check.dtype(out.expert_offsets, "expert_offsets", {DType::kInt32});
   check.rank(out.expert_offsets, "expert_offsets", 1);
   check.dim(out.expert_offsets, "expert_offsets", 0, int64_t{E} + 1, "num_experts + 1");
@@ -129,6 +126,15 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0)
     check.fail("workspace", "must be 16-byte aligned");
   check.no_overlap(x, "x", xp, "x_perm");
+  if (num_tokens) {  // read by every block of the count pass while others write the outputs and the workspace
+    check.no_overlap(*num_tokens, "num_tokens", xp, "x_perm");
+    check.no_overlap(*num_tokens, "num_tokens", out.expert_offsets, "expert_offsets");
+    check.no_overlap(*num_tokens, "num_tokens", out.expert_counts, "expert_counts");
+    check.no_overlap(*num_tokens, "num_tokens", out.row_index, "row_index");
+    const TensorView ws_bytes = TensorView::contiguous(workspace.data, DType::kUInt8,
+                                                       {static_cast<int64_t>(cfg.workspace_bytes)}, x.device);
+    check.no_overlap(*num_tokens, "num_tokens", ws_bytes, "workspace");
+  }
   check.on_current_device(x, "x");
   check.on_current_device(ids, "ids");
   check.on_current_device(xp, "x_perm");
