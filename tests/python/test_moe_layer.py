@@ -263,8 +263,10 @@ def test_per_tensor_quantize_is_exact_on_codes_times_power_of_two_scales(seed):
     assert torch.equal(d13, w13) and torch.equal(d2, w2)
 
 
-def _random_weights(seed, g, i, h, dtype=torch.float32):
-    """Float weights with uneven magnitudes: outlier columns and experts of different scales."""
+def _random_weights(seed, g, i, h, dtype=None):
+    """Float weights with uneven magnitudes: outlier columns and experts of different scales (float32 unless dtype
+    is given; the default is not torch.float32 itself, which would need torch when this module is collected)."""
+    dtype = torch.float32 if dtype is None else dtype
     gen = _gen(seed)
     w13 = torch.randn((g, 2 * i, h), generator=gen) * 0.05
     w13[:, :, ::37] *= 8.0
