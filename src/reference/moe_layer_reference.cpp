@@ -141,6 +141,10 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
   require(in.residual.empty() || static_cast<int64_t>(in.residual.size()) == T * H,
           "'residual' must be empty or have " + std::to_string(T * H) + " elements [tokens, hidden], got " +
               std::to_string(in.residual.size()));
+  require(in.h.empty() || static_cast<int64_t>(in.h.size()) == T * slots * 2 * I,
+          "'h' must be empty or have " + std::to_string(T * slots * 2 * I) +
+              " elements [tokens, slots, 2 * intermediate], got " + std::to_string(in.h.size()));
+  require(in.h.empty() || mode == MoeLayerRefMode::kModelStorage, "'h' is only taken in kModelStorage mode");
   if (p.format == moe::WeightFormat::kFP8PerTensor)
     require(std::isfinite(in.a13_scale) && in.a13_scale > 0.0 && std::isfinite(in.a2_scale) && in.a2_scale > 0.0,
             "kFP8PerTensor needs positive finite a13_scale and a2_scale, got " + std::to_string(in.a13_scale) +
@@ -149,6 +153,7 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
   MoeLayerRef r;
   r.y.assign(T * H, 0.0);
   r.mag.assign(T * H, 0.0);
+  if (in.keep_h) r.h.assign(T * slots * 2 * I, 0.0);
   if (T == 0) return r;
 
   const bool model = mode == MoeLayerRefMode::kModelStorage;
@@ -168,10 +173,15 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
         if (e < 0 || e >= G) continue;  // a dropped copy
         const double weight = in.weights[t * slots + j];
         const double* w13 = &in.w13[static_cast<int64_t>(e) * 2 * I * H];
-        for (int64_t row = 0; row < 2 * I; ++row) {
-          const double v = dot(xq.data(), w13 + row * H, H);
-          h[row] = model ? round_bf16(v) : v;
+        if (in.h.empty()) {
+          for (int64_t row = 0; row < 2 * I; ++row) {
+            const double v = dot(xq.data(), w13 + row * H, H);
+            h[row] = model ? round_bf16(v) : v;
+          }
+        } else {
+          std::copy_n(in.h.begin() + (t * slots + j) * 2 * I, 2 * I, h.begin());
         }
+        if (in.keep_h) std::copy(h.begin(), h.end(), r.h.begin() + (t * slots + j) * 2 * I);
         for (int64_t i = 0; i < I; ++i) {
           const double g = h[i], u = h[I + i];
           a[i] = g / (1.0 + std::exp(-g)) * u;

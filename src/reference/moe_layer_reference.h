@@ -29,6 +29,14 @@ struct MoeLayerRefInputs {
   double a13_scale = 1.0;        // kFP8PerTensor: the static activation scales
   double a2_scale = 1.0;
   std::vector<double> residual;  // [T, H] or empty
+  // [T, slots, 2I] or empty: h of each copy (t, j) as the GPU stored it (its bf16 values; rows of dropped copies
+  // unused). When given, kModelStorage takes h from here instead of computing it, so everything after the first GEMM
+  // is modeled from the GPU's own h. Why the tests need this: the activation's quantization is a step function, and
+  // an h that differs from the float64 h by one bf16 ulp (the FP8 tensor cores' accumulation decides which) moves
+  // e4m3 codes by a whole step (2^-4 to 2^-3 of the value) with a probability of a few percent, which puts the layer
+  // output ~1-3 % away from a model that derives h itself, by chance, not by a defect (measured on an H200).
+  std::vector<double> h;
+  bool keep_h = false;  // fill MoeLayerRef::h (the model's own h, or the given one)
 };
 
 enum class MoeLayerRefMode {
@@ -46,6 +54,7 @@ enum class MoeLayerRefMode {
 struct MoeLayerRef {
   std::vector<double> y;    // [T, H] (before the final bf16 rounding)
   std::vector<double> mag;  // [T, H]: Σ_j |weight| · Σ_i |a_i| |w2_i| — what accumulation errors scale with
+  std::vector<double> h;    // [T, slots, 2I] when in.keep_h: h of each routed copy (zeros for dropped copies)
 };
 
 MoeLayerRef moe_layer(const MoeLayerRefProblem& problem, const MoeLayerRefInputs& in, MoeLayerRefMode mode,

@@ -474,6 +474,42 @@ TEST(MoeLayerReference, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
+// The given-h path (the GPU tests feed the GPU's own h): the model's own h given back reproduces the model bit for
+// bit; a changed h of one copy changes only that copy's token, by exactly what the model computes from it.
+TEST(MoeLayerReference, GivenHReplacesTheFirstGemm) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (WeightFormat f : {WeightFormat::kFP8Blockwise, WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
+    SCOPED_TRACE(format_name(f));
+    Layer L = random_layer(rng, f, 5, 256, 128, 4, 3, /*residual=*/true);
+    L.in.ids[4] = -1;  // a dropped copy: its h is kept as zeros and never read
+    L.in.keep_h = true;
+    const MoeLayerRef model = moe_layer(L.p, L.in, MoeLayerRefMode::kModelStorage);
+    ASSERT_EQ(model.h.size(), static_cast<std::size_t>(5 * 3 * 2 * 128));
+    for (int64_t i = 0; i < 2 * 128; ++i) ASSERT_EQ(model.h[4 * 2 * 128 + i], 0.0);
+    for (double v : model.h) ASSERT_EQ(v, round_bf16(v)) << "the model's h is stored as bf16";
+    Layer given = L;
+    given.in.h = model.h;
+    const MoeLayerRef same = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
+    expect_bitwise_equal(model.y, same.y, "y from the model's own h");
+    expect_bitwise_equal(model.h, same.h, "h kept");
+    // Copy (t 2, slot 1): its gate half scaled by 4 (exact in bf16). Other tokens keep their bits.
+    given.in.h = model.h;
+    const int64_t copy = 2 * 3 + 1;
+    for (int64_t i = 0; i < 128; ++i) given.in.h[copy * 256 + i] *= 4.0;
+    const MoeLayerRef moved = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
+    for (int64_t t = 0; t < 5; ++t) {
+      const std::vector<double> a(model.y.begin() + t * 256, model.y.begin() + (t + 1) * 256);
+      const std::vector<double> b(moved.y.begin() + t * 256, moved.y.begin() + (t + 1) * 256);
+      if (t == 2)
+        EXPECT_GT(rel_frobenius(b, a), 1e-2) << "token 2 must follow its given h";
+      else
+        expect_bitwise_equal(a, b, "token " + std::to_string(t));
+    }
+  }
+}
+
 TEST(MoeLayerReference, RejectsInconsistentSizes) {
   std::mt19937_64 rng(1);
   const Layer good = random_layer(rng, WeightFormat::kFP8PerTensor, 2, 128, 128, 2, 2, /*residual=*/true);
@@ -497,6 +533,13 @@ TEST(MoeLayerReference, RejectsInconsistentSizes) {
   expect_rejected("a13_scale 0", [](Layer& l) { l.in.a13_scale = 0.0; });
   expect_rejected("a2_scale NaN", [](Layer& l) { l.in.a2_scale = std::nan(""); });
   expect_rejected("unknown format", [](Layer& l) { l.p.format = static_cast<WeightFormat>(7); });
+  expect_rejected("h too short", [](Layer& l) { l.in.h.assign(2 * 2 * 2 * 128 - 1, 0.0); });
+  {
+    Layer exact_h = good;
+    exact_h.in.h.assign(2 * 2 * 2 * 128, 0.0);
+    EXPECT_NO_THROW(moe_layer(exact_h.p, exact_h.in, MoeLayerRefMode::kModelStorage));
+    EXPECT_THROW(moe_layer(exact_h.p, exact_h.in, MoeLayerRefMode::kExact), std::invalid_argument) << "h in kExact";
+  }
   // No tokens: empty results.
   MoeLayerRefProblem empty = good.p;
   empty.tokens = 0;

@@ -1,16 +1,32 @@
 // The MoE layer on the GPU against the float64 reference of the whole layer (reference::moe_layer, every stored
 // rounding modeled), for the routing the GPU's own gate produces on the same logits.
 //
-// Error model. The reference quantizes the activations exactly as the GPU does and rounds h and the expert outputs
-// to bf16 as the GPU stores them. What it cannot model is the FP8 tensor cores' accumulator: wgmma adds a k-block's
-// fp8 products with about 14 bits kept (DeepSeek-V3 report; tests/gpu/test_ptx.cu measured up to 2^-10.4 of the
-// block's sum of |products| on an H200). For random-sign products |h| is ~sqrt(K) below that sum, so at K = 256 h
-// carries up to ~1.2 % relative error; silu(g)·u inherits it from both halves, the second GEMM adds its own, and
-// fp8 codes of the activation move by one step where h moved across a rounding boundary. Measured (H200, 6 seeds ×
-// 13 cases): bf16 1.6e-3–1.7e-3 every time (only bf16 roundings and fp32 order remain); fp8 2.8e-3–1.0e-2 typical,
-// 2.2e-2 the largest. Bounds: 1e-2 relative Frobenius for bf16, 3e-2 for fp8 (the propagated accumulator bound).
-// A wrong scale, block, expert or row moves the error to O(1), far past either. Per element:
-// |y - ref| <= 2^-7 |ref| + 0.03 mag, mag being the sum of |products| of the second GEMM and the reduce.
+// Error model. The float64 reference models every stored rounding (x quantized as permute does, h rounded to bf16,
+// silu(g)·u quantized as the layer does, each expert output rounded to bf16). What it cannot model is the FP8 tensor
+// cores' accumulator (wgmma adds fp8 products with about 14 bits kept; tests/gpu/test_ptx.cu measured up to 2^-10.4
+// of a k-block's sum of |products| on an H200), so the GPU's h differs from the model's h by bf16 ulps here and
+// there. The activation quantization is a step function: such a difference moves an e4m3 code by a whole step
+// (2^-4 to 2^-3 of the value) with a probability of a few percent, and moves a block's scale with its amax. A layer
+// output compared with a model that derives h itself is therefore ~1-3 % away by chance (bench: 6e-3 to 2.8e-2),
+// with a tail: session 19 saw 13 of 80 stress seeds past a 3e-2 bound, most of them at T = 1 and 3, where few
+// elements carry the sum. So the check is split where the chaos enters:
+//   1. h (read from the layer's workspace after its first GEMM: detail::moe_layer_marked, last step 3) against the
+//      model's h: relative Frobenius <= 1e-2 for bf16 (fp32 accumulation and the bf16 rounding: 1.1e-4 at most
+//      measured) and 5e-2 for fp8, whose accumulator error grows with the sum of |products| over |h| (x's outlier
+//      channels, and the per-tensor scale they set, leave the ordinary channels small codes). Measured on an H200
+//      (session 19) over 110 seeds of the four randomized tests plus the 13 seeds that failed the earlier check:
+//      block-wise ~2e-3 typical and 1.24e-2 at most, per-tensor 2.4e-2 at most. This check is there for O(1)
+//      faults of the first GEMM inside the layer (wrong expert, rows, scales); the grouped GEMM's own tests hold
+//      its precision per element.
+//   2. y against the model fed the GPU's own h (reference::MoeLayerRefInputs::h): relative Frobenius <= 1e-2 for
+//      every format (measured over the same seeds: ~2e-3 typical, 6.5e-3 at most, a T = 3 case where few elements
+//      carry the sum). What remains is the second GEMM's accumulator, the bf16 roundings of o and y and the rare
+//      code whose fp32 value (__expf, the approximate reciprocal) sits within an fp32 ulp of a rounding boundary
+//      (0-1 of 65,536 in BlockwiseStepsMatchTheirModels); per element |y - ref| <= 2^-7 |ref| + 0.03 mag, mag being
+//      the sum of |products| of the second GEMM and the reduce.
+//   3. rows at or past the device-side token count: exactly the residual (or zero).
+// A wrong scale, block, expert or row moves 1 or 2 to O(1). The errors against the model that derives h itself and
+// against the unquantized layer are printed (information).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -236,6 +252,27 @@ struct LayerRun {
   void run(cudaStream_t stream) {
     moe_layer(plan, inputs(), weights(), y_view(), Workspace{ws.get(), ws.size()}, stream);
   }
+  // The layer's first three steps on the same inputs (the layer is deterministic: a full call computes the same h),
+  // then h of every permuted row and the row of each copy, read back from the workspace.
+  struct FirstGemm {
+    std::vector<uint16_t> h;          // bf16 [T * slots, 2I] (the rows in use first)
+    std::vector<int32_t> row_index;  // [T, slots]: the permuted row of copy (t, j), or -1
+  };
+  FirstGemm first_gemm(cudaStream_t stream) {
+    detail::moe_layer_marked(plan, inputs(), weights(), y_view(), Workspace{ws.get(), ws.size()}, stream, nullptr,
+                             /*last_step=*/3);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const detail::LayerLayout L = detail::layer_layout(plan.config, plan.max_tokens);
+    const int64_t R = d.c.T * L.slots;
+    FirstGemm f;
+    f.h.resize(static_cast<std::size_t>(R * 2 * d.c.I));
+    f.row_index.resize(static_cast<std::size_t>(R));
+    if (R == 0) return f;
+    TESSERA_CUDA_CHECK(cudaMemcpy(f.h.data(), ws.get() + L.h, f.h.size() * 2, cudaMemcpyDeviceToHost));
+    TESSERA_CUDA_CHECK(
+        cudaMemcpy(f.row_index.data(), ws.get() + L.row_index, f.row_index.size() * 4, cudaMemcpyDeviceToHost));
+    return f;
+  }
 };
 
 // The routing the GPU's gate gives on the same logits (the gate is checked against its own reference elsewhere).
@@ -257,17 +294,24 @@ void gpu_routing(const LayerData& d, std::vector<int32_t>& ids, std::vector<doub
 }
 
 struct Errors {
-  double rel_frobenius = 0;
-  double vs_exact = 0;  // against the layer without activation quantization (information)
-  int64_t bad_elements = 0;
-  std::string first_bad;
+  double h_frobenius = 0;     // the GPU's h against the model's h
+  double rel_frobenius = 0;   // y against the model fed the GPU's h
+  double vs_model = 0;        // y against the model that derives h itself (information)
+  double vs_exact = 0;        // y against the layer without activation quantization (information)
+  int64_t bad_elements = 0;   // routed rows past the per-element bound
+  int64_t past_count_bad = 0; // rows at or past the token count that are not exactly the residual (or zero)
+  std::string first_bad, first_past_count_bad;
 };
 
-// Checks y against the reference; rows at or past the active count must be exactly the residual (or zero).
-Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
+double rel(double num, double den) { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
+
+// Checks y (and the first GEMM's h) against the reference; rows at or past the active count must be exactly the
+// residual (or zero).
+Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y, const LayerRun::FirstGemm& gpu) {
   const LayerCase& c = d.c;
   const int S = c.k + c.shared;
   const int64_t active = !c.active ? c.T : std::clamp<int64_t>(*c.active, 0, c.T);
+  const int64_t I2 = 2 * c.I;
   std::vector<int32_t> ids;
   std::vector<double> weights;
   gpu_routing(d, ids, weights);
@@ -289,52 +333,96 @@ Errors check_layer(const LayerData& d, const std::vector<uint16_t>& y) {
   in.a13_scale = d.a13;
   in.a2_scale = d.a2;
   for (uint16_t v : d.residual) in.residual.push_back(host::bf16_to_f32(v));
-  const reference::MoeLayerRef ref = reference::moe_layer(p, in, reference::MoeLayerRefMode::kModelStorage);
+  in.keep_h = true;
+  const reference::MoeLayerRef model = reference::moe_layer(p, in, reference::MoeLayerRefMode::kModelStorage);
+  in.keep_h = false;
   const reference::MoeLayerRef exact = reference::moe_layer(p, in, reference::MoeLayerRefMode::kExact);
+  // The GPU's h per copy (t, j), where the copy was routed.
   Errors e;
-  double num_x = 0, den_x = 0;
-  double num = 0, den = 0;
+  in.h.assign(static_cast<std::size_t>(c.T * S * I2), 0.0);
+  double num_h = 0, den_h = 0;
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int j = 0; j < S; ++j) {
+      const int64_t copy = t * S + j;
+      const int32_t e_id = ids[copy];
+      if (e_id < 0 || e_id >= d.G) continue;
+      const int32_t r = gpu.row_index[copy];
+      if (r < 0 || r >= active * S) {  // a routed copy must have a row among those in use
+        if (e.bad_elements++ == 0)
+          e.first_bad = "copy (" + std::to_string(t) + ", " + std::to_string(j) + ") of expert " +
+                        std::to_string(e_id) + " has row_index " + std::to_string(r);
+        continue;
+      }
+      for (int64_t i = 0; i < I2; ++i) {
+        const double got = host::bf16_to_f32(gpu.h[r * I2 + i]);
+        const double want = model.h[copy * I2 + i];
+        in.h[copy * I2 + i] = got;
+        num_h += (got - want) * (got - want);
+        den_h += want * want;
+      }
+    }
+  e.h_frobenius = rel(num_h, den_h);
+  const reference::MoeLayerRef forced = reference::moe_layer(p, in, reference::MoeLayerRefMode::kModelStorage);
+  double num = 0, den = 0, num_m = 0, den_m = 0, num_x = 0, den_x = 0;
   for (int64_t t = 0; t < c.T; ++t)
     for (int64_t h = 0; h < c.H; ++h) {
       const int64_t i = t * c.H + h;
       const double got = host::bf16_to_f32(y[i]);
-      bool bad;
       if (t >= active) {
         const double want = c.residual ? host::bf16_to_f32(d.residual[i]) : 0.0;
-        bad = !(got == want);
-      } else {
-        const double want = ref.y[i];
-        num += (got - want) * (got - want);
-        den += want * want;
-        num_x += (got - exact.y[i]) * (got - exact.y[i]);
-        den_x += exact.y[i] * exact.y[i];
-        bad = !(std::fabs(got - want) <= std::ldexp(std::fabs(want), -7) + 0.03 * ref.mag[i] + 1e-30);
+        if (!(got == want) && e.past_count_bad++ == 0)
+          e.first_past_count_bad = "token " + std::to_string(t) + " col " + std::to_string(h) + ": got " +
+                                   std::to_string(got) + ", want " + std::to_string(want);
+        continue;
       }
+      const double want = forced.y[i];
+      num += (got - want) * (got - want);
+      den += want * want;
+      num_m += (got - model.y[i]) * (got - model.y[i]);
+      den_m += model.y[i] * model.y[i];
+      num_x += (got - exact.y[i]) * (got - exact.y[i]);
+      den_x += exact.y[i] * exact.y[i];
+      const bool bad = !(std::fabs(got - want) <= std::ldexp(std::fabs(want), -7) + 0.03 * forced.mag[i] + 1e-30);
       if (bad && e.bad_elements++ == 0)
         e.first_bad = "token " + std::to_string(t) + " col " + std::to_string(h) + ": got " + std::to_string(got) +
-                      ", reference " + std::to_string(ref.y[i]) + " (mag " + std::to_string(ref.mag[i]) + ")";
+                      ", reference " + std::to_string(want) + " (mag " + std::to_string(forced.mag[i]) + ")";
     }
-  e.rel_frobenius = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  e.vs_exact = den_x > 0 ? std::sqrt(num_x / den_x) : std::sqrt(num_x);
+  e.rel_frobenius = rel(num, den);
+  e.vs_model = rel(num_m, den_m);
+  e.vs_exact = rel(num_x, den_x);
   return e;
 }
 
-double frobenius_bound(WeightFormat f) { return f == WeightFormat::kBF16 ? 1e-2 : 3e-2; }
+// The bounds of the header's error model (1 and 2).
+double h_bound(WeightFormat f) { return f == WeightFormat::kBF16 ? 1e-2 : 5e-2; }
+constexpr double kYBound = 1e-2;
+
+void expect_within_bounds(const Errors& e, WeightFormat f, const std::string& where) {
+  EXPECT_LE(e.h_frobenius, h_bound(f)) << where << ": the first GEMM's h against the float64 model";
+  EXPECT_LE(e.rel_frobenius, kYBound) << where << ": y against the float64 model fed the GPU's h";
+  EXPECT_EQ(e.bad_elements, 0) << where << ": " << e.first_bad;
+  EXPECT_EQ(e.past_count_bad, 0) << where << ": rows past the token count: " << e.first_past_count_bad;
+}
+
+void print_errors(const std::string& what, const Errors& e) {
+  std::printf("[ moe-layer] %s: h %.3e, y %.3e (against the model deriving h itself %.3e, unquantized "
+              "activations %.3e)\n",
+              what.c_str(), e.h_frobenius, e.rel_frobenius, e.vs_model, e.vs_exact);
+}
 
 void run_and_check(const LayerCase& c) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
   const LayerData d = make_data(c, seed);
   LayerRun r(d);
-  r.y.poison();
   test::Stream stream;
+  const LayerRun::FirstGemm first = r.first_gemm(stream.get());
+  r.y.poison();
   r.run(stream.get());
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-  const Errors e = check_layer(d, r.y.download());
-  std::printf("[ moe-layer] %s: relative Frobenius error %.3e (against unquantized activations %.3e)\n",
-              describe(c).c_str(), e.rel_frobenius, e.vs_exact);
-  EXPECT_LE(e.rel_frobenius, frobenius_bound(c.format));
-  EXPECT_EQ(e.bad_elements, 0) << e.first_bad;
+  const Errors e = check_layer(d, r.y.download(), first);
+  print_errors(describe(c), e);
+  expect_within_bounds(e, c.format, describe(c));
 }
 
 TEST(MoeLayerGpu, EveryFormatAndGate) {
@@ -454,9 +542,10 @@ TEST(MoeLayerGpu, CudaGraphReplaysWithNewTokensAndRouting) {
     graph.replay(stream.get());
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
     const std::vector<uint16_t> from_graph = r.y.download();
-    const Errors e = check_layer(fresh, from_graph);
-    EXPECT_LE(e.rel_frobenius, frobenius_bound(c.format)) << "replay " << replay;
-    EXPECT_EQ(e.bad_elements, 0) << "replay " << replay << ": " << e.first_bad;
+    // h from an eager run of the first three steps on the same inputs (overwrites the workspace only).
+    const Errors e = check_layer(fresh, from_graph, r.first_gemm(stream.get()));
+    print_errors("replay " + std::to_string(replay), e);
+    expect_within_bounds(e, c.format, "replay " + std::to_string(replay));
     // Deterministic: an eager call on the same inputs gives the same bits.
     r.y.poison();
     r.run(stream.get());

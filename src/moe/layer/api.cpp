@@ -212,9 +212,12 @@ void moe_layer(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLaye
 namespace detail {
 
 void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLayerWeights& weights,
-                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks) {
+                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks,
+                      int last_step) {
+  // mark(i) records the event after step i; it returns true where the caller asked to stop after that step.
   auto mark = [&](int i) {
     if (marks != nullptr) TESSERA_CUDA_CHECK(cudaEventRecord(marks[i], stream));
+    return i >= last_step;
   };
   const ArgCheck check("tessera::moe::moe_layer");
   const MoeLayerConfig& c = plan.config;
@@ -331,7 +334,7 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   fused_gate(verified(in.router_logits),
              in.correction_bias ? std::optional(verified(*in.correction_bias)) : std::nullopt, gate_w, gate_ids, gp,
              stream);
-  mark(1);
+  if (mark(1)) return;
   // 2. permute (+ quantize)
   PermuteParams pp;
   pp.num_experts = G;
@@ -347,10 +350,10 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
       c.format == WeightFormat::kFP8PerTensor ? std::optional(verified(*weights.a13_scale)) : std::nullopt;
   permute(verified(in.x), gate_ids, a13, po, permute_ws, pp, stream,
           in.num_tokens ? std::optional(verified(*in.num_tokens)) : std::nullopt);
-  mark(2);
+  if (mark(2)) return;
   // 3. h = x_perm · w13ᵀ
   gemm::detail::launch_grouped_gemm(gemm1, stream);
-  mark(3);
+  if (mark(3)) return;
   // 4. act = Q(silu(gate) · up) over the rows in use (offsets[G], read on the device)
   detail::ActivationArgs aa{};
   aa.h = h.data;
@@ -363,10 +366,10 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   aa.intermediate = I;
   aa.format = c.format;
   detail::launch_activation(aa, stream);
-  mark(4);
+  if (mark(4)) return;
   // 5. y_perm = act · w2ᵀ
   gemm::detail::launch_grouped_gemm(gemm2, stream);
-  mark(5);
+  if (mark(5)) return;
   // 6. y = Σ_j weight · y_perm (+ residual)
   unpermute_reduce(y_perm, row_index, gate_w, in.residual ? std::optional(verified(*in.residual)) : std::nullopt,
                    verified(y), 1.0f, stream);

@@ -55,8 +55,13 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream);
 
 // moe_layer itself, with an event recorded on the stream before the first step and after each of the six (marks[0]
 // .. marks[6]: gate, permute, first GEMM, activation, second GEMM, reduce) when marks is not null: the benchmark's
-// per-step breakdown of the very code path users call. moe_layer passes null.
+// per-step breakdown of the very code path users call. moe_layer passes null and runs every step. A last_step below
+// 6 returns after that step (the marks up to it recorded) and leaves y unwritten: with last_step 3 the workspace
+// holds the first GEMM's h (and the routing, row_index) of this call, which the tests read to check the rest of the
+// layer from the GPU's own h.
+constexpr int kLayerSteps = 6;
 void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& inputs, const MoeLayerWeights& weights,
-                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks);
+                      const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks,
+                      int last_step = kLayerSteps);
 
 }  // namespace tessera::moe::detail
