@@ -165,18 +165,6 @@ ModelSpec softmax_model(const std::string& name, int64_t hidden, int64_t interme
   return m;
 }
 
-const char* format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFP8Blockwise:
-      return "fp8_blockwise";
-    case WeightFormat::kFP8PerTensor:
-      return "fp8_per_tensor";
-    case WeightFormat::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
-
 struct Problem {
   ModelSpec m;
   WeightFormat format = WeightFormat::kFP8Blockwise;
@@ -214,8 +202,8 @@ struct Problem {
     return static_cast<int>(std::min<int64_t>(experts(), tokens * m.gate.topk)) + shared();
   }
   double flops() const { return 2.0 * static_cast<double>(tokens) * slots() * expert_weights(); }
-  std::string family() const { return m.name + "/" + format_name(format); }
-  std::string name() const { return m.name + "/T" + std::to_string(tokens) + "/" + format_name(format); }
+  std::string family() const { return m.name + "/" + moe::weight_format_name(format); }
+  std::string name() const { return m.name + "/T" + std::to_string(tokens) + "/" + moe::weight_format_name(format); }
 };
 
 // ============================================================================================================

@@ -41,6 +41,9 @@ enum class WeightFormat : int {
   kBF16 = 2,          // bf16 weights and activations
 };
 
+// "fp8_blockwise", "fp8_per_tensor", "bf16" (the names the Python layer takes), "?" for a value outside the enum.
+const char* weight_format_name(WeightFormat format);
+
 struct MoeLayerConfig {
   int64_t hidden = 0;        // H: multiple of 128
   int64_t intermediate = 0;  // I: per-expert intermediate size, multiple of 128

@@ -25,18 +25,6 @@ using moe::WeightFormat;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-const char* format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFP8Blockwise:
-      return "fp8 block-wise";
-    case WeightFormat::kFP8PerTensor:
-      return "fp8 per-tensor";
-    case WeightFormat::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
-
 // The finite non-negative e4m3 values in increasing order: codes 0x00 .. 0x7E (0x7F is NaN).
 std::vector<double> e4m3_positive_values() {
   std::vector<double> v;
@@ -287,7 +275,7 @@ TEST(MoeLayerReference, DroppedIdsContributeNothing) {
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   for (WeightFormat f : {WeightFormat::kFP8Blockwise, WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
-    SCOPED_TRACE(format_name(f));
+    SCOPED_TRACE(moe::weight_format_name(f));
     const int G = 4, slots = 4;
     const int64_t T = 6, H = 256, I = 128;
     Layer full = random_layer(rng, f, T, H, I, G, slots, /*residual=*/true);
@@ -359,12 +347,13 @@ TEST(MoeLayerReference, ExactAndModelStorageDifferByTheQuantizationError) {
   // (3.9% .. 5.0%). bf16 (7 bits): 0.17% per rounding of h (g and u), a and o: about 0.35% (0.32% .. 0.38%).
   for (const Case& c : {Case{WeightFormat::kFP8Blockwise, 2.5e-2, 6.5e-2},
                         Case{WeightFormat::kFP8PerTensor, 2.5e-2, 6.5e-2}, Case{WeightFormat::kBF16, 1.5e-3, 6e-3}}) {
-    SCOPED_TRACE(format_name(c.f));
+    SCOPED_TRACE(moe::weight_format_name(c.f));
     const Layer L = random_layer(rng, c.f, 16, 512, 256, 5, 3, /*residual=*/false);
     const MoeLayerRef model = moe_layer(L.p, L.in, MoeLayerRefMode::kModelStorage);
     const MoeLayerRef exact = moe_layer(L.p, L.in, MoeLayerRefMode::kExact);
     const double err = rel_frobenius(model.y, exact.y);
-    std::printf("[          ] %s: relative Frobenius difference model storage vs exact %.3e\n", format_name(c.f), err);
+    std::printf("[          ] %s: relative Frobenius difference model storage vs exact %.3e\n",
+                moe::weight_format_name(c.f), err);
     EXPECT_GT(err, c.lo);
     EXPECT_LT(err, c.hi);
     for (std::size_t i = 0; i < exact.y.size(); ++i) ASSERT_LE(std::fabs(exact.y[i]), exact.mag[i] * (1 + 1e-12)) << i;
@@ -460,7 +449,7 @@ TEST(MoeLayerReference, ResultsDoNotDependOnTheThreadCount) {
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   for (WeightFormat f : {WeightFormat::kFP8Blockwise, WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
-    SCOPED_TRACE(format_name(f));
+    SCOPED_TRACE(moe::weight_format_name(f));
     Layer L = random_layer(rng, f, 37, 256, 128, 9, 3, /*residual=*/true);
     L.in.ids[4] = -1;
     for (MoeLayerRefMode mode : {MoeLayerRefMode::kModelStorage, MoeLayerRefMode::kExact}) {
@@ -481,7 +470,7 @@ TEST(MoeLayerReference, GivenHReplacesTheFirstGemm) {
   SCOPED_TRACE(test::seed_note(seed));
   std::mt19937_64 rng(seed);
   for (WeightFormat f : {WeightFormat::kFP8Blockwise, WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
-    SCOPED_TRACE(format_name(f));
+    SCOPED_TRACE(moe::weight_format_name(f));
     Layer L = random_layer(rng, f, 5, 256, 128, 4, 3, /*residual=*/true);
     L.in.ids[4] = -1;  // a dropped copy: its h is kept as zeros and never read
     L.in.keep_h = true;

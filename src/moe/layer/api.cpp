@@ -22,18 +22,6 @@ using tessera::detail::ArgCheck;
 constexpr std::size_t kAlign = 256;
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-const char* format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFP8Blockwise:
-      return "fp8 block-wise";
-    case WeightFormat::kFP8PerTensor:
-      return "fp8 per-tensor";
-    case WeightFormat::kBF16:
-      return "bf16";
-  }
-  return "?";
-}
-
 void check_config(const ArgCheck& check, const MoeLayerConfig& c, int64_t max_tokens) {
   check.in_range(c.hidden, "hidden", 128, int64_t{1} << 20);
   if (c.hidden % 128 != 0) check.fail("hidden", "must be a multiple of 128, got " + std::to_string(c.hidden));
@@ -57,6 +45,18 @@ void check_config(const ArgCheck& check, const MoeLayerConfig& c, int64_t max_to
 }
 
 }  // namespace
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFP8Blockwise:
+      return "fp8_blockwise";
+    case WeightFormat::kFP8PerTensor:
+      return "fp8_per_tensor";
+    case WeightFormat::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
 
 namespace detail {
 
@@ -140,7 +140,7 @@ void check_weights(const ArgCheck& check, const MoeLayerConfig& c, const MoeLaye
   const int64_t G = int64_t{c.num_experts} + c.gate.num_shared_experts;
   const int64_t H = c.hidden, I = c.intermediate;
   const bool fp8 = c.format != WeightFormat::kBF16;
-  const std::string fmt = std::string(" (format ") + format_name(c.format) + ")";
+  const std::string fmt = std::string(" (format ") + weight_format_name(c.format) + ")";
   const DType wt = fp8 ? DType::kFP8E4M3 : DType::kBF16;
   if (w.w13.dtype != wt)
     check.fail("w13", std::string("must be ") + dtype_name(wt) + fmt + ", got " + dtype_name(w.w13.dtype));
