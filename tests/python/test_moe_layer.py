@@ -16,9 +16,9 @@ float weights the checkpoint was made from), output shapes on meta tensors throu
 C++ eager entry and the Python checked path), the schema, opcheck, make_fx, strict torch.export (Dynamo as
 torch.compile(fullgraph=True) runs it) and the argument errors. The GPU tests compare the layer with a float64 torch
 reference written here (routing from tessera.fused_gate on the same logits, every stored rounding of the header
-modeled), relative Frobenius error <= 1e-2 for bf16 and 3e-2 for fp8 (TOL: what remains is fp32 summation order, the
-last bf16 rounding and, for fp8, the tensor cores' reduced-precision accumulator and the activation codes it moves
-across a rounding boundary); a wrong expert, slot, block scale or row is an O(1) error.
+modeled), split at the first GEMM as the C++ tests do (_check_layer): h from tessera's own ops against the model's h
+(H_TOL), then y against the model fed that h (Y_TOL = 1e-2 for every format); a wrong expert, slot, block scale or
+row is an O(1) error.
 """
 
 import dataclasses
@@ -40,11 +40,13 @@ ml = tessera.moe_layer
 needs_safetensors = pytest.mark.skipif(safetensors_torch is None or torch is None,
                                        reason="needs safetensors (pip install safetensors) and torch")
 E4M3 = getattr(torch, "float8_e4m3fn", None) if torch is not None else None
-# Relative Frobenius bounds against the float64 reference, those of tests/gpu/test_moe_layer.cpp (its error model):
-# bf16 leaves only fp32 summation order and the bf16 roundings (measured 1.7e-3); fp8 adds the FP8 tensor cores'
-# ~14-bit accumulator per k-block and the activation codes it moves across a rounding boundary (measured up to
-# 2.2e-2 at K = 256 on an H200).
-TOL = {"bf16": 1e-2, "fp8_blockwise": 3e-2, "fp8_per_tensor": 3e-2}
+# Relative Frobenius bounds of tests/gpu/test_moe_layer.cpp's error model, split at the first GEMM. H_TOL: the
+# first GEMM's h against the float64 product (bf16: fp32 accumulation and the bf16 rounding, 1.1e-4 at most on an
+# H200; fp8: the FP8 tensor cores' ~14-bit accumulator, 2.4e-2 at most, session 19). Y_TOL: y against the float64
+# model fed tessera's own h (6.5e-3 at most). A model that derives h itself is not a stable yardstick for fp8: an h
+# one bf16 ulp away moves an e4m3 activation code by a whole step now and then (up to ~4e-2 of y by chance).
+H_TOL = {"bf16": 1e-2, "fp8_blockwise": 5e-2, "fp8_per_tensor": 5e-2}
+Y_TOL = 1e-2
 
 
 def _needs_kernels():
@@ -915,13 +917,18 @@ def _gate_kwargs(cfg):
                 shared_expert_weight=cfg.shared_expert_weight)
 
 
-def _reference(x, logits, weights, cfg, bias=None, residual=None, n=None):
+def _reference(x, logits, weights, cfg, bias=None, residual=None, n=None, h=None, with_h=False):
     """float64 y [T, H] of the layer with every stored rounding modeled (before y's own bf16 rounding). Routing:
-    tessera.fused_gate on the same logits (checked against its own reference in test_moe.py)."""
-    t_all, h = x.shape
+    tessera.fused_gate on the same logits (checked against its own reference in test_moe.py).
+    h          None: the model computes h itself; else [n, slots, 2I], h of each copy as tessera computed it (see
+               _gpu_h): everything after the first GEMM is modeled from it.
+    with_h     also return the model's h [n, slots, 2I] (zeros for dropped copies): (y, h)."""
+    t_all, hidden = x.shape
     n = t_all if n is None else max(0, min(int(n), t_all))
     i = cfg.intermediate
-    y = torch.zeros((t_all, h), dtype=torch.float64, device=x.device)
+    slots = cfg.topk + cfg.num_shared_experts
+    y = torch.zeros((t_all, hidden), dtype=torch.float64, device=x.device)
+    h_model = torch.zeros((n, slots, 2 * i), dtype=torch.float32, device=x.device)
     if n > 0:
         rw, ids = tessera.fused_gate(logits[:n], bias, **_gate_kwargs(cfg))
         w13, w2 = ml.dequantize_weights(weights, cfg.format, torch.float64)
@@ -930,14 +937,61 @@ def _reference(x, logits, weights, cfg, bias=None, residual=None, n=None):
             t, j = (ids == e).nonzero(as_tuple=True)
             if t.numel() == 0:
                 continue
-            hh = (xq[t] @ w13[e].T).to(torch.bfloat16).float()
+            hh = (xq[t] @ w13[e].T).to(torch.bfloat16).float() if h is None else h[t, j].float()
+            h_model[t, j] = hh
             g, u = hh[:, :i], hh[:, i:]
             a = g / (1 + torch.exp(-g)) * u
             o = (_q_act(a, cfg.format, weights.a2_scale) @ w2[e].T).to(torch.bfloat16).double()
             y.index_add_(0, t, rw[t, j].double()[:, None] * o)
     if residual is not None:
         y += residual.double()
-    return y
+    return (y, h_model) if with_h else y
+
+
+def _gpu_h(x, logits, weights, cfg, bias=None, n=None):
+    """h [n, slots, 2I] of each copy (float32 of its bf16 values; zeros for dropped copies) as tessera's own ops
+    compute it: fused_gate, permute with the layer's quantization, the grouped GEMM (the kernels the layer runs on
+    the same inputs)."""
+    t_all = x.shape[0]
+    n = t_all if n is None else max(0, min(int(n), t_all))
+    slots = cfg.topk + cfg.num_shared_experts
+    h = torch.zeros((n, slots, 2 * cfg.intermediate), dtype=torch.float32, device=x.device)
+    if n == 0:
+        return h
+    _, ids = tessera.fused_gate(logits[:n], bias, **_gate_kwargs(cfg))
+    g = cfg.num_weight_experts
+    if cfg.format == "fp8_blockwise":
+        p = tessera.permute(x[:n], ids, g, quant="fp8_blockwise")
+        hp = tessera.grouped_gemm_fp8(p.x_perm, weights.w13, p.expert_offsets, p.scales, weights.w13_scale,
+                                      scale_mode="blockwise")
+    elif cfg.format == "fp8_per_tensor":
+        p = tessera.permute(x[:n], ids, g, quant="fp8_per_tensor", input_scale=weights.a13_scale)
+        hp = tessera.grouped_gemm_fp8(p.x_perm, weights.w13, p.expert_offsets, weights.a13_scale, weights.w13_scale)
+    else:
+        p = tessera.permute(x[:n], ids, g)
+        hp = tessera.grouped_gemm_bf16(p.x_perm, weights.w13, p.expert_offsets)
+    rows = p.row_index.long()
+    routed = rows >= 0
+    h[routed] = hp[rows[routed]].float()
+    return h
+
+
+def _check_layer(y, x, logits, weights, cfg, bias=None, residual=None, n=None):
+    """y's first n rows (all by default) against the float64 model, split at the first GEMM as in
+    tests/gpu/test_moe_layer.cpp: h from tessera's own ops against the model's h (H_TOL), then y against the model
+    fed that h (Y_TOL). Returns (h error, y error, y against the model deriving h itself)."""
+    t_all = x.shape[0]
+    k = t_all if n is None else max(0, min(int(n), t_all))
+    if k == 0:
+        return 0.0, 0.0, 0.0
+    h_gpu = _gpu_h(x, logits, weights, cfg, bias, k)
+    want, h_model = _reference(x, logits, weights, cfg, bias, residual, k, with_h=True)
+    forced = _reference(x, logits, weights, cfg, bias, residual, k, h=h_gpu)
+    eh, ey, em = _rel(h_gpu, h_model), _rel(y[:k], forced[:k]), _rel(y[:k], want[:k])
+    assert eh <= H_TOL[cfg.format], f"the first GEMM's h against the float64 model: {eh:.3g} > {H_TOL[cfg.format]}"
+    assert ey <= Y_TOL, (f"y against the float64 model fed tessera's own h: {ey:.3g} > {Y_TOL} (against the model "
+                         f"deriving h itself: {em:.3g})")
+    return eh, ey, em
 
 
 def _layer(seed, fmt, e=16, s=1, h=256, i=256, **gate):
@@ -988,11 +1042,9 @@ def test_matches_float64_reference(seed, fmt, e, s, gate, tokens):
     x, logits, bias, _ = _inputs(seed + 1, tokens, cfg)
     out = _poisoned(tokens, cfg.hidden)
     y = ml.moe_layer(x, logits, w, plan, correction_bias=bias, out=out)
-    want = _reference(x, logits, w, cfg, bias)
     torch.cuda.synchronize()
     assert y is out and not y.isnan().any()
-    err = _rel(y, want)
-    assert err <= TOL[fmt], f"relative Frobenius error {err:.3g} > {TOL[fmt]}"
+    _check_layer(y, x, logits, w, cfg, bias)
     # Determinism: the same call again gives the same bits.
     assert torch.equal(ml.moe_layer(x, logits, w, plan, correction_bias=bias), y)
 
@@ -1008,16 +1060,14 @@ def test_num_tokens_and_residual(seed, fmt, e, s, gate):
         for residual in (None, res):
             out = _poisoned(40, cfg.hidden)
             y = ml.moe_layer(x, logits, w, plan, correction_bias=bias, residual=residual, num_tokens=count, out=out)
-            want = _reference(x, logits, w, cfg, bias, residual, n)
             torch.cuda.synchronize()
             k = max(0, min(n, 40))
             rest = y[k:]
             assert torch.equal(rest, torch.zeros_like(rest) if residual is None else residual[k:]), n
-            if k:
-                assert _rel(y[:k], want[:k]) <= TOL[fmt], n
+            _check_layer(y, x, logits, w, cfg, bias, residual, n)
     # residual without num_tokens: every row routed, the residual added once.
     y = ml.moe_layer(x, logits, w, plan, correction_bias=bias, residual=res)
-    assert _rel(y, _reference(x, logits, w, cfg, bias, res)) <= TOL[cfg.format]
+    _check_layer(y, x, logits, w, cfg, bias, res)
 
 
 @gpu
@@ -1029,7 +1079,7 @@ def test_zero_and_one_token(seed, fmt):
     y = ml.moe_layer(x[:0], logits[:0], w, plan, correction_bias=bias)
     assert y.shape == (0, cfg.hidden) and y.dtype == torch.bfloat16
     y = ml.moe_layer(x, logits, w, plan, correction_bias=bias, residual=res, out=_poisoned(1, cfg.hidden))
-    assert _rel(y, _reference(x, logits, w, cfg, bias, res)) <= TOL[cfg.format]
+    _check_layer(y, x, logits, w, cfg, bias, res)
 
 
 @gpu
@@ -1047,7 +1097,7 @@ def test_compile_fullgraph_matches_eager(seed, fmt, e, s, gate):
     got = torch.compile(layer, fullgraph=True)(x, logits, bias, res)
     torch.cuda.synchronize()
     assert torch.equal(got, eager), "compiled moe_layer differs from eager"
-    assert _rel(eager / 2.0, _reference(x, logits, w, cfg, bias, res)) <= TOL[cfg.format]
+    _check_layer(eager / 2.0, x, logits, w, cfg, bias, res)
 
 
 @gpu
@@ -1080,8 +1130,7 @@ def test_cuda_graph_capture_and_replay_with_new_routing_and_token_count(seed, fm
         torch.cuda.synchronize()
         assert torch.equal(out, want), f"replay {round_} (num_tokens {n}) differs from eager"
         assert torch.equal(out[n:], res[n:])
-        if n:
-            assert _rel(out[:n], _reference(x, logits, w, cfg, bias, res, n)[:n]) <= TOL[cfg.format]
+        _check_layer(out, x, logits, w, cfg, bias, res, n)
 
 
 @gpu
