@@ -12,9 +12,10 @@
 // Q1 / Q2 follow the weight format: kFP8Blockwise quantizes each row per 128 columns to e4m3 with
 // scale = max(amax, 1e-10) / 448 (the DeepSeek-V3 1×128 activation blocks); kFP8PerTensor divides by the static
 // activation scales a13_scale / a2_scale (the input_scale tensors of per-tensor FP8 checkpoints) and saturates;
-// kBF16 rounds to bf16. The fp32 scale is amax times the fp32 1/448, and v / scale is computed as v times an
-// approximate reciprocal (within an ulp of the quotient; a code can differ only where v / scale lies within that of
-// an e4m3 rounding boundary). Weights are used as stored: W = codes × scale (block-wise: one scale per 128×128 block,
+// kBF16 rounds to bf16. The fp32 scale is amax times the fp32 1/448. v / scale is computed as v times a reciprocal:
+// an approximate one for the block scales, the correctly rounded fp32 1 / scale for the static scales; either is
+// within an ulp of the quotient, so a code can differ from the exact quotient's only where v / scale lies within
+// that of an e4m3 rounding boundary. Weights are used as stored: W = codes × scale (block-wise: one scale per 128×128 block,
 // the checkpoints' weight_scale_inv; per-tensor: one scale per expert).
 //
 // plan / run: moe_layer_plan takes the model constants and the largest token count and returns the workspace
@@ -68,7 +69,7 @@ MoeLayerPlan moe_layer_plan(const MoeLayerConfig& config, int64_t max_tokens);
 struct MoeLayerWeights {
   TensorView w13;  // [G, 2I, H] fp8 e4m3 | bf16
   TensorView w2;   // [G, H, I]  fp8 e4m3 | bf16
-  // kFP8Blockwise: fp32 [G, 2I/128, H/128] and [G, H/128, I/128] (any strides); kFP8PerTensor: fp32 [G] each.
+  // kFP8Blockwise: fp32 [G, 2I/128, H/128] and [G, H/128, I/128] (any non-negative strides); kFP8PerTensor: fp32 [G] each.
   std::optional<TensorView> w13_scale;
   std::optional<TensorView> w2_scale;
   // kFP8PerTensor only: fp32 [1] on the device, the activation scales of the two GEMMs' inputs.

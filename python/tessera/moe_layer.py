@@ -11,7 +11,8 @@
 
 Q1 / Q2 follow the weight format: 'fp8_blockwise' quantizes each row per 128 columns to e4m3 with scale
 max(amax, 1e-10) / 448 (DeepSeek-V3's 1×128 activation blocks), 'fp8_per_tensor' divides by the static activation
-scales a13_scale / a2_scale and saturates, 'bf16' rounds to bf16. Weights are used as stored: W = codes × scale (one
+scales a13_scale / a2_scale and saturates, 'bf16' rounds to bf16 (the divisions are products with an fp32
+reciprocal, within an ulp of the quotient: tessera/moe_layer.h). Weights are used as stored: W = codes × scale (one
 fp32 scale per 128×128 block for 'fp8_blockwise', the checkpoints' weight_scale_inv; one per expert and matrix for
 'fp8_per_tensor').
 
@@ -199,7 +200,7 @@ def plan(config, max_tokens):
     """The plan of a layer with these constants for calls of up to `max_tokens` tokens: the C++ moe_layer_plan
     checks every rule of the config (H and I multiples of 128, 1 <= E <= 512, the gate's rules: topk 1..32 and no more
     than the experts of the kept groups, num_groups dividing E, 1 <= topk_groups <= num_groups, ...) and raises
-    ValueError naming the field, then sizes the workspace (on the current CUDA device: the size may depend on it)."""
+    ValueError naming the field, then sizes the workspace (a pure function of the constants: no device is needed)."""
     op = "tessera.moe_layer.plan"
     constants = _constants(op, config)
     max_tokens = _int(op, "max_tokens", max_tokens, 0)
@@ -577,7 +578,8 @@ def load_checkpoint(tensors, *, layer_prefix, style, num_experts, format, num_sh
     * per-tensor fp8 → 'fp8_per_tensor': w2 is kept; w13 has one scale per expert, so w1 and w3 are requantized to
       the larger of their two weight_scale values (the one that has it keeps its codes; the other's codes are
       rescaled and rounded to nearest e4m3 once);
-    * fp8 → 'bf16': dequantized (codes × scales in float64, one bf16 rounding);
+    * fp8 → 'bf16': dequantized (codes × scales in float64, then torch's cast to bf16, which goes through float32:
+      within a bf16 ulp of the single rounding of the exact product);
     * anything else: dequantized to float and quantized with quantize_weights' rule.
     The packed weights are on the device of the checkpoint's tensors (move them with .cuda()); w13 holds gate rows
     [0, I) and up rows [I, 2I); the shared experts are experts E .. E+s-1.

@@ -270,6 +270,32 @@ TEST(MoeLayerReference, HandComputedBf16Layer) {
   EXPECT_EQ(model.y[0], 0.0);
 }
 
+// Rows 0..I-1 of w13 are the gate projection and rows I..2I-1 the up projection: with gate = Id and up = 3·Id,
+// a = silu(x)·3x, which the swapped order (silu(3x)·x) does not give for any x here.
+TEST(MoeLayerReference, GateRowsComeFirstInW13) {
+  const int64_t H = 128, I = 128;
+  Layer L;
+  L.p = {1, H, I, 1, 1, WeightFormat::kBF16};
+  L.in.w13.assign(2 * I * H, 0.0);
+  L.in.w2.assign(H * I, 0.0);
+  for (int64_t i = 0; i < I; ++i) {
+    L.in.w13[i * H + i] = 1.0;
+    L.in.w13[(I + i) * H + i] = 3.0;
+    L.in.w2[i * I + i] = 1.0;
+  }
+  for (int64_t c = 0; c < H; ++c)
+    L.in.x.push_back(round_bf16(0.25 + 0.03125 * static_cast<double>(c % 64) - (c >= 64 ? 3.0 : 0.0)));
+  L.in.ids = {0};
+  L.in.weights = {1.0};
+  const MoeLayerRef exact = moe_layer(L.p, L.in, MoeLayerRefMode::kExact);
+  for (int64_t c = 0; c < H; ++c) {
+    const double x = L.in.x[c];
+    const double want = silu(x) * 3.0 * x, swapped = silu(3.0 * x) * x;
+    ASSERT_GT(std::fabs(want - swapped), 1e-3 * std::fabs(want)) << "column " << c << " cannot tell the orders apart";
+    EXPECT_NEAR(exact.y[c], want, 1e-14 * std::fabs(want)) << "column " << c;
+  }
+}
+
 TEST(MoeLayerReference, DroppedIdsContributeNothing) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(test::seed_note(seed));

@@ -3,6 +3,7 @@
 // for device memory; a call that got past validation would fail on them, which the tests would also catch).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -85,6 +86,9 @@ TEST(FusedGateValidation, EachRuleNamesItsArgument) {
       {"ids dtype", [](auto&, auto&, auto&, auto&, auto&, auto& i) { i.dtype = DType::kInt64; }, "ids"},
       {"ids shape", [](auto&, auto&, auto&, auto&, auto&, auto& i) { i.shape[1] = 6; }, "ids"},
       {"outputs overlap", [](auto&, auto&, auto&, auto&, auto& w, auto& i) { i.data = w.data; }, "ids"},
+      {"scaling inf", [](auto&, auto& p, auto&, auto&, auto&, auto&) { p.routed_scaling_factor = INFINITY; }, "routed_scaling_factor"},
+      {"scaling NaN", [](auto&, auto& p, auto&, auto&, auto&, auto&) { p.routed_scaling_factor = NAN; }, "routed_scaling_factor"},
+      {"shared weight inf", [](auto&, auto& p, auto&, auto&, auto&, auto&) { p.shared_expert_weight = -INFINITY; }, "shared_expert_weight"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

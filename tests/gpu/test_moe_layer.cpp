@@ -687,10 +687,14 @@ TEST(MoeLayerGpu, BlockwiseStepsMatchTheirModels) {
       "codes and %lld scales differ; GEMM2 %s\n",
       (long long)code_diff, (long long)(R * H), (long long)scale_diff, c1.message.c_str(), (long long)act_code_diff,
       (long long)(R * I), (long long)act_scale_diff, c2.message.c_str());
-  EXPECT_LE(code_diff, R * H / 1000);
+  // Codes may differ only where the quotient lies within an fp32 ulp or two of an e4m3 rounding boundary (the
+  // reciprocal, __expf): ~2^-19 (permute) and ~2^-17 (activation) of the codes, i.e. ~0.25 and ~0.5 expected here;
+  // measured 0 and 0-1 on an H200. The bounds (16 and 8) sit far in those Poisson tails and below the R = 128 codes of
+  // one wrong column.
+  EXPECT_LE(code_diff, 16);
   EXPECT_EQ(scale_diff, 0);
   EXPECT_TRUE(c1.ok) << c1.message;
-  EXPECT_LE(act_code_diff, R * I / 1000);
+  EXPECT_LE(act_code_diff, 8);
   EXPECT_EQ(act_scale_diff, 0);
   EXPECT_TRUE(c2.ok) << c2.message;
 }

@@ -1,4 +1,5 @@
 // fused_gate: validation, configuration and launch.
+#include <cmath>
 #include <string>
 
 #include "common/check.h"
@@ -123,6 +124,11 @@ void check_gate_params(const tessera::detail::ArgCheck& check, int64_t E, const 
   if (p.scoring != Scoring::kSigmoid && p.scoring != Scoring::kSoftmax) check.fail("scoring", "is not a Scoring value");
   if (p.group_score != GroupScore::kTop2Sum && p.group_score != GroupScore::kMax)
     check.fail("group_score", "is not a GroupScore value");
+  // A non-finite factor would make every routing weight (and the layer's y) inf or NaN without an error.
+  if (!std::isfinite(p.routed_scaling_factor))
+    check.fail("routed_scaling_factor", "must be finite, got " + std::to_string(p.routed_scaling_factor));
+  if (!std::isfinite(p.shared_expert_weight))
+    check.fail("shared_expert_weight", "must be finite, got " + std::to_string(p.shared_expert_weight));
 }
 
 }  // namespace detail
