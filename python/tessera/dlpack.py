@@ -7,8 +7,9 @@ are asked for their capsule with no stream argument, i.e. under the producer's d
 stream your arrays were produced on (for CuPy, ``cupy.cuda.get_current_stream().ptr``) and make sure that work is
 ordered before it. Argument errors raise ValueError, CUDA and device errors RuntimeError, as in the torch layer.
 fp8 e4m3 operands may be uint8 arrays of the e4m3 bytes. The weight-only linear layer's host steps (linear_quantize,
-linear_import_gptq, linear_import_awq, linear_prepack, linear_unpack) take host arrays and return a dict whose
-arrays are bytearrays (numpy.frombuffer views them); tessera.linear wraps them for torch.
+linear_import_gptq, linear_import_awq, linear_prepack, linear_unpack) and W8A8's prepack_w8a8 take host arrays and
+return a dict whose arrays are bytearrays (numpy.frombuffer views them); tessera.linear and tessera.w8a8 wrap them for
+torch.
 
     import cupy as cp, tessera.dlpack as td
     logits = cp.random.randn(16, 256, dtype=cp.float32)
@@ -33,6 +34,8 @@ from ._C import (
     conv_path_name,
     decode_workspace_bytes,
     fused_gate,
+    gemm_w8a8,
+    gemm_w8a8_workspace_bytes,
     grouped_gemm_bf16,
     grouped_gemm_bf16_masked,
     grouped_gemm_fp8,
@@ -50,7 +53,9 @@ from ._C import (
     permute,
     permute_capacity_rows,
     permute_workspace_bytes,
+    prepack_w8a8,
     unpermute_reduce,
+    w8a8_quantize,
 )
 
 __all__ = [
@@ -66,6 +71,8 @@ __all__ = [
     "conv_path_name",
     "decode_workspace_bytes",
     "fused_gate",
+    "gemm_w8a8",
+    "gemm_w8a8_workspace_bytes",
     "grouped_gemm_bf16",
     "grouped_gemm_bf16_masked",
     "grouped_gemm_fp8",
@@ -83,5 +90,7 @@ __all__ = [
     "permute",
     "permute_capacity_rows",
     "permute_workspace_bytes",
+    "prepack_w8a8",
     "unpermute_reduce",
+    "w8a8_quantize",
 ]
