@@ -130,6 +130,9 @@ BAD_CONFIGS = [
     ("topk_groups", dict(topk_groups=0)),
     ("topk_groups", dict(topk_groups=5)),  # > num_groups = 4
     ("num_shared_experts", dict(num_shared_experts=-1)),
+    ("routed_scaling_factor", dict(routed_scaling_factor=float("inf"))),
+    ("routed_scaling_factor", dict(routed_scaling_factor=1e39)),  # finite in Python, inf as the C++ float
+    ("shared_expert_weight", dict(shared_expert_weight=float("nan"), num_shared_experts=1)),
 ]
 
 
