@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/host_numeric.h"
+#include "reference/dot.h"
 #include "reference/format.h"
 #include "reference/parallel.h"
 #include "tessera/error.h"
@@ -311,18 +312,7 @@ std::vector<double> dequantize_kv(const QuantizedKV& q) {
 
 namespace {
 
-double dot(const double* a, const double* b, int n) {
-  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;  // four chains: the loop is latency-bound otherwise
-  int i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
+using detail::dot;  // reference/dot.h
 
 // Softmax attention of query rows over key ranges, in float64, shared by decode and prefill: the G = HQ / HKV query
 // heads of KV head kvh in query row r ([rows][HQ][D] in q) attend to the key rows key_base[r] + t, t in

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "reference/dot.h"
 #include "reference/moe_reference.h"
 #include "reference/parallel.h"
 
@@ -30,21 +31,9 @@ void require_size(const std::vector<double>& v, const char* name, int64_t expect
                                                           std::to_string(v.size()));
 }
 
-// Σ a[i]·b[i] over four interleaved partial sums (no dependency chain on one accumulator; a fixed order).
-double dot(const double* a, const double* b, int64_t n) {
-  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-  }
-  for (; i < n; ++i) s0 += a[i] * b[i];
-  return (s0 + s1) + (s2 + s3);
-}
+using detail::dot;
 
-// Σ a[i]·b[i] and Σ |a[i]|·|b[i]| (a_abs holds |a|), in the same fixed order as dot().
+// Σ a[i]·b[i] and Σ |a[i]|·|b[i]| (a_abs holds |a|), in the same fixed order as dot() (reference/dot.h).
 void dot_and_magnitude(const double* a, const double* a_abs, const double* b, int64_t n, double& sum, double& mag) {
   double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0, m0 = 0.0, m1 = 0.0, m2 = 0.0, m3 = 0.0;
   int64_t i = 0;
