@@ -3,7 +3,7 @@
 # with TESSERA_SEED=<first seed of a chunk> --gtest_repeat=<chunk length>, and gtest repeat j of that process runs
 # with seed TESSERA_SEED + j (tests/common/gpu_util.h, "seeds"), so one process covers a chunk of seeds and a crash
 # loses only its chunk. Every failed test prints "[   SEED   ] Suite.Name TESSERA_SEED=S  rerun: ..."; this script
-# lists those, then a last line
+# lists those as FAIL lines, each with its first failure message under it ("  why ..."), then a last line
 #   stress: N seeds, F failures
 # and exits 1 when F > 0 (a crash, a timeout or a missing binary counts as a failure).
 #
