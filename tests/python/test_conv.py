@@ -28,7 +28,7 @@ import pytest
 import tessera
 from _dispatch_record import recording_mode
 
-from _optional import HAS_CUDA, gpu, needs_torch, np, torch
+from _optional import gpu, needs_torch, np, torch
 
 F = torch.nn.functional if torch is not None else None
 
@@ -291,19 +291,7 @@ def _calls(mode, name="tessera.conv2d.default"):
 
 def _operator_args_mode():
     """A dispatch mode that records the arguments of every torch.ops.tessera.conv2d call reaching it."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) == "tessera.conv2d.default":
-                self.calls.append(args)
-            return func(*args, **(kwargs or {}))
-
-    return Recorder()
+    return recording_mode(args_of="tessera.conv2d.default")
 
 
 @pytest.fixture(params=["eager", "checked"])

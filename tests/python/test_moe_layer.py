@@ -725,19 +725,7 @@ def _meta_layer(fmt, e=16, s=1, h=256, i=256, device="meta"):
 
 def _operator_args_mode():
     """A dispatch mode that records the arguments of every torch.ops.tessera.moe_layer call reaching it."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Recorder(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if str(func) == "tessera.moe_layer.default":
-                self.calls.append(args)
-            return func(*args, **(kwargs or {}))
-
-    return Recorder()
+    return recording_mode(args_of="tessera.moe_layer.default")
 
 
 @needs_torch
