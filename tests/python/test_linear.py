@@ -24,7 +24,7 @@ import pytest
 import tessera
 from _dispatch_record import recording_mode
 from _host_capsule import DL_FLOAT, DL_UINT, HostCapsule
-from _optional import gpu, HAS_CUDA, needs_torch, np, torch
+from _optional import gpu, needs_torch, np, torch
 
 
 TOL = {"bfloat16": 5e-3, "float16": 2e-3}
