@@ -1154,7 +1154,10 @@ PYBIND11_MODULE(_C, m) {
         "ci) and the kernel's kh, kw; symmetric zero padding; bias [Co] of y's dtype or None. workspace may be None "
         "when conv2d_workspace_bytes is 0.");
 
-  m.attr("moe_layer_formats") = py::make_tuple("fp8_blockwise", "fp8_per_tensor", "bf16");  // WeightFormat's order
+  m.attr("moe_layer_formats") =  // WeightFormat's names, in its order
+      py::make_tuple(tessera::moe::weight_format_name(tessera::moe::WeightFormat::kFP8Blockwise),
+                     tessera::moe::weight_format_name(tessera::moe::WeightFormat::kFP8PerTensor),
+                     tessera::moe::weight_format_name(tessera::moe::WeightFormat::kBF16));
 
   m.def("moe_layer_plan", &moe_layer_plan, py::arg("hidden"), py::arg("intermediate"), py::arg("num_experts"),
         py::arg("topk"), py::arg("num_groups"), py::arg("topk_groups"), py::arg("scoring"), py::arg("group_score"),
