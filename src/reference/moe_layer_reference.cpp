@@ -33,26 +33,10 @@ void require_size(const std::vector<double>& v, const char* name, int64_t expect
 
 using detail::dot;
 
-// Σ a[i]·b[i] and Σ |a[i]|·|b[i]| (a_abs holds |a|), in the same fixed order as dot() (reference/dot.h).
+// Σ a[i]·b[i] and Σ |a[i]|·|b[i]| (a_abs holds |a|), each in chain_sum's order (reference/dot.h).
 void dot_and_magnitude(const double* a, const double* a_abs, const double* b, int64_t n, double& sum, double& mag) {
-  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0, m0 = 0.0, m1 = 0.0, m2 = 0.0, m3 = 0.0;
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    s0 += a[i] * b[i];
-    s1 += a[i + 1] * b[i + 1];
-    s2 += a[i + 2] * b[i + 2];
-    s3 += a[i + 3] * b[i + 3];
-    m0 += a_abs[i] * std::fabs(b[i]);
-    m1 += a_abs[i + 1] * std::fabs(b[i + 1]);
-    m2 += a_abs[i + 2] * std::fabs(b[i + 2]);
-    m3 += a_abs[i + 3] * std::fabs(b[i + 3]);
-  }
-  for (; i < n; ++i) {
-    s0 += a[i] * b[i];
-    m0 += a_abs[i] * std::fabs(b[i]);
-  }
-  sum = (s0 + s1) + (s2 + s3);
-  mag = (m0 + m1) + (m2 + m3);
+  sum = detail::chain_sum(n, [&](int64_t i) { return a[i] * b[i]; });
+  mag = detail::chain_sum(n, [&](int64_t i) { return a_abs[i] * std::fabs(b[i]); });
 }
 
 // Q1 / Q2 of moe_layer.h in place on one activation row of n values: the values the next GEMM reads.
