@@ -138,9 +138,11 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
     for (int64_t t = t0; t < t1; ++t) {
       double* y = &r.y[t * H];
       double* mag = &r.mag[t * H];
-      // Q1 depends on the token only: once for all its copies.
-      std::copy(in.x.begin() + t * H, in.x.begin() + (t + 1) * H, xq.begin());
-      if (model) quantize_row(xq.data(), H, p.format, in.a13_scale, /*round_to_bf16=*/false);
+      // Q1 depends on the token only: once for all its copies (not at all where h is given).
+      if (in.h.empty()) {
+        std::copy(in.x.begin() + t * H, in.x.begin() + (t + 1) * H, xq.begin());
+        if (model) quantize_row(xq.data(), H, p.format, in.a13_scale, /*round_to_bf16=*/false);
+      }
       for (int j = 0; j < slots; ++j) {
         const int32_t e = in.ids[t * slots + j];
         if (e < 0 || e >= G) continue;  // a dropped copy
