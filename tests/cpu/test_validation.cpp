@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "tessera/error.h"
+#include "moe/permute/config.h"
+#include "moe/unpermute/config.h"
 #include "tessera/moe.h"
 
 namespace tessera::moe {
@@ -216,6 +218,52 @@ TEST(PermuteValidation, CapacityAndWorkspaceQueries) {
   expect_error([&] { permute_capacity_rows(16, 40, p); }, "permute_capacity_rows", "ids.shape[1] (topk)");
   p.num_experts = 5000;
   expect_error([&] { permute_workspace_bytes(16, 4, p); }, "permute_workspace_bytes", "num_experts");
+}
+
+// Few copies take one launch (the scatter pass counts and scans itself); the workspace a larger T was sized for
+// always covers a smaller T's, whichever way each goes (the MoE layer plans for its largest T and runs smaller ones).
+TEST(PermuteConfig, SinglePassForFewCopiesAndWorkspaceMonotone) {
+  using detail::kPermuteSinglePassEntries;
+  using detail::PermuteProblem;
+  using detail::select_permute_config;
+  for (int E : {1, 8, 64, 256, 1024})
+    for (int k : {1, 2, 6, 8, 32}) {
+      std::size_t previous = 0;
+      for (int64_t T = 1; T <= 700; ++T) {
+        const auto c = select_permute_config(PermuteProblem{T, k, E, 1});
+        SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " T=" + std::to_string(T));
+        EXPECT_EQ(c.single_pass, T * k <= kPermuteSinglePassEntries);
+        if (c.single_pass) {
+          EXPECT_EQ(c.num_chunks, 1);
+          EXPECT_EQ(c.tokens_per_chunk, T);
+        }
+        // Every chunk's copies fit the scatter pass's shared arrays.
+        EXPECT_LE(int64_t{c.tokens_per_chunk} * k, detail::kPermuteMaxChunkEntries);
+        EXPECT_GE(c.num_chunks * c.tokens_per_chunk, T);
+        EXPECT_GE(c.workspace_bytes, previous);
+        previous = c.workspace_bytes;
+      }
+    }
+}
+
+// Column slices of unpermute_reduce: whole rows for many tokens, slices of whole warps (32 vectors) covering the row
+// for few, and never fewer blocks than tokens.
+TEST(UnpermuteConfig, SlicesCoverTheRowInWarpMultiples) {
+  using detail::unpermute_slice_vectors;
+  EXPECT_EQ(unpermute_slice_vectors(4096, 896, 132), 896);  // DeepSeek-V3 prefill: one block per token
+  EXPECT_EQ(unpermute_slice_vectors(1, 896, 132), 32);      // decode, T 1: 28 blocks
+  EXPECT_EQ(unpermute_slice_vectors(128, 896, 132), 192);   // 5 slices: 4 of 192 vectors, one of 128
+  for (int64_t T : {1, 2, 3, 37, 100, 527, 528, 100000})
+    for (int64_t V : {1, 2, 31, 32, 33, 256, 897, 7168}) {
+      const int64_t per = unpermute_slice_vectors(T, V, 132);
+      SCOPED_TRACE("T=" + std::to_string(T) + " V=" + std::to_string(V));
+      ASSERT_GE(per, 1);
+      ASSERT_LE(per, V);
+      EXPECT_TRUE(per == V || per % 32 == 0);
+      const int64_t slices = (V + per - 1) / per;
+      EXPECT_LE(slices, 65535);  // grid.y
+      if (T >= 4 * 132) EXPECT_EQ(slices, 1);
+    }
 }
 
 const char* kUnpermute = "tessera::moe::unpermute_reduce";

@@ -212,6 +212,15 @@ TEST_F(PermuteGpu, DeviceTokenCountDropsLaterTokens) {
       const uint64_t seed = test::fresh_seed();
       check_permute(c, run_permute(c, seed), seed);
     }
+  // The same over a single pass (T·k <= 256: one launch that counts and scans itself), int64 ids, padding.
+  for (int64_t active : {0, 1, 17, 31, 32, 90, -1})
+    for (PermuteQuant q : {PermuteQuant::kNone, PermuteQuant::kFP8Blockwise, PermuteQuant::kFP8PerTensor}) {
+      PermuteCase c{32, 7168, 8, 256, (n % 2) ? 16 : 1, q, DType::kBF16, DType::kInt64, IdPattern::kWithDropped};
+      c.active = active;
+      ++n;
+      const uint64_t seed = test::fresh_seed();
+      check_permute(c, run_permute(c, seed), seed);
+    }
 }
 
 TEST_F(PermuteGpu, DeepSeekShapeAndDeterminism) {
@@ -389,6 +398,9 @@ TEST_F(PermuteGpu, UnpermuteReduceGrid) {
         for (DType dtype : {DType::kBF16, DType::kFP16})
           check_unpermute(T, k, H, dtype, (T + k) % 2 == 0, test::fresh_seed());
   check_unpermute(4096, 8, 7168, DType::kBF16, true, test::fresh_seed());
+  // Decode-sized T over a wide row: each token's row cut into column slices (the last one partial at H 7176).
+  for (int64_t T : {1, 3, 17})
+    for (int64_t H : {7168, 7176}) check_unpermute(T, 9, H, DType::kBF16, T != 3, test::fresh_seed());
 }
 
 TEST_F(PermuteGpu, UnpermuteInCudaGraph) {

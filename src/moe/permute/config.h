@@ -9,6 +9,10 @@ namespace tessera::moe::detail {
 inline constexpr int kPermuteMaxExperts = 1024;
 inline constexpr int kPermuteMaxTopk = 32;
 inline constexpr int kPermuteMaxChunkEntries = 320;  // max(32, E/4) rounded up to whole tokens, k <= 32
+// At most this many copies (T·k) go through one launch instead of three: every block of the scatter pass then counts,
+// scans and ranks all of them itself (a few hundred ids and E <= 1024 experts: less work than a launch costs).
+inline constexpr int kPermuteSinglePassEntries = 256;
+static_assert(kPermuteSinglePassEntries <= kPermuteMaxChunkEntries, "a single pass ranks its copies as one chunk");
 
 struct PermuteProblem {
   int64_t num_tokens;
@@ -18,6 +22,7 @@ struct PermuteProblem {
 };
 
 struct PermuteConfig {
+  bool single_pass;       // one launch, one chunk of every token (T·k <= kPermuteSinglePassEntries)
   int tokens_per_chunk;   // the unit of stable ranking: one block of each pass handles one chunk
   int64_t num_chunks;
   int64_t capacity_rows;
@@ -35,7 +40,9 @@ inline PermuteConfig select_permute_config(const PermuteProblem& p) {
   PermuteConfig c{};
   // Enough entries per chunk that the per-chunk histogram (E ints) stays small next to the chunk itself.
   const int target_entries = p.num_experts / 4 > 32 ? p.num_experts / 4 : 32;
-  c.tokens_per_chunk = (target_entries + p.topk - 1) / p.topk;
+  c.single_pass = p.num_tokens * p.topk <= kPermuteSinglePassEntries;
+  c.tokens_per_chunk = c.single_pass ? static_cast<int>(p.num_tokens > 1 ? p.num_tokens : 1)
+                                     : (target_entries + p.topk - 1) / p.topk;
   c.num_chunks = (p.num_tokens + c.tokens_per_chunk - 1) / c.tokens_per_chunk;
   c.capacity_rows = p.num_tokens * p.topk + (p.pad_multiple > 1 ? int64_t{p.num_experts} * (p.pad_multiple - 1) : 0);
   std::size_t off = 0;

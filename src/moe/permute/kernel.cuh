@@ -4,6 +4,8 @@
 //               to finish lays out the (padded) expert segments
 //   3. scatter: each chunk ranks its copies stably (match.any within a warp, in token order), then copies and
 //               optionally quantizes every token row once into its k destinations, and zeroes the pad rows.
+// Few copies (single_pass: T·k <= kPermuteSinglePassEntries, one chunk) take only the third launch: each of its
+// blocks (the column slices of the one chunk) does passes 1 and 2 itself in shared memory, with the same results.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,6 +47,8 @@ struct PermuteKernelParams {
   int pad_multiple;
   int tokens_per_chunk;
   int64_t num_chunks;
+  int single_pass;  // 1: the scatter launch counts and scans itself (one chunk); ids read as given
+  int ids_are_64;   // ids are int64 (read directly only in a single pass)
 };
 
 constexpr int kScanThreads = 256;
@@ -158,10 +162,62 @@ __device__ __forceinline__ void store_columns(const PermuteKernelParams& p, int6
   }
 }
 
+// Passes 1 and 2 of a single pass, done by one block in shared memory: the copies' ids (dropped ones -1) into
+// chunk_ids, each expert's count into counts and its segment start into seg_start and base (the running row the
+// ranking advances); the first column slice also writes expert_offsets and expert_counts.
+__device__ __forceinline__ void single_pass_layout(const PermuteKernelParams& p, int n, int* chunk_ids, int* base,
+                                                   int* seg_start, int* counts) {
+  using Scan = cub::BlockScan<int, kScatterThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  const int E = p.num_experts;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  int64_t routed_end = n;  // copies of tokens at or past the device-side count are dropped
+  if (p.active_tokens != nullptr) {
+    const int64_t a = *p.active_tokens;
+    routed_end = min(routed_end, (a < 0 ? 0 : a) * p.topk);
+  }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t e = p.ids_are_64 ? static_cast<const int64_t*>(p.ids)[i] : static_cast<const int32_t*>(p.ids)[i];
+    const bool valid = e >= 0 && e < E && i < routed_end;
+    chunk_ids[i] = valid ? static_cast<int>(e) : -1;
+    if (valid) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  // Exclusive prefix of the padded counts: thread j owns a contiguous run of experts.
+  const int per_thread = (E + kScatterThreads - 1) / kScatterThreads;
+  const int e0 = min(static_cast<int>(threadIdx.x) * per_thread, E);
+  const int e1 = min(e0 + per_thread, E);
+  const auto padded = [&](int count) { return (count + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple; };
+  int run = 0;
+  for (int e = e0; e < e1; ++e) run += padded(counts[e]);
+  int start = 0, total = 0;
+  Scan(scan_storage).ExclusiveSum(run, start, total);
+  const bool publish = blockIdx.y == 0;
+  for (int e = e0; e < e1; ++e) {
+    seg_start[e] = start;
+    base[e] = start;
+    if (publish) {
+      p.offsets[e] = start;
+      p.counts[e] = counts[e];
+    }
+    start += padded(counts[e]);
+  }
+  if (threadIdx.x == 0) {
+    seg_start[E] = total;
+    if (publish) p.offsets[E] = total;
+  }
+  __syncthreads();
+}
+
 template <typename Elem, QuantMode kQuant>
 __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(const PermuteKernelParams p) {
   __shared__ int base[kPermuteMaxExperts];
   __shared__ int rows[kPermuteMaxChunkEntries];
+  __shared__ int chunk_ids[kPermuteMaxChunkEntries];
+  // A single pass's segment layout (the multi-pass launch reads it from expert_offsets / expert_counts).
+  __shared__ int seg_start[kPermuteMaxExperts + 1];
+  __shared__ int seg_count[kPermuteMaxExperts];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t chunk = blockIdx.x;
@@ -172,9 +228,14 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
   const int n = num_chunk_tokens * p.topk;
   const int64_t entry0 = t0 * p.topk;
 
-  for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x)
-    base[e] = p.offsets[e] + p.hist[chunk * p.num_experts + e];
-  __syncthreads();
+  if (p.single_pass) {
+    single_pass_layout(p, n, chunk_ids, base, seg_start, seg_count);
+  } else {
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x)
+      base[e] = p.offsets[e] + p.hist[chunk * p.num_experts + e];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) chunk_ids[i] = p.ids32[entry0 + i];
+    __syncthreads();
+  }
 
   // Stable ranks: warp 0 walks the chunk's copies in token order, 32 at a time; copies of one expert inside a
   // step are ordered by lane, and the lowest of them advances the expert's running row afterwards. Every column
@@ -182,7 +243,7 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
   if (warp == 0) {
     for (int i0 = 0; i0 < n; i0 += 32) {
       const int i = i0 + lane;
-      const int e = i < n ? p.ids32[entry0 + i] : -1;
+      const int e = i < n ? chunk_ids[i] : -1;
       const unsigned peers = __match_any_sync(0xFFFFFFFFu, e);
       const int rank = __popc(peers & ((1u << lane) - 1u));
       const int row = e >= 0 ? base[e] + rank : -1;
@@ -290,8 +351,8 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
     const int64_t vec_end = (blk_begin + blk_count) * 16 < num_vec ? (blk_begin + blk_count) * 16 : num_vec;
     const int64_t slice_vecs = vec_end - vec_begin;
     for (int64_t e = chunk; e < p.num_experts; e += p.num_chunks) {
-      const int64_t pad_begin = p.offsets[e] + p.counts[e];
-      const int64_t pad_end = p.offsets[e + 1];
+      const int64_t pad_begin = p.single_pass ? seg_start[e] + seg_count[e] : p.offsets[e] + p.counts[e];
+      const int64_t pad_end = p.single_pass ? seg_start[e + 1] : p.offsets[e + 1];
       if (first_slice)
         for (int64_t row = pad_begin + threadIdx.x; row < pad_end; row += blockDim.x) {
           if (p.row_token != nullptr) p.row_token[row] = -1;

@@ -1,4 +1,4 @@
-// permute: validation, workspace query and the three launches.
+// permute: validation, workspace query and the launches (three, or one for a few copies: config.h).
 #include <string>
 
 #include "common/check.h"
@@ -184,13 +184,17 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   kp.pad_multiple = p.pad_multiple;
   kp.tokens_per_chunk = cfg.tokens_per_chunk;
   kp.num_chunks = cfg.num_chunks;
+  kp.single_pass = cfg.single_pass ? 1 : 0;
+  kp.ids_are_64 = ids.dtype == DType::kInt64 ? 1 : 0;
 
-  const auto chunks = static_cast<unsigned>(cfg.num_chunks);
-  if (ids.dtype == DType::kInt32) detail::permute_count_kernel<int32_t><<<chunks, 128, 0, stream>>>(kp);
-  else detail::permute_count_kernel<int64_t><<<chunks, 128, 0, stream>>>(kp);
-  TESSERA_CHECK_LAUNCH();
-  detail::permute_scan_kernel<<<E, detail::kScanThreads, 0, stream>>>(kp);
-  TESSERA_CHECK_LAUNCH();
+  if (!cfg.single_pass) {
+    const auto chunks = static_cast<unsigned>(cfg.num_chunks);
+    if (ids.dtype == DType::kInt32) detail::permute_count_kernel<int32_t><<<chunks, 128, 0, stream>>>(kp);
+    else detail::permute_count_kernel<int64_t><<<chunks, 128, 0, stream>>>(kp);
+    TESSERA_CHECK_LAUNCH();
+    detail::permute_scan_kernel<<<E, detail::kScanThreads, 0, stream>>>(kp);
+    TESSERA_CHECK_LAUNCH();
+  }
   TESSERA_DISPATCH_HALF(x.dtype, Elem, [&] {
     switch (p.quant) {
       case PermuteQuant::kNone: return launch_scatter<Elem, QuantMode::kNone>(kp, stream);

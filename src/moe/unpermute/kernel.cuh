@@ -1,5 +1,7 @@
-// unpermute_reduce device code: one block per token; each thread owns 8-element (16-byte) slices of the row and
-// gathers the k expert outputs for them, issuing all k loads before the fp32 accumulation so they overlap.
+// unpermute_reduce device code: one block per (token, column slice); each thread owns 8-element (16-byte) slices of
+// the row and gathers the k expert outputs for them, issuing all k loads before the fp32 accumulation so they
+// overlap. Few tokens get several column slices each (unpermute_slice_vectors), so that a decode step's one row
+// is gathered by many blocks at once instead of one block walking it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,6 +9,7 @@
 #include <cstdint>
 
 #include "common/numeric.cuh"
+#include "moe/unpermute/config.h"
 #include "ptx/ldst.cuh"
 
 namespace tessera::moe::detail {
@@ -21,6 +24,7 @@ struct UnpermuteKernelParams {
   void* out;  // [T, H]
   int64_t out_row_stride;
   int64_t hidden;
+  int64_t slice_vectors;  // 8-element vectors per column slice (blockIdx.y)
   int topk;
   float routed_scale;
 };
@@ -41,7 +45,9 @@ __global__ void __launch_bounds__(kUnpermuteThreads) unpermute_reduce_kernel(con
   __syncthreads();
   const Elem* y = static_cast<const Elem*>(p.y);
   const int64_t num_vec = p.hidden / 8;
-  for (int64_t v = threadIdx.x; v < num_vec; v += blockDim.x) {
+  const int64_t vec_begin = blockIdx.y * p.slice_vectors;
+  const int64_t vec_end = vec_begin + p.slice_vectors < num_vec ? vec_begin + p.slice_vectors : num_vec;
+  for (int64_t v = vec_begin + threadIdx.x; v < vec_end; v += blockDim.x) {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j0 = 0; j0 < p.topk; j0 += kUnpermuteBatch) {
       uint4 raw[kUnpermuteBatch];

@@ -60,11 +60,13 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   kp.out = out.data;
   kp.out_row_stride = T > 1 ? out.strides[0] : H;
   kp.hidden = H;
+  kp.slice_vectors =
+      detail::unpermute_slice_vectors(T, H / 8, tessera::detail::current_device_info().num_sms);
   kp.topk = static_cast<int>(k);
   kp.routed_scale = routed_scale;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>((H / 8 + kp.slice_vectors - 1) / kp.slice_vectors));
   TESSERA_DISPATCH_HALF(y_perm.dtype, Elem, [&] {
-    detail::unpermute_reduce_kernel<Elem>
-        <<<static_cast<unsigned>(T), detail::kUnpermuteThreads, 0, stream>>>(kp);
+    detail::unpermute_reduce_kernel<Elem><<<grid, detail::kUnpermuteThreads, 0, stream>>>(kp);
     TESSERA_CHECK_LAUNCH();
   });
 }
