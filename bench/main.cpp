@@ -30,6 +30,7 @@ struct Options {
   bool list = false;
   bool quick = false;
   bool all = false;
+  bool host = false;
   int reps = -1;
   int warmup = -1;
   int device = 0;
@@ -51,6 +52,8 @@ const char* kUsage =
     "  --reps N        timed samples per mode (stream: calls; graph: replays); default 50, --quick 10\n"
     "  --warmup N      untimed calls before timing; default 10, --quick 3\n"
     "  --quick         fewer repetitions\n"
+    "  --host          also the host time per call (C++, no Python: the stream held busy, calls timed with the\n"
+    "                  host clock), against a bare launch measured the same way\n"
     "  --device N      CUDA device ordinal (default 0)\n"
     "  --list          list the cases and exit\n";
 
@@ -117,6 +120,8 @@ bool parse(int argc, char** argv, Options& o) {
       o.list = true;
     } else if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--host") {
+      o.host = true;
     } else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(0);
@@ -140,6 +145,7 @@ struct Row {
   std::string error;        // setup threw, or a timing mode threw
   std::string unsupported;  // a peer that does not support the case (not a failure)
   double setup_s = 0, check_s = 0, timing_s = 0;  // host wall time of each phase
+  double host_us = NAN;  // --host: the CPU's time per call (time_host)
 
   bool failed() const { return check == "FAIL" || !error.empty(); }
   // The headline time: graph mode when it worked (no launch gaps), else stream mode.
@@ -248,6 +254,22 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
                 "have it; < 1: tessera is faster)\n",
                 list.c_str());
   }
+}
+
+// --host: the CPU's time per call of each case (C++ only), and its excess over as many bare launches as fit in it.
+void print_host(const std::vector<Row>& rows, double floor_us) {
+  std::printf("\nhost time per call (C++, no Python; the stream held busy, median of 9 x 40 calls); a bare launch: %.2f us\n",
+              floor_us);
+  int op_w = 18, name_w = 40;
+  for (const Row& r : rows) {
+    op_w = std::max(op_w, static_cast<int>(r.spec->op.size()));
+    name_w = std::max(name_w, static_cast<int>(r.spec->name.size()));
+  }
+  std::printf("%-*s | %-*s | %8s | %14s\n", op_w, "op", name_w, "case", "host us", "/ bare launch");
+  for (const Row& r : rows)
+    if (std::isfinite(r.host_us))
+      std::printf("%-*s | %-*s | %8.2f | %14.2f\n", op_w, r.spec->op.c_str(), name_w, r.spec->name.c_str(), r.host_us,
+                  r.host_us / floor_us);
 }
 
 void print_details(const std::vector<Row>& rows, bool checked) {
@@ -360,6 +382,7 @@ std::vector<Field> row_fields(const Row& r, const std::vector<Row>& rows, const 
   num("pct_copy_bw", 100.0 * bw * 1e9 / dev.copy.bytes_per_s);
   num("pct_read_bw", 100.0 * bw * 1e9 / dev.read.bytes_per_s);
   num("tflops", tflops(r));
+  num("host_us", r.host_us);
   timing("graph", r.graph);
   timing("stream", r.stream);
   std::string peer_of_csv;
@@ -502,6 +525,14 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
       note_error(row.error, std::string("graph mode: ") + e.what());
       settle(stream);
     }
+    if (o.host) {
+      try {
+        row.host_us = time_host(inst.get(), stream, 40, 9);
+      } catch (const std::exception& e) {
+        note_error(row.error, std::string("host timing: ") + e.what());
+        settle(stream);
+      }
+    }
     row.timing_s = seconds_since(t0);
   } catch (const Unsupported& e) {
     row.unsupported = e.what();
@@ -585,6 +616,15 @@ int main_impl(int argc, char** argv) {
               o.all ? "of all" : "headline / selected");
   std::fflush(stdout);
 
+  double host_floor_us = NAN;  // --host: one bare launch, timed as the cases are
+  if (o.host) {
+    try {
+      host_floor_us = time_host(nullptr, stream, 40, 9);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tessera-bench: host timing of a bare launch failed: %s\n", e.what());
+      settle(stream);
+    }
+  }
   std::vector<Row> rows;
   const Clock::time_point run_start = Clock::now();
   for (size_t i = 0; i < selected.size(); ++i) {
@@ -611,6 +651,7 @@ int main_impl(int argc, char** argv) {
   }
 
   print_table(rows, dev);
+  if (o.host) print_host(rows, host_floor_us);
   print_details(rows, o.check);
   int rc = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.failed(); }) ? 1 : 0;
   if (!o.json.empty()) {

@@ -30,7 +30,22 @@ __global__ void __launch_bounds__(kThreads) read_stream(const uint4* __restrict_
   if (acc == never) *sink = acc;  // keeps the loads; the buffer's fill makes every XOR 0
 }
 
+// One thread that waits `ns` nanoseconds of the GPU's global timer: holds the stream busy while the host times how
+// long it takes to issue calls behind it (time_host).
+__global__ void spin(uint64_t ns) {
+  uint64_t start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
 }  // namespace
+
+void launch_spin(uint64_t ns, cudaStream_t stream) {
+  spin<<<1, 1, 0, stream>>>(ns);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_read_stream(const void* data, std::size_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream) {
   read_stream<<<num_sms * kBlocksPerSm, kThreads, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16,

@@ -1,6 +1,7 @@
 #include "timing.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 namespace tessera::bench {
@@ -80,6 +81,28 @@ ModeTiming time_stream(CaseInstance& c, cudaStream_t stream, int reps, int warmu
   }
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   return summarize(ev, reps, 1);
+}
+
+double time_host(CaseInstance* c, cudaStream_t stream, int calls, int reps) {
+  const int sets = c ? c->num_sets() : 1;
+  const auto one = [&](int i) {
+    if (c) c->run(stream, i % sets);
+    else launch_spin(0, stream);
+  };
+  for (int i = 0; i < 5; ++i) one(i);
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> samples;
+  for (int r = 0; r < std::max(reps, 1); ++r) {
+    // 20 ms of GPU time: longer than any loop here, and the loop's launches (calls × at most ~10) stay under the
+    // driver's queue of pending launches, past which a launch would wait for the GPU.
+    launch_spin(20'000'000, stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) one(i);
+    const auto t1 = std::chrono::steady_clock::now();
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / calls);
+  }
+  return median(samples);
 }
 
 ModeTiming time_graph(CaseInstance& c, cudaStream_t stream, int calls, int replays, int warmup) {

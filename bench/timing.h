@@ -48,6 +48,14 @@ StreamCeiling measure_read_bandwidth(cudaStream_t stream, int num_sms, int reps)
 // The kernel of measure_read_bandwidth; `sink` is written only if the data holds a value it never holds.
 void launch_read_stream(const void* data, std::size_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream);
 
+// Host time per call: the stream is held busy by a spin kernel (longer than the loop), then `calls` calls (rotating
+// sets) are issued and timed with the host clock; no call can wait for the GPU, so this is the CPU's cost of one
+// call (argument checks, configuration, tensor maps, launches) without Python. Median of `reps` rounds. With
+// c == nullptr, a bare launch of an empty kernel is timed instead (the floor of one launch).
+double time_host(CaseInstance* c, cudaStream_t stream, int calls, int reps);
+// A kernel of one thread that returns after `ns` nanoseconds of GPU time (read_ceiling.cu).
+void launch_spin(uint64_t ns, cudaStream_t stream);
+
 double median(std::vector<double> v);
 
 }  // namespace tessera::bench
