@@ -21,58 +21,29 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kLanesPerBlock = 16;  // 16 lanes × 8 columns = one 128-column scale block
 
-// Row and vector of an item. 32-bit division where every item index fits (a 64-bit division is a ~100-instruction
-// subroutine, paid per lane and item: most of what this memory-bound loop executed besides its loads).
-struct ItemIndex {
-  int64_t vecs_per_row;
-  bool narrow;  // items <= UINT32_MAX
-  __device__ __forceinline__ void split(int64_t item, int64_t& row, int64_t& vec) const {
-    if (narrow) {
-      const uint32_t i = static_cast<uint32_t>(item), v = static_cast<uint32_t>(vecs_per_row);
-      const uint32_t r = i / v;
-      row = r;
-      vec = i - r * v;
-    } else {
-      row = item / vecs_per_row;
-      vec = item - row * vecs_per_row;
-    }
-  }
-};
-
 template <WeightFormat kFormat>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const ActivationArgs a) {
   const int64_t rows_in_use = *a.rows_end;
   const int64_t rows = rows_in_use < 0 ? 0 : (rows_in_use < a.capacity ? rows_in_use : a.capacity);
   const int64_t vecs_per_row = a.intermediate / 8;  // a multiple of 16
   const int64_t items = rows * vecs_per_row;
-  const ItemIndex index{vecs_per_row, items <= int64_t{UINT32_MAX}};
   float inv = 1.0f;
   if constexpr (kFormat == WeightFormat::kFP8PerTensor) inv = 1.0f / __ldg(a.static_scale);
   const int lane = threadIdx.x & 31;
   // The loop bound is warp-uniform (the amax shuffles need every lane of the half warp).
   const int64_t warp_first = (static_cast<int64_t>(blockIdx.x) * kThreads + (threadIdx.x & ~31));
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
-  // The next item's two loads are issued before this item's arithmetic and stores, so each thread keeps a load in
-  // flight while it computes.
-  const auto load = [&](int64_t item, uint4& graw, uint4& uraw) {
-    graw = uraw = make_uint4(0, 0, 0, 0);
-    if (item < items) {
-      int64_t row, vec;
-      index.split(item, row, vec);
-      const auto* src = static_cast<const __nv_bfloat16*>(a.h) + row * 2 * a.intermediate + vec * 8;
-      graw = ptx::ld_global_nc_na_v4(src);
-      uraw = ptx::ld_global_nc_na_v4(src + a.intermediate);
-    }
-  };
-  uint4 gnext, unext;
-  load(warp_first + lane, gnext, unext);
   for (int64_t base = warp_first; base < items; base += stride) {
     const int64_t item = base + lane;
     const bool active = item < items;
-    const uint4 graw = gnext, uraw = unext;
-    load(item + stride, gnext, unext);
-    int64_t row = 0, vec = 0;
-    if (active) index.split(item, row, vec);
+    const int64_t row = active ? item / vecs_per_row : 0;
+    const int64_t vec = active ? item - row * vecs_per_row : 0;
+    const auto* src = static_cast<const __nv_bfloat16*>(a.h) + row * 2 * a.intermediate + vec * 8;
+    uint4 graw = make_uint4(0, 0, 0, 0), uraw = make_uint4(0, 0, 0, 0);
+    if (active) {
+      graw = ptx::ld_global_nc_na_v4(src);
+      uraw = ptx::ld_global_nc_na_v4(src + a.intermediate);
+    }
     const auto* g = reinterpret_cast<const __nv_bfloat16*>(&graw);
     const auto* u = reinterpret_cast<const __nv_bfloat16*>(&uraw);
     float v[8];
@@ -80,9 +51,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const Activati
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float gf = __bfloat162float(g[i]);
-      // silu(g) = g / (1 + e^-g); the approximate division (2 ulp) is far below the bf16 / fp8 rounding that follows
-      // (and gives -0 where e^-g overflows, the limit).
-      v[i] = __fdividef(gf, 1.0f + __expf(-gf)) * __bfloat162float(u[i]);
+      v[i] = gf / (1.0f + __expf(-gf)) * __bfloat162float(u[i]);
       amax = fmaxf(amax, fabsf(v[i]));
     }
     if constexpr (kFormat == WeightFormat::kBF16) {

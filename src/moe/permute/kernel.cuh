@@ -285,26 +285,11 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
-  // 32-bit division where the items fit (always, short of rows of ~10^9 columns): a 64-bit one is a subroutine of
-  // ~100 instructions, paid per lane and item.
-  const bool narrow = work <= int64_t{UINT32_MAX} - kItemsPerWarpStep * (kScatterThreads / 32);
   // Where item w's vectors come from (w past the work: nothing).
   auto locate = [&](int64_t w, CopyItem& it) {
     it.active = w < work;
-    int64_t t = 0, b = 0;
-    if (it.active) {
-      if (narrow) {
-        const uint32_t wu = static_cast<uint32_t>(w), bc = static_cast<uint32_t>(blk_count);
-        const uint32_t q = wu / bc;
-        t = q;
-        b = wu - q * bc;
-      } else {
-        t = w / blk_count;
-        b = w - t * blk_count;
-      }
-    }
-    it.t_local = static_cast<int>(t);
-    it.blk = it.active ? blk_begin + b : 0;
+    it.t_local = it.active ? static_cast<int>(w / blk_count) : 0;
+    it.blk = it.active ? blk_begin + w % blk_count : 0;
     it.vec0 = it.blk * 16 + (kQuant == QuantMode::kNone ? sub : 2 * sub);
     it.has0 = it.active && it.vec0 < num_vec;
     it.has1 = kQuant != QuantMode::kNone && it.active && it.vec0 + 1 < num_vec;
