@@ -180,6 +180,12 @@ TEST(PermuteValidation, EachRuleNamesItsArgument) {
        [](Args& a) { a.num_tokens->data = static_cast<char*>(a.num_tokens->data) + 1; }, "num_tokens"},
       {"num_tokens inside the workspace", [](Args& a) { a.num_tokens->data = a.ws.data; }, "workspace"},
       {"num_tokens inside row_index", [](Args& a) { a.num_tokens->data = a.out.row_index.data; }, "row_index"},
+      {"num_tokens inside row_token", [](Args& a) { a.num_tokens->data = a.out.row_token->data; }, "row_token"},
+      // Every block reads ids while others write the outputs (a single pass: every column slice).
+      {"ids are row_index", [](Args& a) { a.ids.data = a.out.row_index.data; }, "row_index"},
+      {"ids inside expert_offsets", [](Args& a) { a.out.expert_offsets.data = a.ids.data; }, "expert_offsets"},
+      {"ids inside x_perm", [](Args& a) { a.ids.data = a.out.x_perm.data; }, "x_perm"},
+      {"ids inside the workspace", [](Args& a) { a.ids.data = a.ws.data; }, "workspace"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -212,10 +212,11 @@ TEST_F(PermuteGpu, DeviceTokenCountDropsLaterTokens) {
       const uint64_t seed = test::fresh_seed();
       check_permute(c, run_permute(c, seed), seed);
     }
-  // The same over a single pass (T·k <= 256: one launch that counts and scans itself), int64 ids, padding.
+  // The same over a single pass (T·k <= 256: one launch that counts and scans itself), int32 and int64 ids, padding.
   for (int64_t active : {0, 1, 17, 31, 32, 90, -1})
     for (PermuteQuant q : {PermuteQuant::kNone, PermuteQuant::kFP8Blockwise, PermuteQuant::kFP8PerTensor}) {
-      PermuteCase c{32, 7168, 8, 256, (n % 2) ? 16 : 1, q, DType::kBF16, DType::kInt64, IdPattern::kWithDropped};
+      PermuteCase c{32, 7168, 8, 256, (n % 2) ? 16 : 1, q, DType::kBF16, (n % 4 < 2) ? DType::kInt64 : DType::kInt32,
+                    IdPattern::kWithDropped};
       c.active = active;
       ++n;
       const uint64_t seed = test::fresh_seed();
@@ -235,9 +236,10 @@ TEST_F(PermuteGpu, DeepSeekShapeAndDeterminism) {
   EXPECT_EQ(0, std::memcmp(a.scales.data(), b.scales.data(), a.scales.size() * 4));
 }
 
-TEST_F(PermuteGpu, CudaGraphCapture) {
-  // The whole three-pass op captured once, replayed on fresh ids and rows in the same buffers.
-  const int64_t T = 200, H = 256;
+// The whole op captured once, replayed on fresh ids and rows in the same buffers: three passes (T·k 1200) or one
+// (T·k 144).
+void permute_graph_replays(int64_t T) {
+  const int64_t H = 256;
   const int k = 6, E = 64;
   PermuteParams p;
   p.num_experts = E;
@@ -263,7 +265,7 @@ TEST_F(PermuteGpu, CudaGraphCapture) {
   cudaGraphExec_t exec;
   TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   const uint64_t seed = test::fresh_seed();
-  SCOPED_TRACE(test::seed_note(seed));
+  SCOPED_TRACE("T=" + std::to_string(T) + " " + test::seed_note(seed));
   std::mt19937_64 rng(seed);
   for (int replay = 0; replay < 3; ++replay) {
     std::vector<int64_t> ids64(T * k);
@@ -288,6 +290,10 @@ TEST_F(PermuteGpu, CudaGraphCapture) {
   TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
   TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_F(PermuteGpu, CudaGraphCapture) {
+  for (int64_t T : {200, 24}) permute_graph_replays(T);
 }
 
 TEST_F(PermuteGpu, HostPointerRejectedBeforeLaunch) {

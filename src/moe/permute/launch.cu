@@ -126,14 +126,24 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   if (reinterpret_cast<std::uintptr_t>(workspace.data) % 16 != 0)
     check.fail("workspace", "must be 16-byte aligned");
   check.no_overlap(x, "x", xp, "x_perm");
-  if (num_tokens) {  // read by every block of the count pass while others write the outputs and the workspace
-    check.no_overlap(*num_tokens, "num_tokens", xp, "x_perm");
-    check.no_overlap(*num_tokens, "num_tokens", out.expert_offsets, "expert_offsets");
-    check.no_overlap(*num_tokens, "num_tokens", out.expert_counts, "expert_counts");
-    check.no_overlap(*num_tokens, "num_tokens", out.row_index, "row_index");
+  // ids and num_tokens are read by blocks that run while others write the outputs and the workspace (a single pass
+  // reads ids in every column slice while the first one writes the index outputs): neither may share their memory.
+  {
     const TensorView ws_bytes = TensorView::contiguous(workspace.data, DType::kUInt8,
                                                        {static_cast<int64_t>(cfg.workspace_bytes)}, x.device);
-    check.no_overlap(*num_tokens, "num_tokens", ws_bytes, "workspace");
+    std::optional<TensorView> read_by_all[2] = {ids, num_tokens};
+    const char* names[2] = {"ids", "num_tokens"};
+    for (int i = 0; i < 2; ++i) {
+      if (!read_by_all[i]) continue;
+      const TensorView& r = *read_by_all[i];
+      check.no_overlap(r, names[i], xp, "x_perm");
+      if (out.scales) check.no_overlap(r, names[i], *out.scales, "scales");
+      check.no_overlap(r, names[i], out.expert_offsets, "expert_offsets");
+      check.no_overlap(r, names[i], out.expert_counts, "expert_counts");
+      check.no_overlap(r, names[i], out.row_index, "row_index");
+      if (out.row_token) check.no_overlap(r, names[i], *out.row_token, "row_token");
+      check.no_overlap(r, names[i], ws_bytes, "workspace");
+    }
   }
   check.on_current_device(x, "x");
   check.on_current_device(ids, "ids");
