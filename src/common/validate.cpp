@@ -140,12 +140,17 @@ void ArgCheck::same_dtype(const TensorView& a, const char* arg_a, const TensorVi
 }
 
 namespace {
-// [first byte, one past the last byte] a view can touch.
+// [first byte, one past the last byte] a view can touch. A negative stride reaches below the base (a view from a
+// DLPack producer may have one): the lowest and the highest element offsets are summed per dimension by sign.
 std::pair<std::uintptr_t, std::uintptr_t> byte_span(const TensorView& t) {
   const auto base = reinterpret_cast<std::uintptr_t>(t.data);
-  int64_t last = 0;
-  for (int d = 0; d < t.rank; ++d) last += (t.shape[d] - 1) * t.strides[d];
-  return {base, base + static_cast<std::uintptr_t>((last + 1) * static_cast<int64_t>(dtype_size(t.dtype)))};
+  int64_t low = 0, high = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    const int64_t reach = (t.shape[d] - 1) * t.strides[d];
+    (reach < 0 ? low : high) += reach;
+  }
+  const auto esize = static_cast<int64_t>(dtype_size(t.dtype));
+  return {base + static_cast<std::uintptr_t>(low * esize), base + static_cast<std::uintptr_t>((high + 1) * esize)};
 }
 }  // namespace
 

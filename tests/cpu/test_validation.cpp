@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessera/error.h"
+#include "common/validate.h"
 #include "moe/permute/config.h"
 #include "moe/unpermute/config.h"
 #include "tessera/moe.h"
@@ -59,6 +60,24 @@ GateParams dsv3() {
   return p;
 }
 
+// A view with a negative stride reaches below its base: the overlap rule sees its whole span (a DLPack producer may
+// hand such views to the C++ API; a residual walking its rows backwards could otherwise alias y unnoticed).
+TEST(ArgCheckOverlap, NegativeStridesCoverTheWholeSpan) {
+  const tessera::detail::ArgCheck check("tessera::test");
+  std::vector<float> buf(128);
+  TensorView backwards = TensorView::contiguous(buf.data() + 56, DType::kFP32, {8, 8}, 0);
+  backwards.strides[0] = -8;  // rows 56.., 48.., ..., 0..: elements [0, 64)
+  const TensorView first_row = TensorView::contiguous(buf.data(), DType::kFP32, {8}, 0);
+  const TensorView past = TensorView::contiguous(buf.data() + 64, DType::kFP32, {64}, 0);
+  expect_error([&] { check.no_overlap(backwards, "residual", first_row, "y"); }, "tessera::test", "y");
+  expect_error([&] { check.no_overlap(first_row, "y", backwards, "residual"); }, "tessera::test", "residual");
+  EXPECT_NO_THROW(check.no_overlap(backwards, "residual", past, "y"));
+  TensorView reversed_cols = TensorView::contiguous(buf.data() + 71, DType::kFP32, {8}, 0);
+  reversed_cols.strides[0] = -1;  // elements [64, 72)
+  expect_error([&] { check.no_overlap(reversed_cols, "a", past, "b"); }, "tessera::test", "b");
+  EXPECT_NO_THROW(check.no_overlap(reversed_cols, "a", first_row, "b"));
+}
+
 const char* kGate = "tessera::moe::fused_gate";
 
 TEST(FusedGateValidation, EachRuleNamesItsArgument) {
@@ -73,6 +92,7 @@ TEST(FusedGateValidation, EachRuleNamesItsArgument) {
       {"logits dtype", [](auto&, auto&, auto& l, auto&, auto&, auto&) { l.dtype = DType::kInt32; }, "logits"},
       {"logits rank", [](auto&, auto&, auto& l, auto&, auto&, auto&) { l.rank = 3; l.shape[2] = 1; l.strides[2] = 1; }, "logits"},
       {"logits inner stride", [](auto&, auto&, auto& l, auto&, auto&, auto&) { l.strides[1] = 2; }, "logits"},
+      {"logits misaligned", [](auto&, auto&, auto& l, auto&, auto&, auto&) { l.data = static_cast<char*>(l.data) + 2; }, "logits"},
       {"E too large", [](auto&, auto&, auto& l, auto&, auto&, auto&) { l.shape[1] = 640; l.strides[0] = 640; }, "logits.shape[1] (num_experts)"},
       {"groups do not divide E", [](auto&, auto& p, auto&, auto&, auto&, auto&) { p.num_groups = 7; }, "num_groups"},
       {"topk_groups > groups", [](auto&, auto& p, auto&, auto&, auto&, auto&) { p.topk_groups = 9; }, "topk_groups"},

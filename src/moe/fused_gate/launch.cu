@@ -93,6 +93,8 @@ int64_t check_gate_inputs(const tessera::detail::ArgCheck& check, const TensorVi
   const int64_t E = logits.shape[1];
   check_gate_params(check, E, p);
   check.unit_inner_stride(logits, logits_arg);
+  // Vector loads are used only where the rows allow them, but every load needs an element-aligned address.
+  check.aligned(logits, logits_arg, static_cast<int>(dtype_size(logits.dtype)));
   if (T > 1 && logits.strides[0] < E)
     check.fail(logits_arg, "must have row stride >= num_experts (" + std::to_string(E) + "), got " +
                                std::to_string(logits.strides[0]));
