@@ -553,6 +553,27 @@ const std::vector<RuleCase>& gemm_rules() {
       {"K 200 (not a multiple of 16)", "w.block", [](Args& a, Buffers&) { set_k(a, 200, 200); }, {"multiple of 16"}},
       {"K 0", "w.block", [](Args& a, Buffers&) { set_k(a, 0, 64); }, {"multiple of 16"}},
       {"per channel, K 131072 > 131071", "w.block", [](Args& a, Buffers&) { set_k(a, 131072, 131072); }, {"<= 131071"}},
+      // the kernel's 32-bit coordinates and grid
+      {"K 2^30 + 128, block-wise", "w.codes", [](Args& a, Buffers&) { set_k(a, (int64_t{1} << 30) + 128, 128); },
+       {"K <= 1073741824"}},
+      {"N 65535 * 128 + 1 (grid.y)",
+       "w.codes",
+       [](Args& a, Buffers&) {
+         const int64_t n = int64_t{65535} * 128 + 1;
+         a.w.codes.shape[0] = a.y.shape[1] = n;
+         for (TensorView* p : planes(a.w)) {
+           p->shape[1] = n;
+           p->strides[0] = (n + 3) / 4 * 4;
+         }
+       },
+       {"N <= 8388480"}},
+      {"M 2^31 - 256", "a.codes",
+       [](Args& a, Buffers&) {
+         const int64_t m = (int64_t{1} << 31) - 256;
+         set_m(a, m);
+         for (TensorView* p : planes(a.a)) p->strides[0] = m;
+       },
+       {"M <= 2147483391"}},
       // zero points need the other operand's sums
       {"w asymmetric, a without sums", "a.sums", [](Args& a, Buffers&) { a.a.sums = TensorView{}; }, {"required"}},
       {"a asymmetric, w without sums", "w.sums", [](Args& a, Buffers&) { a.w.sums = TensorView{}; }, {"required"}},

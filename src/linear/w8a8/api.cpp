@@ -35,9 +35,18 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   if (w.block == k && k > w8a8::kMaxPerChannelK)
     check.fail("w.block", "one block per row accumulates all of K in int32: K must be <= " +
                               std::to_string(w8a8::kMaxPerChannelK) + ", got " + std::to_string(k));
+  // The kernel's 32-bit coordinates and grid: K in int k-block counts, N in the grid's y dimension (tiles of kRows
+  // weight rows), M in int TMA row coordinates of whole token tiles.
+  if (k > w8a8::kMaxK)
+    check.fail("w.codes", "must have K <= " + std::to_string(w8a8::kMaxK) + ", got " + std::to_string(k));
   const int64_t n = w8a8::check_int8_blocks(check, w, "w", -1, "N", k, a.zero.data != nullptr);
   if (n <= 0) check.fail("w.codes", "must have N > 0 rows");
+  if (n > w8a8::kMaxN)
+    check.fail("w.codes", "must have N <= " + std::to_string(w8a8::kMaxN) + " rows (65535 tiles of " +
+                              std::to_string(w8a8::kRows) + "), got " + std::to_string(n));
   const int64_t m = w8a8::check_int8_blocks(check, a, "a", -1, "M", k, w.zero.data != nullptr);
+  if (m > w8a8::kMaxM)
+    check.fail("a.codes", "must have M <= " + std::to_string(w8a8::kMaxM) + " rows, got " + std::to_string(m));
   check.dtype(y, "y", {DType::kBF16, DType::kFP16, DType::kFP32, DType::kInt8});
   check.rank(y, "y", 2);
   check.dim(y, "y", 0, m, "M");

@@ -24,6 +24,11 @@ static_assert(1024 + 3 * (kMaxBN + kRows) * 4 <= kHeaderBytes, "the epilogue par
 inline constexpr int kMaxBlockwiseBN = 128;
 // One block per row (per token / per channel) accumulates all of K in int32: |Σ Aq·Bq| <= 128² · K < 2^31.
 inline constexpr int64_t kMaxPerChannelK = 131071;
+// Limits of the GEMM's 32-bit coordinates and grid (api.cpp checks them): K in k-blocks counted in int, N in
+// grid.y tiles of kRows, M in int token-row coordinates of whole tiles (the largest tile is 256 rows).
+inline constexpr int64_t kMaxK = int64_t{1} << 30;
+inline constexpr int64_t kMaxN = int64_t{65535} * kRows;
+inline constexpr int64_t kMaxM = (int64_t{1} << 31) - 1 - 256;
 
 struct Shape {
   int64_t m = 0, n = 0, k = 0;
