@@ -391,12 +391,25 @@ def linear_w8a8(x, w, bias=None, *, symmetric=False, activation=None, clamp=None
     if out is not None:
         if tuple(out.shape) != lead + (n,):
             raise ValueError(f"{op}: 'out' must be [..., N] = {list(lead + (n,))}, got shape {list(out.shape)}")
-        y2 = out if out.dim() == 2 else out.view(-1, n)
+        try:
+            y2 = out if out.dim() == 2 else out.view(-1, n)
+        except RuntimeError:
+            raise ValueError(f"{op}: 'out' must be viewable as [M, N] (one stride for its leading dims), got strides "
+                             f"{list(out.stride())}") from None
     elif out_dtype is None:
         out_dtype = x.dtype
-    # The GEMM's own arguments are checked before the quantizer launches.
+    # The GEMM's own arguments are checked before the quantizer launches (what only the GEMM's C++ checks can tell,
+    # it tells after the quantizer ran, into a_out or a fresh tensor).
     _epilogue(op, activation, clamp)
     _out_kind(op, torch_module(), out_dtype, out_scale, y2, None)
+    if w.codes.device != x.device:
+        raise ValueError(f"{op}: 'w' must be on x's device ({x.device}), got {w.codes.device} "
+                         f"(prepack_w8a8(...).to(device))")
+    bias = as_optional_tensor(bias, op, "bias")
+    if bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != torch_module().float32
+                             or bias.device != x.device):
+        raise ValueError(f"{op}: 'bias' must be float32 [N] = [{n}] on x's device ({x.device}), got "
+                         f"{bias.dtype} {list(bias.shape)} on {bias.device}")
     sums = w.zero is not None
     if a_out is not None:
         _blocks_arg(op, "a_out", a_out)

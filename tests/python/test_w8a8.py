@@ -431,6 +431,15 @@ def test_argument_errors_without_a_gpu(seed):
             tw.linear_w8a8(x, w, out_scale=2.0)
         with pytest.raises(ValueError, match="tessera.linear_w8a8: 'clamp'"):
             tw.linear_w8a8(x, w, clamp=(2.0, 1.0))
+        with pytest.raises(ValueError, match="tessera.linear_w8a8: 'w' must be on x's device"):
+            tw.linear_w8a8(x, tw.prepack_w8a8(_weight(seed, 40, 256), block=128))  # the weight left on the host
+        with pytest.raises(ValueError, match="tessera.linear_w8a8: 'bias' must be float32 \\[N\\] = \\[40\\]"):
+            tw.linear_w8a8(x, w, torch.empty((41,), device="meta"))
+        with pytest.raises(ValueError, match="tessera.linear_w8a8: 'bias' must be float32"):
+            tw.linear_w8a8(x, w, torch.empty((40,), dtype=torch.float16, device="meta"))
+        with pytest.raises(ValueError, match="tessera.linear_w8a8: 'out' must be viewable"):
+            tw.linear_w8a8(torch.empty((3, 5, 256), dtype=torch.bfloat16, device="meta"), w,
+                           out=torch.empty((5, 3, 40), dtype=torch.bfloat16, device="meta").transpose(0, 1))
     assert not [c for c in mode.calls if c.startswith("tessera")], mode.calls
 
 
