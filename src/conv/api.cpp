@@ -241,6 +241,10 @@ void conv2d(const TensorView& x, const ConvWeight& weight, const TensorView& y, 
     check.no_overlap(ws, "workspace", weight.w.codes, "w.codes");
     check.no_overlap(ws, "workspace", weight.w.params, "w.params");
     if (epilogue.bias.data != nullptr) check.no_overlap(ws, "workspace", epilogue.bias, "epilogue.bias");
+    // A raw pointer: device memory of this GPU, asked of the driver (the workspace is written by every path).
+    TensorView ws_on_device = ws;
+    ws_on_device.device_verified = false;
+    check.on_current_device(ws_on_device, "workspace");
   }
   ::tessera::detail::require_hopper(check.op());
   detail::ConvProblem pb;

@@ -140,6 +140,17 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   const std::size_t need = detail::call_workspace_bytes(pb.shape, pb.config, prepare);
   if (need > 0) {
     check.workspace(workspace, need, " for M = " + std::to_string(m) + " (linear_workspace_bytes)");
+    // Written (the prepared x, the split partials) while x, the weight and the bias are read and y is written: it
+    // may share memory with none of them, and must be device memory of this GPU (a raw pointer: asked of the driver).
+    TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, x.device);
+    ws.device_verified = false;
+    check.no_overlap(ws, "workspace", x, "x");
+    check.no_overlap(ws, "workspace", y, "y");
+    check.no_overlap(ws, "workspace", w.codes, "w.codes");
+    check.no_overlap(ws, "workspace", w.params, "w.params");
+    if (w.k_perm.data != nullptr) check.no_overlap(ws, "workspace", w.k_perm, "w.k_perm");
+    if (epilogue.bias.data != nullptr) check.no_overlap(ws, "workspace", epilogue.bias, "epilogue.bias");
+    check.on_current_device(ws, "workspace");
   }
   ::tessera::detail::require_hopper(check.op());
   pb.compute = compute;

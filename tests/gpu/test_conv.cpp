@@ -599,6 +599,17 @@ TEST_F(ConvGpu, WorkspaceAndArguments) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace"), std::string::npos) << e.what();
   }
+  // A workspace in host memory is named before any launch (it is written by every path).
+  {
+    std::vector<uint8_t> host_memory(d.workspace.bytes + 256);
+    void* host_ptr = host_memory.data() + (256 - reinterpret_cast<std::uintptr_t>(host_memory.data()) % 256) % 256;
+    try {
+      conv2d(d.xv, d.weight, d.yv, d.params_, d.epilogue, Workspace{host_ptr, d.workspace.bytes}, stream_);
+      ADD_FAILURE() << "a workspace in host memory was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'workspace' must be in device memory"), std::string::npos) << e.what();
+    }
+  }
   Conv2dParams p = d.params_;
   p.groups = 3;
   try {

@@ -1038,6 +1038,10 @@ TEST_F(LinearGpu, BadArgumentsNameTheArgumentAndLeaveYUntouched) {
     expect_rejected("workspace one byte short", "workspace", [&](Args& a) { a.ws.bytes = need - 1; });
     expect_rejected("workspace missing", "workspace", [&](Args& a) { a.ws = Workspace{}; });
     expect_rejected("workspace null with its size", "workspace", [&](Args& a) { a.ws.data = nullptr; });
+    expect_rejected("workspace in host memory", "workspace", [&](Args& a) { a.ws.data = host_ptr; });
+    // Written while x is read and y written: overlapping either is named (the second of the pair).
+    expect_rejected("workspace overlapping y", "y", [&](Args& a) { a.ws.data = d.y.get(); });
+    expect_rejected("workspace overlapping x", "x", [&](Args& a) { a.ws.data = d.x.get(); });
   }
   // 16-byte alignment of 16-bit x the kernel reads directly (no act-order, 16-bit x): start and row stride.
   {
