@@ -563,12 +563,31 @@ void w8a8_quantize(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
   run_on(device, [&](cudaStream_t s) { tl::quantize_per_block(xv, out, s); });
 }
 
+// The GEMM reads a parameter plane [K / block, rows] by TMA in whole rows of its row stride ld: its storage must
+// reach the end of the last row's ld, not only of its rows (a strided view of a tight buffer would be read past
+// its end). The C++ API cannot see an allocation's size and documents the rule (include/tessera/w8a8.h).
+void check_plane_storage(const std::optional<at::Tensor>& t, const char* op, const char* arg) {
+  if (!t.has_value() || t->dim() != 2 || !t->has_storage() || t->is_meta() || t->size(0) == 0 || t->stride(0) <= 0)
+    return;
+  const int64_t need = (t->storage_offset() + t->size(0) * t->stride(0)) * t->element_size();
+  const auto have = static_cast<int64_t>(t->storage().nbytes());
+  if (have < need)
+    fail(op, arg,
+         "must have storage for all its " + std::to_string(t->size(0)) + " rows of ld = " +
+             std::to_string(t->stride(0)) + " elements (the kernel reads whole rows): " + std::to_string(need) +
+             " bytes from the storage's start, got " + std::to_string(have));
+}
+
 void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::optional<at::Tensor>& a_zero,
                const std::optional<at::Tensor>& a_sums, const at::Tensor& w_codes, const at::Tensor& w_scale,
                const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
                const std::optional<at::Tensor>& bias, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
                int64_t block, double clamp_min, double clamp_max, double out_scale) {
   constexpr const char* op = "tessera.gemm_w8a8";
+  const std::pair<const std::optional<at::Tensor>, const char*> planes[] = {
+      {a_scale, "a_scale"}, {a_zero, "a_zero"}, {a_sums, "a_sums"},
+      {w_scale, "w_scale"}, {w_zero, "w_zero"}, {w_sums, "w_sums"}};
+  for (const auto& [t, name] : planes) check_plane_storage(t, op, name);
   const c10::Device device = device_of(a_codes, op, "a_codes");
   const tl::Int8BlockTensor a =
       int8_blocks_of(op, "a_", a_codes, a_scale, a_zero, a_sums, block, view_of, optional_view_of);

@@ -804,3 +804,22 @@ def test_bad_arguments_are_value_errors_and_write_nothing(seed):
         torch.ops.tessera.w8a8_quantize(x, b.codes, b.scale, b.zero, b.sums, 32)
     with pytest.raises(ValueError, match="'x'"):  # an int8 x
         tw.quantize_per_block(a.codes, 64)
+
+
+@gpu
+def test_plane_views_must_cover_their_last_row(seed):
+    # The GEMM reads a parameter plane by TMA in whole rows of its ld: a strided view of a buffer that ends inside the
+    # last row's ld is refused by name (found in review: it was read past its storage's end).
+    _needs_kernels()
+    x = torch.randn((5, 64), device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)).bfloat16()
+    w = tw.prepack_w8a8(_weight(seed, 40, 64), block=32, symmetric=True).cuda()
+    a = tw.quantize_per_block(x, 32, symmetric=True)
+    tight = torch.zeros(13, device="cuda")
+    scale = tight.as_strided((2, 5), (8, 1))  # ld 8: the last row's ld ends at element 16 of 13
+    with pytest.raises(ValueError, match="'a_scale' must have storage for all its 2 rows of ld = 8"):
+        tw.gemm_w8a8(a._replace(scale=scale), w)
+    assert tuple(a.scale.shape) == (2, 8)  # quantize_per_block's own planes: ld 8, whole rows
+    want = tw.gemm_w8a8(a, w)
+    roomy = a.scale.clone()  # the same strided view over storage that holds both rows' ld runs, and agrees
+    got = tw.gemm_w8a8(a._replace(scale=roomy.as_strided((2, 5), (8, 1))), w)
+    assert torch.equal(got, want)
