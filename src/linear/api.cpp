@@ -116,18 +116,27 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   const bool prepare = w.k_perm.data != nullptr || x.dtype == DType::kFP32;
   // The kernel stages x by 16-byte copies; a prepared copy (act-order, fp32 x) is dense anyway.
   if (!prepare) check.aligned(x, "x", 16);
-  check.on_current_device(x, "x");
   const int64_t m = x.shape[0];
+  if (m > 1 && x.strides[0] < w.k)
+    check.fail("x", "must have row stride >= K (" + std::to_string(w.k) + "), got " + std::to_string(x.strides[0]));
+  // Token tiles run along the grid's y dimension: 65535 tiles of the largest (256 rows).
+  if (m > detail::kMaxLinearM)
+    check.fail("x", "must have M <= " + std::to_string(detail::kMaxLinearM) + " rows, got " + std::to_string(m));
+  check.on_current_device(x, "x");
   check.dtype(y, "y", {x.dtype});
   check.rank(y, "y", 2);
   check.dim(y, "y", 0, m, "M");
   check.dim(y, "y", 1, w.n, "N");
   check.unit_inner_stride(y, "y");
+  check.no_self_overlap(y, "y");
   check.on_current_device(y, "y");
   check.no_overlap(y, "y", x, "x");
   check.no_overlap(y, "y", w.codes, "w.codes");
   check.no_overlap(y, "y", w.params, "w.params");
+  if (w.k_perm.data != nullptr) check.no_overlap(y, "y", w.k_perm, "w.k_perm");
   detail::check_epilogue(check, epilogue, y.dtype, w.n, true);
+  // The epilogue reads the bias while other CTAs write y.
+  if (epilogue.bias.data != nullptr) check.no_overlap(y, "y", epilogue.bias, "epilogue.bias");
   detail::LinearProblem pb;
   pb.shape.m = m;
   pb.shape.n = w.n;
@@ -156,7 +165,8 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   pb.compute = compute;
   pb.x_dtype = x.dtype;
   pb.x = x.data;
-  pb.ldx = x.strides[0];
+  // One row's stride is never used, but a tensor map wants a multiple of 16 bytes: that of a dense row.
+  pb.ldx = m > 1 ? x.strides[0] : (w.k + 7) / 8 * 8;
   pb.codes = static_cast<const uint8_t*>(w.codes.data);
   pb.params = static_cast<const uint16_t*>(w.params.data);
   pb.k_perm = static_cast<const int32_t*>(w.k_perm.data);

@@ -58,6 +58,7 @@ LinearConfig select_config(const LinearShape& s) {
   const double sm_bytes_per_us = kDramBytesPerUs / s.num_sms;
   LinearConfig best;
   best.predicted_us = INFINITY;
+  const bool fits_grid = ceil_div(s.m, 256) <= kMaxGridY;
   for (int bn : {8, 16, 32, 64, 96, 128, 192, 256}) {
     if (bn < s.min_bn || ((bn == 96 || bn == 192) && !s.wave_tiles)) continue;
     if (bn > std::max(8, s.min_bn) && s.m <= bn / 2) continue;  // a smaller tile covers M
@@ -65,6 +66,10 @@ LinearConfig select_config(const LinearShape& s) {
     c.bn = bn;
     c.n_tiles = n_tiles;
     c.m_tiles = ceil_div(s.m, bn);
+    // The grid's y dimension: where a 256-row tile fits it, smaller tiles that do not are no candidates. Where none
+    // fits (M > kMaxLinearM) the choice keeps its m_tiles > kMaxGridY, which callers refuse (linear: the M rule;
+    // conv: that path).
+    if (fits_grid && c.m_tiles > kMaxGridY) continue;
     const StageBytes sb = stage_bytes(bn, s.bits, s.block, s.k);
     c.stages = static_cast<int>(std::min<int64_t>(kMaxStages, (kGemmSmemBudget - 1024) / sb.total));
     c.stages = std::max(c.stages, static_cast<int>(ceil_div(epilogue_tile_bytes(bn), sb.total)));

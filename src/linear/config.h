@@ -23,6 +23,9 @@ constexpr int gemm_threads(int bn) { return (consumer_warpgroups(bn) + 1) * 128;
 // Dynamic shared memory: 1 KB of barriers, then the ring; one CTA per SM (measured on an H200: two CTAs with half the
 // ring each were 20-25 % slower at M 1 and 16).
 inline constexpr int kGemmSmemBudget = 226 * 1024;
+// Token tiles run along grid.y (at most 65535) and are at most 256 rows: the rows one launch can take.
+inline constexpr int64_t kMaxGridY = 65535;
+inline constexpr int64_t kMaxLinearM = kMaxGridY * 256;
 
 struct LinearShape {
   int64_t m = 0, n = 0, k = 0;  // k: the real K (columns of x)

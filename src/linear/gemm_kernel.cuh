@@ -490,7 +490,8 @@ __global__ void prepare_x(const Src* __restrict__ x, int64_t ldx, const int32_t*
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / k, j = i % k;
-    const int64_t src = k_perm != nullptr ? k_perm[j] : j;
+    // k_perm is a permutation of [0, K) (prepack checks it); a corrupted one still reads inside the row.
+    const int64_t src = k_perm != nullptr ? min(max(static_cast<int64_t>(k_perm[j]), int64_t{0}), k - 1) : j;
     xw[i] = from_float<T>(to_float(x[r * ldx + src]));
   }
 }

@@ -608,6 +608,27 @@ TEST(LinearSelectConfig, ValidAndDeterministicOverTheShapeGrid) {
   EXPECT_GT(checked, 2 * 2 * 6 * 6 * static_cast<int64_t>(std::size(ms)));
 }
 
+// Token tiles run along grid.y (<= 65535): at M where small tiles would need more, only tiles that fit are chosen;
+// past 65535 tiles of 256 rows nothing fits and the choice says so (m_tiles > 65535), which linear's M rule and
+// conv's path choice refuse.
+TEST(LinearSelectConfig, TokenTilesFitTheGrid) {
+  for (const bool wave_tiles : {false, true})
+    for (const int64_t m : {int64_t{65535} * 8 + 1, int64_t{65535} * 64 + 1, int64_t{65535} * 128 + 7,
+                            detail::kMaxLinearM, detail::kMaxLinearM + 1}) {
+      detail::LinearShape s;
+      s.m = m;
+      s.n = 4096;
+      s.k = 4096;
+      s.min_bn = wave_tiles ? 64 : 8;
+      s.wave_tiles = wave_tiles;
+      const detail::LinearConfig c = detail::select_config(s);
+      SCOPED_TRACE("M=" + std::to_string(m) + " bn " + std::to_string(c.bn));
+      EXPECT_GE(c.m_tiles * c.bn, m);
+      if (m <= detail::kMaxLinearM) EXPECT_LE(c.m_tiles, detail::kMaxGridY);
+      else EXPECT_GT(c.m_tiles, detail::kMaxGridY);
+    }
+}
+
 TEST(LinearSelectConfig, Llama8BMlpUpAtOneToken) {
   detail::LinearShape s;
   s.m = 1;

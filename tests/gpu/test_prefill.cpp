@@ -430,6 +430,22 @@ TEST_F(PrefillGpu, WrongDeviceLengthsStayInBounds) {
     TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
     EXPECT_TRUE(run.guards_intact()) << "cu_seqlens " << cu[0] << "," << cu[1] << "," << cu[2] << "," << cu[3];
   }
+  // Decreasing key offsets under a causal sliding window: a negative key count once indexed shared memory below
+  // the V tile (found in review); now such a sequence has no keys.
+  c.params.window = 16;
+  PrefillRun windowed(c, seed);
+  windowed.max_seqlen_bound = 1000;
+  const std::vector<int32_t> cu_q = {0, 100, 200, 256};
+  for (const auto& cu_k : std::vector<std::vector<int32_t>>{{0, -100000, 100, 256}, {0, 100, 50, 256}, {200, 0, 0, 0}}) {
+    windowed.cuq_dev.upload(cu_q);
+    windowed.cuk_dev.upload(cu_k);
+    windowed.o_dev.poison();
+    windowed.lse_dev.poison();
+    windowed.launch(nullptr);
+    TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(windowed.guards_intact()) << "cu_seqlens_k " << cu_k[0] << "," << cu_k[1] << "," << cu_k[2] << ","
+                                          << cu_k[3];
+  }
 }
 
 }  // namespace

@@ -163,7 +163,9 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.num_splits = pb.num_splits;
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;
-  a.window = pb.window;
+  // A window of at least the cache's capacity excludes nothing (every key is within it): 0, which also keeps the
+  // kernel's int32 window arithmetic (lim - window) from wrapping for windows near INT32_MAX.
+  a.window = pb.window >= pb.cache.capacity ? 0 : static_cast<int>(pb.window);
   if (pb.num_splits > 1) {
     const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_new * pb.num_q_heads * pb.num_splits;
     a.ws_o = static_cast<float*>(pb.workspace);

@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     sk = min(max(a.cache_seqlens[b], 0), a.total_k);  // total_k: the cache's capacity
   } else if (a.cu_seqlens_k != nullptr) {
     k0 = a.cu_seqlens_k[b];
-    sk = a.cu_seqlens_k[b + 1] - k0;
+    sk = max(a.cu_seqlens_k[b + 1] - k0, 0);  // decreasing offsets: no keys (negative counts indexed shared memory)
     kb = 0;
   }
   if (m_block * tile_tokens >= sq) return;  // the whole CTA: no barrier has been touched
