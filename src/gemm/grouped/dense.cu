@@ -54,12 +54,21 @@ void gemm_fp8(const TensorView& x, const TensorView& w, const FP8Scales& scales,
   const std::size_t need = gemm_fp8_workspace_bytes(w.shape[0], w.shape[1]);
   check.workspace(workspace, need, " (gemm_fp8_workspace_bytes)");
   const int device = x.device;
+  // The workspace is written (the one group's offsets) while every operand is read: it may share memory with none
+  // of them, and is a raw pointer whose device is asked of the driver (after the operands' own checks).
+  TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, device);
+  ws.device_verified = false;
+  check.no_overlap(ws, "workspace", x, "x");
+  check.no_overlap(ws, "workspace", w, "w");
+  check.no_overlap(ws, "workspace", scales.x_scale, "scales.x_scale");
+  check.no_overlap(ws, "workspace", scales.w_scale, "scales.w_scale");
   TensorView offsets = TensorView::contiguous(workspace.data, DType::kInt32, {2}, device);
-  offsets.device_verified = x.device_verified;
+  offsets.device_verified = true;  // the workspace, checked below under its own name
   const Workspace rest{static_cast<unsigned char*>(workspace.data) + kOffsetsBytes, workspace.bytes - kOffsetsBytes};
   const detail::GroupedProblem problem =
       detail::check_grouped_gemm(kOp, detail::Operand::kFP8, detail::Layout::kContiguous, x, with_unit_group(w),
                                  offsets, grouped, y, rest, GroupedGemmOptions{});
+  check.on_current_device(ws, "workspace");
   if (problem.rows == 0) return;
   ::tessera::detail::require_hopper(kOp);
   write_one_group_offsets<<<1, 1, 0, stream>>>(static_cast<int32_t*>(workspace.data), static_cast<int32_t>(x.shape[0]));
