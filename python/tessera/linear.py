@@ -183,11 +183,18 @@ def _host(obj, op, arg):
     return t.detach().cpu()
 
 
-def _float_array(op, arg, obj, dtype):
+def _float_array(op, arg, obj, dtype, finite=False):
     t = _host(obj, op, arg)
     if not t.is_floating_point():
         raise ValueError(f"{op}: '{arg}' must be a floating-point tensor, got {t.dtype}")
-    return t.to(dtype).contiguous()
+    t = t.to(dtype).contiguous()
+    if finite:
+        bad = ~torch_module().isfinite(t)
+        if bool(bad.any()):
+            first = [int(i) for i in bad.nonzero()[0]]
+            raise ValueError(f"{op}: '{arg}' must be finite in {dtype} (values past its range round to inf), got "
+                             f"{int(bad.sum())} inf / NaN values, the first at index {first}")
+    return t
 
 
 def _integer_host(op, arg, obj, what="an integer tensor"):
@@ -316,7 +323,7 @@ def import_gptq(qweight, qzeros, scales, g_idx=None, bits=4, group=128, zero_sto
     torch = torch_module()
     qweight = _int32_array(op, "qweight", qweight)
     qzeros = _int32_array(op, "qzeros", qzeros)
-    scales = _float_array(op, "scales", scales, torch.float16)
+    scales = _float_array(op, "scales", scales, torch.float16, finite=True)
     g_idx = None if g_idx is None else _index_array(op, "g_idx", g_idx)
     if group is None or (not isinstance(group, bool) and group == -1):
         group = qweight.shape[0] * (32 // bits) if qweight.dim() == 2 else 0
@@ -339,7 +346,7 @@ def import_awq(qweight, qzeros, scales, group=128):
     torch = torch_module()
     qweight = _int32_array(op, "qweight", qweight)
     qzeros = _int32_array(op, "qzeros", qzeros)
-    scales = _float_array(op, "scales", scales, torch.float16)
+    scales = _float_array(op, "scales", scales, torch.float16, finite=True)
     if group is None or (not isinstance(group, bool) and group == -1):
         group = qweight.shape[0] if qweight.dim() == 2 else 0
     group = _int(op, "group", group)

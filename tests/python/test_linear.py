@@ -18,6 +18,7 @@ block, zero point or permutation is an O(1) error.
 """
 
 import math
+import re
 
 import pytest
 
@@ -396,6 +397,15 @@ def test_importer_errors_name_the_argument(seed):
         tl.import_awq(aw, az[:-1], s, group=group)
     with pytest.raises(ValueError, match="'group'"):
         tl.import_awq(aw, az, s, group=0)
+    # Scales that are not finite in float16 (NaN, inf, or past its range once rounded) would give wrong weights.
+    for bad, where in ((float("nan"), [1, 3]), (float("inf"), [0, 0]), (1.0e6, [2, 5])):
+        broken = s.clone().float()
+        broken[where[0], where[1]] = bad
+        with pytest.raises(ValueError, match="'scales' must be finite in torch.float16 .* first at index " +
+                           re.escape(str(where))):
+            tl.import_gptq(qweight, qzeros, broken, bits=4, group=group)
+        with pytest.raises(ValueError, match="'scales' must be finite"):
+            tl.import_awq(aw, az, broken, group=group)
 
 
 def test_binding_checks_host_arrays_before_reading_them():
