@@ -1141,15 +1141,21 @@ at::Tensor conv2d_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   // Checks before anything is allocated, with the torch layer's messages.
   (void)tessera::python::parse_zero_mode(zero_mode, op);
   at_least(n, 1, op, "n");
-  at_least(kh, 1, op, "kh");
-  at_least(kw, 1, op, "kw");
-  at_least(stride_h, 1, op, "stride");
-  at_least(stride_w, 1, op, "stride");
-  at_least(pad_h, 0, op, "padding");
-  at_least(pad_w, 0, op, "padding");
-  at_least(dil_h, 1, op, "dilation");
-  at_least(dil_w, 1, op, "dilation");
-  at_least(groups, 1, op, "groups");
+  // Bounded above too (the op's own limit, 2^20) before the shape arithmetic below multiplies them.
+  constexpr int64_t kMaxParam = int64_t{1} << 20;
+  const auto in_bounds = [&](int64_t v, int64_t minimum, const char* arg) {
+    at_least(v, minimum, op, arg);
+    if (v > kMaxParam) fail(op, arg, "must be <= " + std::to_string(kMaxParam) + ", got " + std::to_string(v));
+  };
+  in_bounds(kh, 1, "kh");
+  in_bounds(kw, 1, "kw");
+  in_bounds(stride_h, 1, "stride");
+  in_bounds(stride_w, 1, "stride");
+  in_bounds(pad_h, 0, "padding");
+  in_bounds(pad_w, 0, "padding");
+  in_bounds(dil_h, 1, "dilation");
+  in_bounds(dil_w, 1, "dilation");
+  in_bounds(groups, 1, "groups");
   if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
   rank_is(x, 4, "[N, C, H, W]", op, "x");
   const int64_t batch = x.size(0), c = x.size(1), h = x.size(2), w = x.size(3);

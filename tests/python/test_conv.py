@@ -475,6 +475,13 @@ def test_host_tensors_are_refused_before_launch(seed, way):
         tc.conv2d(x, cw, padding=1)
     with pytest.raises(TypeError, match="'groups' must be an int"):
         tc.conv2d(x, cw, groups=1.5)
+    # The eager entry bounds the geometry by the op's limit (2^20) before its int64 shape arithmetic multiplies it
+    # (found in review); the checked path computes in Python ints and names the host tensor first.
+    for kwargs, arg in ((dict(dilation=2 ** 62), "dilation"), (dict(stride=(1, 2 ** 21)), "stride"),
+                        (dict(padding=2 ** 40), "padding")):
+        match = f"tessera.conv2d: '{arg}' must be <= 1048576" if way == "eager" else "'x' must be a CUDA tensor"
+        with pytest.raises(ValueError, match=match):
+            tc.conv2d(x, cw, **kwargs)
 
 
 def test_raw_queries_check_their_strings_first():
