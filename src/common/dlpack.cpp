@@ -1,5 +1,6 @@
 #include "tessera/dlpack.h"
 
+#include <cstdint>
 #include <string>
 
 #include "tessera/error.h"
@@ -60,14 +61,38 @@ TensorView from_dlpack(const DLTensor& t, const char* arg) {
     default:
       fail(arg, "must be a CUDA or CPU tensor, got DLPack device type " + std::to_string(t.device.device_type));
   }
+  if (t.device.device_id < 0 && (t.device.device_type == kDLCUDA || t.device.device_type == kDLCUDAManaged))
+    fail(arg, "has a negative CUDA device id " + std::to_string(t.device.device_id));
   v.dtype = dtype_from_dl(t.dtype, arg);
   v.rank = t.ndim;
+  if (v.rank > 0 && t.shape == nullptr) fail(arg, "has rank " + std::to_string(v.rank) + " but no shape");
   v.data = static_cast<char*>(t.data) + t.byte_offset;
-  int64_t stride = 1;
+  // Every element read at its own alignment (a byte_offset that breaks it would fault in a kernel).
+  const auto esize = static_cast<std::uintptr_t>(dtype_size(v.dtype));
+  if (reinterpret_cast<std::uintptr_t>(v.data) % esize != 0)
+    fail(arg, "must start at a " + std::to_string(esize) + "-byte aligned address (data + byte_offset), got byte_offset " +
+                  std::to_string(t.byte_offset));
+  // Sizes >= 0, and the element count and every dim's reach within int64 (a wrapped count would read as empty or
+  // small and skip the checks that guard the memory).
+  constexpr int64_t kLimit = int64_t{1} << 62;
+  bool empty = false;
+  for (int d = 0; d < v.rank; ++d) {
+    if (t.shape[d] < 0) fail(arg, "has a negative size " + std::to_string(t.shape[d]) + " in dim " + std::to_string(d));
+    empty = empty || t.shape[d] == 0;
+  }
+  int64_t stride = 1, count = 1, reach = 0;
   for (int d = v.rank - 1; d >= 0; --d) {
-    v.shape[d] = t.shape[d];
+    const int64_t n = t.shape[d];
+    v.shape[d] = n;
     v.strides[d] = t.strides ? t.strides[d] : stride;
-    stride *= t.shape[d];
+    const int64_t step = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
+    // (A view without elements touches no memory: its other dims may be anything.)
+    if (!empty && (count > kLimit / n || (n > 1 && step > (kLimit - reach) / (n - 1))))
+      fail(arg, "is too large: its element count or extent overflows 64-bit indexing");
+    count = empty ? 0 : count * n;
+    reach += !empty && n > 1 ? step * (n - 1) : 0;
+    // The compact stride of the next dim out: the product so far (saturated, which only an empty view can reach).
+    stride = n != 0 && stride > kLimit / n ? kLimit : stride * n;
   }
   return v;
 }

@@ -97,5 +97,43 @@ TEST(DLPack, RejectsUnsupportedDtypeAndDevice) {
   EXPECT_THROW(from_dlpack(other, "x"), Error);
 }
 
+// What no kernel can be handed safely is refused by name at the conversion (found in review): negative sizes (a
+// [-2, -3] view counted as 6 elements, a [-1] workspace as SIZE_MAX bytes), a byte_offset that breaks element
+// alignment, element counts or extents past 64-bit indexing (a wrapped count read as empty skipped the checks), a
+// shape pointer missing, a negative CUDA device id.
+TEST(DLPack, RejectsNegativeSizesMisalignmentOverflowAndMissingShape) {
+  std::vector<int32_t> buf(64);
+  const auto rejected = [](DLTensor dl, const char* says) {
+    try {
+      from_dlpack(dl, "ids");
+      ADD_FAILURE() << "accepted; expected: " << says;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'ids'"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(says), std::string::npos) << msg;
+    }
+  };
+  int64_t negative[2] = {-2, -3};
+  rejected(make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, negative, nullptr, 2, kDLCPU), "negative size");
+  int64_t minus_one[1] = {-1};
+  rejected(make_dl(buf.data(), DLDataType{kDLUInt, 8, 1}, minus_one, nullptr, 1, kDLCUDA), "negative size");
+  int64_t shape[2] = {4, 8};
+  DLTensor shifted = make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, shape, nullptr, 2, kDLCUDA);
+  shifted.byte_offset = 2;
+  rejected(shifted, "4-byte aligned");
+  shifted.byte_offset = 8;  // whole elements: fine
+  EXPECT_NO_THROW(from_dlpack(shifted, "ids"));
+  int64_t huge[2] = {int64_t{1} << 56, 256};
+  rejected(make_dl(buf.data(), DLDataType{kDLFloat, 32, 1}, huge, nullptr, 2, kDLCUDA), "too large");
+  int64_t strides[2] = {int64_t{1} << 61, 1};
+  rejected(make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, shape, strides, 2, kDLCUDA), "too large");
+  int64_t empty[3] = {0, int64_t{1} << 40, int64_t{1} << 40};  // no element: any extent of the others is fine
+  EXPECT_NO_THROW(from_dlpack(make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, empty, nullptr, 3, kDLCUDA), "ids"));
+  rejected(make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, nullptr, nullptr, 2, kDLCUDA), "no shape");
+  DLTensor bad_device = make_dl(buf.data(), DLDataType{kDLInt, 32, 1}, shape, nullptr, 2, kDLCUDA);
+  bad_device.device.device_id = -1;
+  rejected(bad_device, "negative CUDA device id");
+}
+
 }  // namespace
 }  // namespace tessera

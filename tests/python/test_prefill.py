@@ -429,7 +429,7 @@ def _cache_capsules(total_q=10, entries=3, q_shape=None, cu_q=(DL_INT, 32), seql
                     seqlen_entries=None, T=64, kv=(DL_BFLOAT, 16)):
     """Host-memory capsules of a contiguous cache call: q, cu_seqlens_q, k_cache, v_cache, cache_seqlens, out, lse
     (HostCapsule objects: keep them alive during the call)."""
-    B = entries - 1
+    B = max(entries - 1, 0)  # (a cu_seqlens_q of no entries still meets a cache of no sequences)
     return [HostCapsule(q_shape or (total_q, HQ_, D_), DL_BFLOAT, 16), HostCapsule((entries,), *cu_q),
             HostCapsule((B, T, HKV_, D_), *kv), HostCapsule((B, T, HKV_, D_), *kv),
             HostCapsule((B if seqlen_entries is None else seqlen_entries,), *seqlens),

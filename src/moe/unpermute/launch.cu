@@ -32,6 +32,7 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   check.dim(out, "out", 0, T, "num_tokens of row_index");
   check.dim(out, "out", 1, H, "hidden size of y_perm");
   check.unit_inner_stride(out, "out");
+  check.no_self_overlap(out, "out");  // rows that share memory would race
   check.aligned(out, "out", 16);
   if (residual) {
     check.same_dtype(y_perm, "y_perm", *residual, "residual");
