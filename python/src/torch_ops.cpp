@@ -782,7 +782,12 @@ PermuteOut permute_eager(const at::Tensor& x, const at::Tensor& ids, int64_t num
     return {*out_x_perm, out_scales, *out_offsets, *out_counts, *out_row_index, out_row_token};
   }
   const int64_t tokens = x.size(0), hidden = x.size(1), topk = ids.size(1);
-  const int64_t rows = tokens * topk + (pad_multiple > 1 ? num_experts * (pad_multiple - 1) : 0);
+  // The op's limits (experts, padding, topk) are checked by the capacity query, before anything is allocated.
+  tessera::moe::PermuteParams limits;
+  limits.num_experts = static_cast<int>(num_experts);
+  limits.pad_multiple = static_cast<int>(pad_multiple);
+  const int64_t rows = tessera::moe::permute_capacity_rows(tokens, static_cast<int>(std::min<int64_t>(topk, 1 << 20)),
+                                                           limits);
   const auto i32 = x.options().dtype(at::kInt);
   const bool quantized = q != tessera::moe::PermuteQuant::kNone;
   const at::Tensor x_perm = at::empty({rows, hidden}, quantized ? x.options().dtype(at::kFloat8_e4m3fn) : x.options());

@@ -53,6 +53,9 @@ OPS = {
         "Tensor? block_table, Tensor cache_seqlens, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, "
         "str format, float softmax_scale, float softcap, int window, int num_splits, "
         "Tensor? k_residual=None) -> ()"),
+    # k_scale / v_scale are written for the integer formats (one scale pair per appended row); for fp8 they are the
+    # cache's static scales and only read. A schema cannot depend on `format`, so under torch.compile they are
+    # treated as written either way (functionalization copies them back unchanged).
     "append_kv": (
         "append_kv(Tensor k_new, Tensor v_new, Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, "
         "Tensor(c!)? k_scale, Tensor(d!)? v_scale, Tensor? block_table, str format, "

@@ -533,7 +533,11 @@ def linear(x, weight, bias=None, *, activation=None, clamp=None, out=None, works
         if out is None:
             y2 = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
         else:
-            y2 = out if out.dim() == 2 else out.view(-1, n)
+            try:
+                y2 = out if out.dim() == 2 else out.view(-1, n)
+            except RuntimeError:  # the eager entry's message, for the same out
+                raise ValueError(f"{op}: 'out' must be viewable as [M, N] (M = the product of x's leading dims), "
+                                 f"got strides {list(out.stride())}") from None
         ops.linear(x2, weight.codes, weight.params, weight.k_perm, bias, y2, workspace, n, k, weight.bits,
                    weight.block, weight.zero_mode, lo, hi)
         return y2.view(lead + (n,)) if out is None else out

@@ -197,6 +197,11 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     topk = ids.shape[1]
     if topk < 1:
         raise ValueError(f"{op}: 'ids' must have at least one column, got shape {list(ids.shape)}")
+    # The op's limits, before its outputs are allocated (a huge pad_multiple would ask for the memory first).
+    for name, value, hi in (("num_experts", num_experts, 1024), ("pad_multiple", pad_multiple, 1 << 16),
+                            ("ids.shape[1] (topk)", topk, 32)):
+        if value > hi:
+            raise ValueError(f"{op}: '{name}' must be in [1, {hi}], got {value}")
     if out is not None:
         if not isinstance(out, PermuteResult):
             raise ValueError(f"{op}: 'out' must be a tessera.PermuteResult of preallocated tensors, "

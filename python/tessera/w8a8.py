@@ -266,7 +266,9 @@ def quantize_per_block(x, block=128, symmetric=False, *, sums=True, out=None, st
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     The planes' padding columns (rows..ld-1) are left as allocated. Returns the Int8Blocks.
     """
-    if out is None:  # the eager fast path (_dlpack.eager): one crossing into C++, which allocates
+    # The eager fast path (_dlpack.eager): one crossing into C++, which allocates. It takes -1 for "one block per row",
+    # so a block it could misread (not a positive int) goes to the checked path, which names it.
+    if out is None and (block is None or (type(block) is int and block > 0)):
         res = eager(stream, "w8a8_quantize_eager", x, -1 if block is None else block, symmetric, sums)
         if res is not SKIPPED:
             return Int8Blocks(*res)
@@ -394,8 +396,8 @@ def linear_w8a8(x, w, bias=None, *, symmetric=False, activation=None, clamp=None
         try:
             y2 = out if out.dim() == 2 else out.view(-1, n)
         except RuntimeError:
-            raise ValueError(f"{op}: 'out' must be viewable as [M, N] (one stride for its leading dims), got strides "
-                             f"{list(out.stride())}") from None
+            raise ValueError(f"{op}: 'out' must be viewable as [M, N] (M = the product of x's leading dims), "
+                             f"got strides {list(out.stride())}") from None
     elif out_dtype is None:
         out_dtype = x.dtype
     # The GEMM's own arguments are checked before the quantizer launches (what only the GEMM's C++ checks can tell,

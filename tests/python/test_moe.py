@@ -530,6 +530,12 @@ def test_permute_bad_dtype_names_argument():
         tessera.permute(x.bfloat16(), ids.to(torch.int16), 8)
     with pytest.raises(ValueError, match="'input_scale'"):
         tessera.permute(x.bfloat16(), ids, 8, quant="fp8_per_tensor")
+    # The op's limits are named before its outputs are allocated (a huge pad_multiple once asked for the memory and
+    # failed as a CUDA out-of-memory error; found in review), on the eager and the checked path alike.
+    for kwargs, arg, experts in ((dict(pad_multiple=70000), "pad_multiple", 512), (dict(), "num_experts", 2000)):
+        for extra in (dict(), dict(stream=torch.cuda.current_stream())):  # the eager path, then the checked one
+            with pytest.raises(ValueError, match=f"'{arg}' must be in \\[1, "):
+                tessera.permute(x.bfloat16(), ids, experts, **kwargs, **extra)
 
 
 @gpu
