@@ -377,9 +377,17 @@ void check_unpermute(int64_t T, int k, int64_t H, DType dtype, bool with_residua
     row_index[i] = (rng() % 9 == 0) ? -1 : rows[i];
     wd[i] = w[i] = std::abs(normal(rng)) / k;
   }
+  // Indices past y_perm's rows (device data the host cannot check) are skipped as -1 is: the device sees them, the
+  // reference -1.
+  std::vector<int32_t> device_index = row_index;
+  for (int64_t i = 0; i < T * k; ++i)
+    if (row_index[i] >= 0 && rng() % 13 == 0) {
+      device_index[i] = (rng() % 2) ? static_cast<int32_t>(R) : INT32_MAX;
+      row_index[i] = -1;
+    }
   const float scale = 2.5f;
   DeviceBuffer<uint16_t> y_dev(y), res_dev(res), out(T * H);
-  DeviceBuffer<int32_t> ri_dev(row_index);
+  DeviceBuffer<int32_t> ri_dev(device_index);
   DeviceBuffer<float> w_dev(w);
   out.poison();
   std::optional<TensorView> rv;

@@ -17,6 +17,7 @@ namespace tessera::moe::detail {
 struct UnpermuteKernelParams {
   const void* y;  // [R, H]
   int64_t y_row_stride;
+  int64_t y_rows;  // R: row indices outside [0, R) are skipped (device data the host cannot check)
   const int32_t* row_index;  // [T, k]
   const float* weights;      // [T, k]
   const void* residual;      // [T, H] or nullptr
@@ -39,7 +40,8 @@ __global__ void __launch_bounds__(kUnpermuteThreads) unpermute_reduce_kernel(con
   __shared__ float weights[32];
   const int64_t t = blockIdx.x;
   if (threadIdx.x < p.topk) {
-    rows[threadIdx.x] = p.row_index[t * p.topk + threadIdx.x];
+    const int32_t row = p.row_index[t * p.topk + threadIdx.x];
+    rows[threadIdx.x] = row < p.y_rows ? row : -1;  // negative: skipped below too
     weights[threadIdx.x] = p.weights[t * p.topk + threadIdx.x];
   }
   __syncthreads();

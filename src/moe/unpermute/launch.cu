@@ -54,6 +54,7 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   detail::UnpermuteKernelParams kp{};
   kp.y = y_perm.data;
   kp.y_row_stride = y_perm.shape[0] > 1 ? y_perm.strides[0] : H;
+  kp.y_rows = y_perm.shape[0];
   kp.row_index = static_cast<const int32_t*>(row_index.data);
   kp.weights = static_cast<const float*>(weights.data);
   kp.residual = residual ? residual->data : nullptr;
