@@ -152,10 +152,17 @@ def eager(stream, name, *args):
 
 def stream_arg(op, stream, device):
     """The stream= argument for an op on `device` (a torch.device), checked: None, a torch.cuda.Stream
-    (ExternalStream too) of that device, or a raw cudaStream_t int on it (0: the device's legacy default stream)."""
+    (ExternalStream too) or a CUDA torch.Stream of that device, or a raw cudaStream_t int on it (0: the device's
+    legacy default stream)."""
     if stream is None:
         return None
     torch = torch_module()
+    if not isinstance(stream, torch.cuda.Stream) and isinstance(stream, getattr(torch, "Stream", ())) and \
+            getattr(stream, "device_type", None) == 1:
+        # A generic torch.Stream of CUDA (torch.accelerator.current_stream() gives one): the same stream as a
+        # torch.cuda.Stream (its stream_id is torch's id of the stream, not the cudaStream_t).
+        stream = torch.cuda.Stream(stream_id=stream.stream_id, device_index=stream.device_index,
+                                   device_type=stream.device_type)
     if isinstance(stream, torch.cuda.Stream):
         if stream.device != device:
             raise ValueError(f"{op}: 'stream' must be a stream of the tensors' device {device}, got one of "
@@ -165,8 +172,8 @@ def stream_arg(op, stream, device):
         if stream == 0:  # torch would read 0 as "no stream"; DLPack and CUDA mean the legacy default stream
             return torch.cuda.default_stream(device)
         return torch.cuda.ExternalStream(stream, device=device)
-    raise TypeError(f"{op}: 'stream' must be None, a torch.cuda.Stream or a cudaStream_t as an int, "
-                    f"got {type(stream).__name__}")
+    raise TypeError(f"{op}: 'stream' must be None, a torch.cuda.Stream (or a CUDA torch.Stream) or a cudaStream_t "
+                    f"as an int, got {type(stream).__name__}")
 
 
 def launch(stream, fn):

@@ -177,7 +177,14 @@ def gemm_fp8(x, w, x_scale, w_scale, *, scale_mode="per_tensor", out=None, works
         if w_scale.numel() != 1:
             raise ValueError(f"{op}: 'w_scale' must hold one value (per_tensor), got shape {list(w_scale.shape)}")
         w_scale = w_scale.reshape(1)
-    offsets = torch.arange(2, device=x.device, dtype=torch.int32) * x.shape[0]
+    # The one group's offsets {0, M}, made on the stream the GEMM runs on (made on the current stream, a stream=
+    # GEMM could read them before they were written, and their block could be reused while it still read them).
+    stream = stream_arg(op, stream, x.device)
+    if stream is None:  # (no stream context at all then: torch.compile traces this path)
+        offsets = torch.arange(2, device=x.device, dtype=torch.int32) * x.shape[0]
+    else:
+        with torch.cuda.stream(stream):
+            offsets = torch.arange(2, device=x.device, dtype=torch.int32) * x.shape[0]
     return _fp8_op(op, False, "offsets", x, w.unsqueeze(0), offsets, x_scale, w_scale, scale_mode, out, 0, workspace,
                    stream)
 

@@ -527,3 +527,29 @@ def test_stream_zero_is_the_legacy_default_stream_and_ints_are_not_narrowed(seed
     assert torch.equal(w, want_w) and torch.equal(ids, want_ids)
     with pytest.raises(ValueError, match="'num_groups' must fit in 32 bits"):
         tessera.fused_gate(logits, topk=4, num_groups=2**32 + 1, topk_groups=1)
+
+
+@gpu
+def test_generic_torch_stream_and_gemm_fp8_on_a_side_stream(seed):
+    # A CUDA torch.Stream (what torch.accelerator hands out) is taken as the same torch.cuda.Stream; gemm_fp8 makes its
+    # one group's offsets on the stream it runs on (found in review: they were made on the current stream and read on
+    # stream=, unordered).
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn((32, 64), device="cuda", generator=g)
+    side = torch.cuda.Stream()
+    generic = torch.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    side.wait_stream(torch.cuda.current_stream())
+    w, ids = tessera.fused_gate(logits, topk=4, stream=generic)
+    side.synchronize()
+    want_w, want_ids = tessera.fused_gate(logits, topk=4)
+    assert torch.equal(w, want_w) and torch.equal(ids, want_ids)
+    x = (torch.randn((64, 256), device="cuda", generator=g) * 0.1).to(torch.float8_e4m3fn)
+    wt = (torch.randn((128, 256), device="cuda", generator=g) * 0.1).to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    want = tessera.gemm_fp8(x, wt, one, one)
+    torch.cuda.synchronize()  # the inputs are ready; side is not ordered after what follows on the current stream
+    torch.cuda._sleep(50_000_000)  # the current stream busy: nothing the side GEMM needs may be queued behind this
+    got = tessera.gemm_fp8(x, wt, one, one, stream=side)
+    side.synchronize()
+    assert torch.equal(got, want)
+    torch.cuda.synchronize()
