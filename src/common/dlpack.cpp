@@ -85,6 +85,7 @@ TensorView from_dlpack(const DLTensor& t, const char* arg) {
     const int64_t n = t.shape[d];
     v.shape[d] = n;
     v.strides[d] = t.strides ? t.strides[d] : stride;
+    if (v.strides[d] == INT64_MIN) fail(arg, "has a stride of INT64_MIN in dim " + std::to_string(d));
     const int64_t step = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
     // (A view without elements touches no memory: its other dims may be anything.)
     if (!empty && (count > kLimit / n || (n > 1 && step > (kLimit - reach) / (n - 1))))

@@ -70,8 +70,10 @@ class DecodeFixture {
     if (fill_end.empty())
       for (int32_t s : c.seqlens) fill_end.push_back(static_cast<int32_t>(std::clamp<int64_t>(s, 0, T)));
     if (fill_begin.empty())
-      for (int32_t e : fill_end)  // token 0 of S starts its window S - 1 keys earlier
-        fill_begin.push_back(c.params.window > 0 ? std::max(0, e - (c.S - 1) - c.params.window) : 0);
+      for (int32_t e : fill_end) {  // token 0 of S starts its window S - 1 keys earlier (64-bit: windows near 2^31)
+        const int64_t begin = int64_t{e} - (c.S - 1) - c.params.window;
+        fill_begin.push_back(c.params.window > 0 ? static_cast<int32_t>(std::max<int64_t>(0, begin)) : 0);
+      }
     Filler f(seed);
 
     // Raw rows of the filled tokens, compact: ((row_start[b] + t - begin) * HKV + h) * D.

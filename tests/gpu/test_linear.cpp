@@ -1040,7 +1040,12 @@ TEST_F(LinearGpu, BadArgumentsNameTheArgumentAndLeaveYUntouched) {
     expect_rejected("workspace null with its size", "workspace", [&](Args& a) { a.ws.data = nullptr; });
     expect_rejected("workspace in host memory", "workspace", [&](Args& a) { a.ws.data = host_ptr; });
     // Written while x is read and y written: overlapping either is named (the second of the pair).
-    expect_rejected("workspace overlapping y", "y", [&](Args& a) { a.ws.data = d.y.get(); });
+    // y and the workspace carved from one buffer of their own, so that y is the first argument the workspace meets.
+    DeviceBuffer<uint8_t> y_and_ws(need + d.y_bytes + 256);
+    expect_rejected("workspace overlapping y", "y", [&](Args& a) {
+      a.y = test::strided(y_and_ws.get(), y_dtype, {M, N}, {N, 1});
+      a.ws.data = y_and_ws.get();
+    });
     expect_rejected("workspace overlapping x", "x", [&](Args& a) { a.ws.data = d.x.get(); });
   }
   // 16-byte alignment of 16-bit x the kernel reads directly (no act-order, 16-bit x): start and row stride.
