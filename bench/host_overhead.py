@@ -94,57 +94,57 @@ def cases():
     gate_args = (logits, bias, weights, ids, k, 8, 4, "sigmoid", "top2_sum", True, 2.5, 0, 1.0)
     dec_args = (q, kc, vc, ks, vs, None, lengths, o, lse, ws, "int8", 0.0, 0.0, 0, 4)
     rows = [
-        ("torch.add (out=), for scale", "given", lambda: torch.add(a, a, out=b)),
-        ("torch.empty((64,)), for scale", "-", lambda: torch.empty((64,), device=dev)),
-        ("torch.cuda._sleep(1): a bare launch, for scale", "-", lambda: torch.cuda._sleep(1)),
-        ("torch.ops.tessera.fused_gate.default", "given", lambda: raw.fused_gate.default(*gate_args)),
-        ("tessera._torch_C.fused_gate (direct)", "given", lambda: tessera._torch_C.fused_gate(*gate_args)),
+        ("torch.add (out=), for scale", "given", lambda: torch.add(a, a, out=b), 1),
+        ("torch.empty((64,)), for scale", "-", lambda: torch.empty((64,), device=dev), None),
+        ("torch.cuda._sleep(1): a bare launch, for scale", "-", lambda: torch.cuda._sleep(1), 1),
+        ("torch.ops.tessera.fused_gate.default", "given", lambda: raw.fused_gate.default(*gate_args), 1),
+        ("tessera._torch_C.fused_gate (direct)", "given", lambda: tessera._torch_C.fused_gate(*gate_args), 1),
         ("tessera._torch_C.attention_decode (direct)", "given",
-         lambda: tessera._torch_C.attention_decode(*dec_args)),
+         lambda: tessera._torch_C.attention_decode(*dec_args), 2),
         ("tessera._torch_C.permute (direct)", "given",
-         lambda: tessera._torch_C.permute(x, ids, None, *p_out, p_ws, E, 1, "fp8_blockwise")),
+         lambda: tessera._torch_C.permute(x, ids, None, *p_out, p_ws, E, 1, "fp8_blockwise"), 3),
         ("tessera._torch_C.grouped_gemm_fp8 (direct)", "given",
          lambda: tessera._torch_C.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, y, None,
-                                                   "blockwise", 0)),
+                                                   "blockwise", 0), 1),
         ("tessera._torch_C.unpermute_reduce (direct)", "given",
-         lambda: tessera._torch_C.unpermute_reduce(y, p.row_index, weights, None, red, 1.0)),
+         lambda: tessera._torch_C.unpermute_reduce(y, p.row_index, weights, None, red, 1.0), 1),
         ("tessera._torch_C.append_kv (direct)", "given",
-         lambda: tessera._torch_C.append_kv(k_new, k_new, pos, kc, vc, ks, vs, None, "int8")),
-        ("torch.ops.tessera.attention_decode.default", "given", lambda: raw.attention_decode.default(*dec_args)),
+         lambda: tessera._torch_C.append_kv(k_new, k_new, pos, kc, vc, ks, vs, None, "int8"), 1),
+        ("torch.ops.tessera.attention_decode.default", "given", lambda: raw.attention_decode.default(*dec_args), 2),
     ]
     caps = [torch.utils.dlpack.to_dlpack(t) for t in (logits, bias, weights, ids)]
     rows.append(("tessera._C.fused_gate, capsules made once", "given",
                  lambda: tessera._C.fused_gate(caps[0], caps[1], caps[2], caps[3], k, 8, 4, "sigmoid", "top2_sum",
-                                               True, 2.5, 0, 1.0, 0)))
+                                               True, 2.5, 0, 1.0, 0), 1))
     try:
         import cupy
 
         ptr = q.data_ptr()
         rows.append(("cudaPointerGetAttributes (cupy), for scale", "-",
-                     lambda: cupy.cuda.runtime.pointerGetAttributes(ptr)))
-        rows.append(("cudaGetDevice (cupy), for scale", "-", lambda: cupy.cuda.runtime.getDevice()))
+                     lambda: cupy.cuda.runtime.pointerGetAttributes(ptr), None))
+        rows.append(("cudaGetDevice (cupy), for scale", "-", lambda: cupy.cuda.runtime.getDevice(), None))
     except ImportError:
         pass
     return rows + [
-        ("fused_gate", "given", lambda: tessera.fused_gate(logits, bias, out=(weights, ids), **gate_kw)),
-        ("fused_gate", "allocating", lambda: tessera.fused_gate(logits, bias, **gate_kw)),
+        ("fused_gate", "given", lambda: tessera.fused_gate(logits, bias, out=(weights, ids), **gate_kw), 1),
+        ("fused_gate", "allocating", lambda: tessera.fused_gate(logits, bias, **gate_kw), 1),
         ("permute fp8_blockwise", "given",
-         lambda: tessera.permute(x, ids, E, quant="fp8_blockwise", out=p_out, workspace=p_ws)),
-        ("permute fp8_blockwise", "allocating", lambda: tessera.permute(x, ids, E, quant="fp8_blockwise")),
+         lambda: tessera.permute(x, ids, E, quant="fp8_blockwise", out=p_out, workspace=p_ws), 3),
+        ("permute fp8_blockwise", "allocating", lambda: tessera.permute(x, ids, E, quant="fp8_blockwise"), 3),
         ("grouped_gemm_fp8 blockwise", "given",
          lambda: tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale, scale_mode="blockwise",
-                                          out=y)),
+                                          out=y), 1),
         ("grouped_gemm_fp8 blockwise", "allocating",
          lambda: tessera.grouped_gemm_fp8(p.x_perm, w, p.expert_offsets, p.scales, w_scale,
-                                          scale_mode="blockwise")),
-        ("unpermute_reduce", "given", lambda: tessera.unpermute_reduce(y, p.row_index, weights, out=red)),
-        ("unpermute_reduce", "allocating", lambda: tessera.unpermute_reduce(y, p.row_index, weights)),
+                                          scale_mode="blockwise"), 1),
+        ("unpermute_reduce", "given", lambda: tessera.unpermute_reduce(y, p.row_index, weights, out=red), 1),
+        ("unpermute_reduce", "allocating", lambda: tessera.unpermute_reduce(y, p.row_index, weights), 1),
         ("attention_decode int8 (4 splits)", "given",
-         lambda: tessera.attention_decode(q, kc, vc, lengths, out=o, lse=lse, workspace=ws, num_splits=4, **kv)),
+         lambda: tessera.attention_decode(q, kc, vc, lengths, out=o, lse=lse, workspace=ws, num_splits=4, **kv), 2),
         ("attention_decode int8 (4 splits)", "allocating",
-         lambda: tessera.attention_decode(q, kc, vc, lengths, num_splits=4, **kv)),
-        ("attention_decode int8, tessera.dlpack", "given", decode_dlpack),
-        ("append_kv int8", "given", lambda: tessera.append_kv(k_new, k_new, pos, kc, vc, **kv)),
+         lambda: tessera.attention_decode(q, kc, vc, lengths, num_splits=4, **kv), 2),
+        ("attention_decode int8, tessera.dlpack", "given", decode_dlpack, 2),
+        ("append_kv int8", "given", lambda: tessera.append_kv(k_new, k_new, pos, kc, vc, **kv), 1),
     ]
 
 
@@ -223,30 +223,6 @@ def later_ops():
     return rows, failed
 
 
-# Kernel launches per call of the rows of cases() (their shapes fixed there: permute T 64 x k 8 = 512 copies takes
-# the three-pass path; decode 4 splits = the split kernel and the merge).
-LAUNCHES = {
-    "torch.add (out=), for scale": 1,
-    "torch.cuda._sleep(1): a bare launch, for scale": 1,
-    "torch.ops.tessera.fused_gate.default": 1,
-    "tessera._torch_C.fused_gate (direct)": 1,
-    "tessera._torch_C.attention_decode (direct)": 2,
-    "tessera._torch_C.permute (direct)": 3,
-    "tessera._torch_C.grouped_gemm_fp8 (direct)": 1,
-    "tessera._torch_C.unpermute_reduce (direct)": 1,
-    "tessera._torch_C.append_kv (direct)": 1,
-    "torch.ops.tessera.attention_decode.default": 2,
-    "tessera._C.fused_gate, capsules made once": 1,
-    "fused_gate": 1,
-    "permute fp8_blockwise": 3,
-    "grouped_gemm_fp8 blockwise": 1,
-    "unpermute_reduce": 1,
-    "attention_decode int8 (4 splits)": 2,
-    "attention_decode int8, tessera.dlpack": 2,
-    "append_kv int8": 1,
-}
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
@@ -255,9 +231,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     rows = []
     later, failed = later_ops()
-    for row in cases() + later:
-        name, outputs, fn = row[:3]
-        launches = row[3] if len(row) > 3 else LAUNCHES.get(name)
+    # Each row: (label, outputs, fn, kernel launches per call or None). cases()' shapes fix them: permute's T 64 x k 8
+    # = 512 copies take the three-pass path, decode's 4 splits the split kernel and the merge.
+    for name, outputs, fn, launches in cases() + later:
         calls = args.calls if not launches else max(20, min(args.calls, 480 // launches))
         us = host_us(fn, calls, args.reps)
         rows.append(dict(op=name, outputs=outputs, host_us=round(us, 2), launches=launches, calls=calls))

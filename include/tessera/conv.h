@@ -51,6 +51,9 @@ namespace tessera::conv {
 
 enum class Layout : int { kNHWC = 0, kNCHW = 1 };
 
+// Kernel size, stride, padding, dilation and groups are each at most this (conv2d's argument rule).
+inline constexpr int64_t kConvMaxParam = int64_t{1} << 20;
+
 struct Conv2dParams {
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;  // symmetric zero padding

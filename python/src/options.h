@@ -86,11 +86,14 @@ inline int int32_arg(int64_t v, const char* op, const char* arg) {
   return static_cast<int>(v);
 }
 
-// The MoE layer's weight format by name, in moe::WeightFormat's order.
+// The MoE layer's weight format by name, in moe::WeightFormat's order; the names are moe::weight_format_name's (one
+// table for both directions).
 inline moe::WeightFormat parse_weight_format(std::string_view s, const char* op) {
-  static constexpr Choice<moe::WeightFormat> kChoices[] = {{"fp8_blockwise", moe::WeightFormat::kFP8Blockwise},
-                                                           {"fp8_per_tensor", moe::WeightFormat::kFP8PerTensor},
-                                                           {"bf16", moe::WeightFormat::kBF16}};
+  using moe::WeightFormat;
+  static const Choice<WeightFormat> kChoices[] = {
+      {moe::weight_format_name(WeightFormat::kFP8Blockwise), WeightFormat::kFP8Blockwise},
+      {moe::weight_format_name(WeightFormat::kFP8PerTensor), WeightFormat::kFP8PerTensor},
+      {moe::weight_format_name(WeightFormat::kBF16), WeightFormat::kBF16}};
   return parse_choice(s, op, "format", kChoices);
 }
 

@@ -1146,8 +1146,8 @@ at::Tensor conv2d_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   // Checks before anything is allocated, with the torch layer's messages.
   (void)tessera::python::parse_zero_mode(zero_mode, op);
   at_least(n, 1, op, "n");
-  // Bounded above too (the op's own limit, 2^20) before the shape arithmetic below multiplies them.
-  constexpr int64_t kMaxParam = int64_t{1} << 20;
+  // Bounded above too (the op's own limit) before the shape arithmetic below multiplies them.
+  constexpr int64_t kMaxParam = tessera::conv::kConvMaxParam;
   const auto in_bounds = [&](int64_t v, int64_t minimum, const char* arg) {
     at_least(v, minimum, op, arg);
     if (v > kMaxParam) fail(op, arg, "must be <= " + std::to_string(kMaxParam) + ", got " + std::to_string(v));

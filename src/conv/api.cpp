@@ -79,7 +79,7 @@ detail::ConvShape check_shape(const ArgCheck& check, int64_t n, int64_t h, int64
     check.fail("w.k_perm", "must be null: a conv weight has no act-order permutation");
   // Every size and geometry value in [lo, 2^20] (2^30 for the input sizes below): the products formed from them
   // (taps, extents, pixel counts, workspace bytes) stay far inside int64, and the kernels' 32-bit fields hold them.
-  constexpr int64_t kMaxParam = int64_t{1} << 20;
+  constexpr int64_t kMaxParam = kConvMaxParam;
   check.in_range(weight.kh, "weight.kh", 1, kMaxParam);
   check.in_range(weight.kw, "weight.kw", 1, kMaxParam);
   check.in_range(p.stride_h, "params.stride_h", 1, kMaxParam);

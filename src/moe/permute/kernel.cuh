@@ -54,6 +54,24 @@ struct PermuteKernelParams {
 constexpr int kScanThreads = 256;
 constexpr int kScatterThreads = 256;
 
+// Pass 1 over the entries [begin, end) by one block: each id as int32 into ids_out[i - begin], -1 where the copy is
+// dropped (an id outside [0, E), or a token at or past the device-side count), the others counted into hist (shared).
+template <typename ReadId>
+__device__ __forceinline__ void count_entries(const PermuteKernelParams& p, int64_t begin, int64_t end,
+                                              ReadId read_id, int32_t* ids_out, int* hist) {
+  int64_t routed_end = end;
+  if (p.active_tokens != nullptr) {
+    const int64_t n = *p.active_tokens;
+    routed_end = min(end, (n < 0 ? 0 : n) * p.topk);
+  }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t e = read_id(i);
+    const bool valid = e >= 0 && e < p.num_experts && i < routed_end;
+    ids_out[i - begin] = valid ? static_cast<int32_t>(e) : -1;
+    if (valid) atomicAdd(&hist[e], 1);
+  }
+}
+
 template <typename IdT>
 __global__ void __launch_bounds__(128) permute_count_kernel(const PermuteKernelParams p) {
   __shared__ int hist[kPermuteMaxExperts];
@@ -64,20 +82,42 @@ __global__ void __launch_bounds__(128) permute_count_kernel(const PermuteKernelP
   const int64_t begin = blockIdx.x * chunk_entries;
   const int64_t end = min(begin + chunk_entries, p.num_tokens * p.topk);
   const IdT* ids = static_cast<const IdT*>(p.ids);
-  int64_t routed_end = end;  // entries past the device-side token count are dropped copies
-  if (p.active_tokens != nullptr) {
-    const int64_t n = *p.active_tokens;
-    routed_end = min(end, (n < 0 ? 0 : n) * p.topk);
-  }
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    const IdT e = ids[i];
-    const bool valid = e >= 0 && e < p.num_experts && i < routed_end;
-    p.ids32[i] = valid ? static_cast<int32_t>(e) : -1;
-    if (valid) atomicAdd(&hist[e], 1);
-  }
+  count_entries(p, begin, end, [&](int64_t i) { return static_cast<int64_t>(ids[i]); }, p.ids32 + begin, hist);
   __syncthreads();
   int32_t* out = p.hist + blockIdx.x * static_cast<int64_t>(p.num_experts);
   for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) out[e] = hist[e];
+}
+
+// The expert segments' layout from each expert's row count (count_of(e)), by one block of kThreads threads, each
+// owning a contiguous run of experts: the exclusive prefix of the counts padded to pad_multiple. `publish` writes
+// expert_offsets [E + 1] and expert_counts; `starts` (or null) receives each segment's start and, at [E], the total.
+// Used by the scan pass's last block and by every block of a single pass.
+template <int kThreads, typename CountOf>
+__device__ __forceinline__ void lay_out_segments(const PermuteKernelParams& p, CountOf count_of, bool publish,
+                                                 int* starts,
+                                                 typename cub::BlockScan<int, kThreads>::TempStorage& storage) {
+  const int E = p.num_experts;
+  const int per_thread = (E + kThreads - 1) / kThreads;
+  const int e0 = min(static_cast<int>(threadIdx.x) * per_thread, E);
+  const int e1 = min(e0 + per_thread, E);
+  const auto padded = [&](int count) { return (count + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple; };
+  int run = 0;
+  for (int e = e0; e < e1; ++e) run += padded(count_of(e));
+  int start = 0, total = 0;
+  cub::BlockScan<int, kThreads>(storage).ExclusiveSum(run, start, total);
+  for (int e = e0; e < e1; ++e) {
+    const int count = count_of(e);
+    if (starts != nullptr) starts[e] = start;
+    if (publish) {
+      p.offsets[e] = start;
+      p.counts[e] = count;
+    }
+    start += padded(count);
+  }
+  if (threadIdx.x == 0) {
+    if (starts != nullptr) starts[E] = total;
+    if (publish) p.offsets[E] = total;
+  }
 }
 
 __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const PermuteKernelParams p) {
@@ -106,24 +146,8 @@ __global__ void __launch_bounds__(kScanThreads) permute_scan_kernel(const Permut
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  const int e_per_thread = (p.num_experts + kScanThreads - 1) / kScanThreads;
-  const int e0 = threadIdx.x * e_per_thread;
-  const int e1 = min(e0 + e_per_thread, p.num_experts);
-  int padded_sum = 0;
-  for (int i = e0; i < e1; ++i) {
-    const int count = __ldcg(p.totals + i);
-    padded_sum += (count + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple;
-  }
   __syncthreads();  // scan_storage is reused
-  int start = 0, grand = 0;
-  Scan(scan_storage).ExclusiveSum(padded_sum, start, grand);
-  for (int i = e0; i < e1; ++i) {
-    const int count = __ldcg(p.totals + i);
-    p.offsets[i] = start;
-    p.counts[i] = count;
-    start += (count + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple;
-  }
-  if (threadIdx.x == 0) p.offsets[p.num_experts] = grand;
+  lay_out_segments<kScanThreads>(p, [&](int i) { return __ldcg(p.totals + i); }, true, nullptr, scan_storage);
 }
 
 // Copy work: an item is one (token, 128-column block), shared by a group of lanes so that each destination store
@@ -172,41 +196,16 @@ __device__ __forceinline__ void single_pass_layout(const PermuteKernelParams& p,
   const int E = p.num_experts;
   for (int e = threadIdx.x; e < E; e += blockDim.x) counts[e] = 0;
   __syncthreads();
-  int64_t routed_end = n;  // copies of tokens at or past the device-side count are dropped
-  if (p.active_tokens != nullptr) {
-    const int64_t a = *p.active_tokens;
-    routed_end = min(routed_end, (a < 0 ? 0 : a) * p.topk);
-  }
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int64_t e = p.ids_are_64 ? static_cast<const int64_t*>(p.ids)[i] : static_cast<const int32_t*>(p.ids)[i];
-    const bool valid = e >= 0 && e < E && i < routed_end;
-    chunk_ids[i] = valid ? static_cast<int>(e) : -1;
-    if (valid) atomicAdd(&counts[e], 1);
-  }
+  count_entries(
+      p, 0, n,
+      [&](int64_t i) {
+        return p.ids_are_64 ? static_cast<const int64_t*>(p.ids)[i] : int64_t{static_cast<const int32_t*>(p.ids)[i]};
+      },
+      chunk_ids, counts);
   __syncthreads();
-  // Exclusive prefix of the padded counts: thread j owns a contiguous run of experts.
-  const int per_thread = (E + kScatterThreads - 1) / kScatterThreads;
-  const int e0 = min(static_cast<int>(threadIdx.x) * per_thread, E);
-  const int e1 = min(e0 + per_thread, E);
-  const auto padded = [&](int count) { return (count + p.pad_multiple - 1) / p.pad_multiple * p.pad_multiple; };
-  int run = 0;
-  for (int e = e0; e < e1; ++e) run += padded(counts[e]);
-  int start = 0, total = 0;
-  Scan(scan_storage).ExclusiveSum(run, start, total);
-  const bool publish = blockIdx.y == 0;
-  for (int e = e0; e < e1; ++e) {
-    seg_start[e] = start;
-    base[e] = start;
-    if (publish) {
-      p.offsets[e] = start;
-      p.counts[e] = counts[e];
-    }
-    start += padded(counts[e]);
-  }
-  if (threadIdx.x == 0) {
-    seg_start[E] = total;
-    if (publish) p.offsets[E] = total;
-  }
+  lay_out_segments<kScatterThreads>(p, [&](int e) { return counts[e]; }, blockIdx.y == 0, seg_start, scan_storage);
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) base[e] = seg_start[e];  // the running row the ranking advances
   __syncthreads();
 }
 
