@@ -256,10 +256,14 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   }
 }
 
+// --host: calls per round and rounds (the median is reported) of time_host, for the cases and the bare launch alike.
+constexpr int kHostCalls = 40, kHostReps = 9;
+
 // --host: the CPU's time per call of each case (C++ only), and its excess over as many bare launches as fit in it.
 void print_host(const std::vector<Row>& rows, double floor_us) {
-  std::printf("\nhost time per call (C++, no Python; the stream held busy, median of 9 x 40 calls); a bare launch: %.2f us\n",
-              floor_us);
+  std::printf("\nhost time per call (C++, no Python; the stream held busy, median of %d x %d calls); a bare launch: "
+              "%.2f us\n",
+              kHostReps, kHostCalls, floor_us);
   int op_w = 18, name_w = 40;
   for (const Row& r : rows) {
     op_w = std::max(op_w, static_cast<int>(r.spec->op.size()));
@@ -527,7 +531,7 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
     }
     if (o.host) {
       try {
-        row.host_us = time_host(inst.get(), stream, 40, 9);
+        row.host_us = time_host(inst.get(), stream, kHostCalls, kHostReps);
       } catch (const std::exception& e) {
         note_error(row.error, std::string("host timing: ") + e.what());
         settle(stream);
@@ -619,7 +623,7 @@ int main_impl(int argc, char** argv) {
   double host_floor_us = NAN;  // --host: one bare launch, timed as the cases are
   if (o.host) {
     try {
-      host_floor_us = time_host(nullptr, stream, 40, 9);
+      host_floor_us = time_host(nullptr, stream, kHostCalls, kHostReps);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tessera-bench: host timing of a bare launch failed: %s\n", e.what());
       settle(stream);
