@@ -328,7 +328,7 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   if (T == 0) return;
   tessera::detail::require_hopper("tessera::moe::moe_layer");
 
-  mark(0);
+  if (mark(0)) return;
   // 1. routing
   GateParams gp = c.gate;
   fused_gate(verified(in.router_logits),

@@ -56,7 +56,8 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream);
 // moe_layer itself, with an event recorded on the stream before the first step and after each of the six (marks[0]
 // .. marks[6]: gate, permute, first GEMM, activation, second GEMM, reduce) when marks is not null: the benchmark's
 // per-step breakdown of the very code path users call. moe_layer passes null and runs every step. A last_step below
-// 6 returns after that step (the marks up to it recorded) and leaves y unwritten: with last_step 3 the workspace
+// 6 returns after that step (the marks up to it recorded) and leaves y unwritten (last_step 0: the checks only, no
+// launch; the benchmark's --host split of the layer's host time): with last_step 3 the workspace
 // holds the first GEMM's h (and the routing, row_index) of this call, which the tests read to check the rest of the
 // layer from the GPU's own h.
 constexpr int kLayerSteps = 6;
