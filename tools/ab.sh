@@ -5,6 +5,7 @@
 #
 #   tools/ab.sh prepare REV                  here: REV's sources into .ab/base.tar (.ab/ is git-ignored);
 #                                            carry `.ab` in the GPU call
+#   tools/ab.sh build [LOGDIR]               GPU machine: builds both binaries only (run reuses them)
 #   tools/ab.sh run OUTDIR [ROUNDS] [-- BENCH_ARGS...]
 #                                            GPU machine: builds both tessera-bench binaries (in parallel), runs
 #                                            them alternately ROUNDS times (default 3) with BENCH_ARGS (default
@@ -23,9 +24,13 @@ case $cmd in
     git rev-parse "$rev" >.ab/base.rev
     echo "ab: $(cat .ab/base.rev) in .ab/base.tar ($(du -h .ab/base.tar | cut -f1)); carry .ab in the GPU call"
     ;;
-  run)
-    out=${1:?tools/ab.sh run: name an output folder}
-    shift
+  build | run)
+    if [[ $cmd == run ]]; then
+      out=${1:?tools/ab.sh run: name an output folder}
+      shift
+    else
+      out=${1:-/tmp/tessera-ab-logs}
+    fi
     rounds=3
     if (($#)) && [[ $1 != -- ]]; then rounds=$1; shift; fi
     [[ ${1:-} == -- ]] && shift
@@ -36,15 +41,21 @@ case $cmd in
     jobs=$(nproc)
     half=$(((jobs + 1) / 2))
     base_src=/tmp/tessera-ab-base
-    rm -rf "$base_src" && mkdir -p "$base_src" && tar -xf .ab/base.tar -C "$base_src"
     build() {  # source dir, build dir, log
       cmake -S "$1" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_PYTHON=OFF \
         >"$3" 2>&1 && cmake --build "$2" -j "$half" --target tessera-bench >>"$3" 2>&1
     }
+    # `build` alone (e.g. in the background while the GPU runs tests) makes both binaries; `run` builds them again,
+    # which costs nothing where they are current (ninja; the base sources are unpacked again only for a new REV).
+    if [[ "$(cat "$base_src/.ab-rev" 2>/dev/null)" != "$(cat .ab/base.rev 2>/dev/null)" ]]; then
+      rm -rf "$base_src" && mkdir -p "$base_src" && tar -xf .ab/base.tar -C "$base_src"
+      cp .ab/base.rev "$base_src/.ab-rev" 2>/dev/null || true
+    fi
     build "$base_src" "$base_src/build" "$out/build-base.log" & base_pid=$!
     build . build-ab "$out/build-new.log" & new_pid=$!
     wait "$base_pid" || { echo "ab: base build failed ($out/build-base.log)" >&2; exit 1; }
     wait "$new_pid" || { echo "ab: new build failed ($out/build-new.log)" >&2; exit 1; }
+    [[ $cmd == build ]] && exit 0
     for ((r = 1; r <= rounds; ++r)); do
       "$base_src/build/bench/tessera-bench" "${bench_args[@]}" --json "$out/json/base-$r.json" >/dev/null 2>&1 ||
         echo "ab: base round $r exited non-zero" >&2

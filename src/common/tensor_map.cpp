@@ -54,7 +54,7 @@ struct MapKey {
 // reads the same cache) skips the driver call, which costs more host time than the rest of the launch path
 // (docs/perf/host_overhead.md). Per thread, so no lock; a miss replaces the oldest entry.
 struct MapMemo {
-  static constexpr int kEntries = 16;  // a MoE layer's two grouped GEMMs use 5 maps each
+  static constexpr int kEntries = 24;  // a MoE layer's two grouped GEMMs use 6 maps each
   MapKey keys[kEntries];
   CUtensorMap maps[kEntries];
   int used = 0, next = 0;

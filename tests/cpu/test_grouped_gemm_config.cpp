@@ -48,24 +48,65 @@ TEST(GroupedGemmConfig, LargeGroupsTakeShorterTilesOnlyWhenThatFinishesSooner) {
 }
 
 TEST(GroupedGemmConfig, EveryTileShapeFitsAStage) {
-  for (int bm : {8, 32, 64, 128}) {
-    {
-      const int halves = tile_halves(bm);
-      const int per_stage = kblocks_per_stage(bm, halves);
-      EXPECT_GE(per_stage, 1) << bm << " " << halves;
-      EXPECT_LE(per_stage, kMaxKBlocksPerStage);
-      EXPECT_LE(per_stage * kblock_bytes(bm, halves), kStageBytes) << bm << " " << halves;
-      // Every operand tile starts 1024-byte aligned (the 128-byte swizzle atom) within the stage.
-      EXPECT_EQ(kblock_bytes(bm, halves) % 1024, 0);
-      EXPECT_EQ(halves * 128 * kTileKBytes % 1024, 0);
-      // The block-wise scale products of the stage: [k-block][slot][kMaxBlockM].
-      EXPECT_LE(per_stage * halves * kMaxBlockM, kStageScaleFloats);
+  struct Shape {
+    int bm, halves;
+    bool split;
+  };
+  for (const Shape t : {Shape{8, 1, false}, Shape{8, 1, true}, Shape{32, 1, false}, Shape{64, 1, false},
+                        Shape{128, 2, false}}) {
+    EXPECT_EQ(tile_halves(t.bm), t.halves);
+    const int width = tile_width(t.halves, t.split);
+    const int per_stage = kblocks_per_stage(t.bm, width);
+    EXPECT_GE(per_stage, 1) << t.bm << " " << width;
+    EXPECT_LE(per_stage, kMaxKBlocksPerStage);
+    EXPECT_LE(per_stage * kblock_bytes(t.bm, width), kStageBytes) << t.bm << " " << width;
+    // Every operand tile starts 1024-byte aligned (the 128-byte swizzle atom) within the stage.
+    EXPECT_EQ(kblock_bytes(t.bm, width) % 1024, 0);
+    EXPECT_EQ(width * kTileKBytes % 1024, 0);
+    // The block-wise scale products of the stage: [slot][kMaxBlockM] for one k-block, [k-block][block_m] for more
+    // (the scale warps' lanes cover block_m × k-blocks pairs, at most 128).
+    if (per_stage == 1) {
+      EXPECT_LE(t.halves * kMaxBlockM, kStageScaleFloats);
+    } else {
+      EXPECT_EQ(t.halves, 1);
+      EXPECT_LE(per_stage * t.bm, kMaxBlockM) << t.bm;
+      EXPECT_LE(per_stage * t.bm, kStageScaleFloats);
     }
+    // A split tile's two warpgroups take half of each stage's k-blocks.
+    if (t.split) EXPECT_EQ(per_stage % 2, 0);
   }
   EXPECT_EQ(kStageBytes % 1024, 0);
-  // Decode tiles (8 token rows, 128 weights) carry three k-blocks per stage: 48 KiB of weights per stage.
-  EXPECT_EQ(kblocks_per_stage(8, 1), 3);
-  EXPECT_EQ(kblocks_per_stage(128, 2), 1);
+  // Decode tiles (8 token rows, 128 weights) carry three k-blocks per stage: 48 KiB of weights per stage; split
+  // ones (64 weights) four, two per warpgroup.
+  EXPECT_EQ(kblocks_per_stage(8, 128), 3);
+  EXPECT_EQ(kblocks_per_stage(8, 64), 4);
+  EXPECT_EQ(kblocks_per_stage(128, 256), 1);
+}
+
+TEST(GroupedGemmConfig, DecodeLaunchesSplitTilesOnlyWhereTheLastWaveIsThin) {
+  const int ctas = 132;
+  EXPECT_EQ(tile_width(1, false), 128);
+  EXPECT_EQ(tile_width(2, false), 256);
+  EXPECT_EQ(tile_width(1, true), 64);
+  // DeepSeek-V3 gate_up at T 1: 9 one-row groups × 32 tiles = 288, a last wave of 24: split.
+  EXPECT_TRUE(split_decode_tiles(288, ctas));
+  // Its down projection: 9 × 56 = 504 tiles, a last wave of 108: not split.
+  EXPECT_FALSE(split_decode_tiles(504, ctas));
+  // Mixtral's down projection at T 1: 2 × 32 = 64 tiles on 132 CTAs: split (128 tiles, one wave).
+  EXPECT_TRUE(split_decode_tiles(64, ctas));
+  // Full waves never split (twice the tiles cost 4 % more).
+  EXPECT_FALSE(split_decode_tiles(132, ctas));
+  EXPECT_FALSE(split_decode_tiles(264, ctas));
+  EXPECT_FALSE(split_decode_tiles(132 * 40, ctas));
+  EXPECT_FALSE(split_decode_tiles(0, ctas));
+  EXPECT_FALSE(split_decode_tiles(10, 0));
+  // A launch limited to few CTAs: one tile per CTA stays.
+  EXPECT_FALSE(split_decode_tiles(16, 16));
+  // Only 8-row tiles split.
+  EXPECT_TRUE(tile_shape(1, 128, true).split);
+  EXPECT_TRUE(tile_shape(8, 128, true).split);
+  EXPECT_FALSE(tile_shape(9, 128, true).split);
+  EXPECT_FALSE(tile_shape(1, 128, false).split);
 }
 
 TEST(GroupedGemmConfig, EveryGroupCountFitsSharedMemoryWithAtLeastTwoStages) {

@@ -542,6 +542,45 @@ TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
         }
 }
 
+// Decode launches (every group at most 8 rows) whose 128-wide tiles would leave the last wave thin run 64-wide
+// tiles with the two consumer warpgroups splitting K (config.h: split_decode_tiles): every kind and layout, K of
+// 1 to 9 k-blocks (a stage of four, so the last stage is partly past K for either warpgroup), N an odd number of
+// 64-wide tiles' pairs. Each launch's choice is asserted from the rule with the device's CTA count, so the shapes
+// keep testing the split path if the rule moves.
+TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
+  int sms = 0;
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const uint64_t shape_seed = test::fresh_seed();
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
+  std::mt19937_64 rng(shape_seed);
+  struct Shape {
+    int G;
+    int64_t n, k;
+  };
+  for (const Shape sh : {Shape{9, 2048, 1152}, Shape{3, 640, 640}, Shape{1, 128, 128}, Shape{12, 384, 1024}})
+    for_each_kind_and_layout([&](GemmCase c) {
+      c.G = sh.G;
+      c.n = sh.n;
+      c.k = is_fp8(c) ? sh.k : sh.k / 2;  // the same k-blocks (128 bytes of K) for bf16
+      std::uniform_int_distribution<int64_t> rows(0, 8);
+      c.sizes.assign(c.G, 0);
+      int64_t tiles = 0, total = 0;
+      for (int64_t& r : c.sizes) r = rows(rng);
+      c.sizes[rng() % c.G] = 8;
+      if (c.G > 2) c.sizes[rng() % c.G] = 1;
+      for (int64_t r : c.sizes) tiles += (r + 7) / 8 * (c.n / 128), total += r;
+      c.lead = c.masked ? 0 : 3;
+      c.max_m_extra = 2;
+      // The CTAs the launcher gives the launch (launch.cu): its tile bound, at most one per SM.
+      const int64_t bound =
+          (c.masked ? c.G * ((8 + c.max_m_extra + 7) / 8) : (c.lead + total + 7) / 8 + c.G) * (c.n / 64);
+      const int64_t ctas = std::min<int64_t>(bound, sms);
+      EXPECT_TRUE(tessera::gemm::detail::split_decode_tiles(tiles, ctas))
+          << describe(c) << ": " << tiles << " tiles on " << ctas << " CTAs";
+      check_case(c);
+    });
+}
+
 // Skewed routing: one large group among many empty or tiny ones. 700-1100 rows at N 1024 run as a few 128 x 256
 // tiles; 130-250 rows at N 512 make so few of them that the launch takes 64 x 128 tiles for the large group
 // (config.h: large_block_m).

@@ -19,24 +19,29 @@ namespace tessera::gemm::detail {
 inline constexpr int kTileKBytes = 128;     // K bytes per k-block: one 128-byte swizzle row
 inline constexpr int kThreads = 384;        // 2 consumer warpgroups + 1 producer warpgroup
 inline constexpr int kMaxBlockM = 128;      // token rows of the tallest tile
-inline constexpr int kWeightBox = 128;      // weight rows per TMA box: a tile loads 1 or 2
+inline constexpr int kWeightBox = 128;      // weight rows of the common TMA box (64 and 256 serve split and wide tiles)
 inline constexpr int kSmemLimit = 232448;   // sm_90 opt-in dynamic shared memory per block
-// One ring stage holds the operands of 1 to 3 k-blocks, as many as fit: the widest tile (256 weight rows + 128
-// token rows = 48 KiB) takes one k-block per stage, a decode tile (128 + 8 rows = 17 KiB) three. So the ring keeps
-// about the same bytes in flight whatever mix of tiles a launch runs.
+// One ring stage holds the operands of 1 to 4 k-blocks, as many as fit: the widest tile (256 weight rows + 128
+// token rows = 48 KiB) takes one k-block per stage, a decode tile (128 + 8 rows = 17 KiB) three, a split decode tile
+// (64 + 8 rows = 9 KiB) four, two per warpgroup. So the ring keeps about the same bytes in flight whatever mix of
+// tiles a launch runs.
 inline constexpr int kStageBytes = 51 * 1024;
-inline constexpr int kMaxKBlocksPerStage = 3;
-inline constexpr int kStageScaleFloats = kMaxKBlocksPerStage * kMaxBlockM;  // block-wise scale products
+inline constexpr int kMaxKBlocksPerStage = 4;
+// Block-wise scale products of a stage: [slot][kMaxBlockM] for a one-k-block stage (slot: the consumer warpgroup's
+// 128-weight scale block), [k-block][block_m] for a stage of several (block_m × k-blocks ≤ 128 for every such tile).
+inline constexpr int kStageScaleFloats = 3 * kMaxBlockM;
 inline constexpr int kMaxStages = 4;
 
 // The shape of the tiles of one group.
 struct TileShape {
   int block_m;  // token rows: 8, 32, 64 or 128
   int halves;   // m64 weight blocks per consumer warpgroup: 1 (tile 128 weights wide) or 2 (256)
+  bool split;   // 8-row tiles of a decode launch only: 64 weights wide, the two warpgroups splitting K (halves 1)
 };
 
 // The tile shapes the kernel has (one consume_tile instantiation each; more of them in one kernel made ptxas
-// spill the consumers' accumulators): (8, 128), (32, 128), (64, 128) and (128, 256) token rows × weight rows.
+// spill the consumers' accumulators): (8, 128), (8, 64 split), (32, 128), (64, 128) and (128, 256) token rows ×
+// weight rows.
 
 // Token rows of a group's tiles: 8 or 32 when they hold its rows, else `large` (128, or 64 where the launch needs
 // more tiles). A 33..64-row group takes 128-row tiles: 64 × 128 tiles cost more than half a 128 × 256 one
@@ -49,16 +54,36 @@ TESSERA_HD constexpr int tile_block_m(int64_t rows, int large) { return rows <= 
 // more, smaller tiles balance better.
 TESSERA_HD constexpr int tile_halves(int block_m) { return block_m == 128 ? 2 : 1; }
 
-TESSERA_HD constexpr TileShape tile_shape(int64_t rows, int large) {
+// Weight rows of a tile (N columns of the output it covers).
+TESSERA_HD constexpr int tile_width(int halves, bool split) { return split ? 64 : 128 * halves; }
+
+TESSERA_HD constexpr TileShape tile_shape(int64_t rows, int large, bool split_decode = false) {
   const int bm = tile_block_m(rows, large);
-  return TileShape{bm, tile_halves(bm)};
+  return TileShape{bm, tile_halves(bm), split_decode && bm == 8};
 }
 
-// Operand bytes of one k-block of a tile, and how many k-blocks share a stage.
-TESSERA_HD constexpr int kblock_bytes(int block_m, int halves) { return (halves * 128 + block_m) * kTileKBytes; }
-TESSERA_HD constexpr int kblocks_per_stage(int block_m, int halves) {
-  const int k = kStageBytes / kblock_bytes(block_m, halves);
+// Operand bytes of one k-block of a tile `width` weight rows wide, and how many k-blocks share a stage.
+TESSERA_HD constexpr int kblock_bytes(int block_m, int width) { return (width + block_m) * kTileKBytes; }
+TESSERA_HD constexpr int kblocks_per_stage(int block_m, int width) {
+  const int k = kStageBytes / kblock_bytes(block_m, width);
   return k > kMaxKBlocksPerStage ? kMaxKBlocksPerStage : k;
+}
+
+// A decode launch (every group at most 8 rows, so every tile 8 × 128) is a weight stream. Where its 128-wide tiles
+// leave the last wave thin, 64-wide tiles with the two consumer warpgroups splitting each stage's k-blocks (twice the
+// tiles, half the bytes each) finish sooner. The cost model, in 128-wide tiles of streaming: a full wave costs
+// `ctas`; a last wave of r tiles costs max(r, 2/3 · ctas), since one SM streams about 1.5× its share of the read
+// bandwidth (measured on an H200: Mixtral's down projection at T 1, 64 tiles on 64 SMs, read 3.2 TB/s of ~4.3), so a
+// wave a third empty still runs at about the full rate; a 64-wide tile costs 0.52 of a 128-wide one (its own
+// epilogue and table lookup). DeepSeek-V3's gate_up at T 1 (288 tiles on 132 SMs: a last wave of 24) splits; its
+// down projection (504: a last wave of 108) does not.
+TESSERA_HD constexpr int64_t streaming_waves_cost(int64_t tiles, int64_t ctas) {
+  const int64_t full = tiles / ctas, last = tiles - full * ctas, floor = (2 * ctas + 2) / 3;
+  return full * ctas + (last == 0 ? 0 : last > floor ? last : floor);
+}
+TESSERA_HD constexpr bool split_decode_tiles(int64_t tiles128, int64_t ctas) {
+  if (tiles128 <= 0 || ctas <= 0) return false;
+  return streaming_waves_cost(2 * tiles128, ctas) * 52 < streaming_waves_cost(tiles128, ctas) * 100;
 }
 
 // The height of the tiles of groups with more than 32 rows, one choice per launch: 128 (256 wide: fewest operand
@@ -80,6 +105,7 @@ TESSERA_HD constexpr int large_block_m(int64_t tiles128, int64_t tiles64, int64_
 struct SmemLayout {
   int operands_bytes;  // stages × kStageBytes, 1024-byte aligned
   int scales_bytes;    // stages × kStageScaleFloats fp32
+  int exchange_bytes;  // a split tile's second-warpgroup partial sums: 128 threads × 4 fp32 (m64n8)
   int barrier_bytes;   // 2 × stages × 8
   int table_bytes;     // scan scratch (one slot per warp used, two reserved) and (G + 1) tile prefix, int64; G starts, rows and shapes, int32
   int total_bytes;     // + 1024 for aligning the dynamic base
@@ -88,14 +114,15 @@ struct SmemLayout {
     SmemLayout l{};
     l.operands_bytes = stages * kStageBytes;
     l.scales_bytes = stages * kStageScaleFloats * 4;
+    l.exchange_bytes = 128 * 4 * 4;
     l.barrier_bytes = 2 * stages * 8;
     l.table_bytes = (2 * (kThreads / 32) + num_groups + 1) * 8 + 3 * num_groups * 4;
-    l.total_bytes = 1024 + l.operands_bytes + l.scales_bytes + l.barrier_bytes + l.table_bytes;
+    l.total_bytes = 1024 + l.operands_bytes + l.scales_bytes + l.exchange_bytes + l.barrier_bytes + l.table_bytes;
     return l;
   }
 };
 
-// Deepest ring that fits the shared memory limit (kMaxStages up to ~800 groups, fewer for more; at least 2).
+// Deepest ring that fits the shared memory limit (kMaxStages up to ~700 groups, fewer for more; at least 2).
 constexpr int select_stages(int num_groups, int smem_limit = kSmemLimit) {
   for (int s = kMaxStages; s > 2; --s)
     if (SmemLayout::make(s, num_groups).total_bytes <= smem_limit) return s;

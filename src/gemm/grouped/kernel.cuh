@@ -53,6 +53,8 @@ inline constexpr int kConsumerRegs = 224;
 // waits on stage g's empty barrier knowing only that stage g - kScaleWarps - stages was released; its one-bit
 // parity wait cannot be satisfied by an older phase only while stages >= kScaleWarps, so every ring must be that deep.
 inline constexpr int kScaleWarps = 3;
+// The named barrier of the two consumer warpgroups (256 threads) around a split tile's exchange (0 is __syncthreads).
+inline constexpr int kSplitExchangeBarrier = 1;
 static_assert(select_stages(kGroupedGemmMaxGroups) >= kScaleWarps, "the shallowest ring is shallower than kScaleWarps");
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= (65536 / kThreads / 8 * 8) * kThreads,
               "setmaxnreg budget exceeds the registers of the CTA");
@@ -83,6 +85,8 @@ struct TileCoord {
   int64_t row0;  // contiguous: global row of the group's first row; masked: 0
   int block_m;   // token rows of the tile
   int halves;    // m64 weight blocks per consumer warpgroup (tile width 128 · halves)
+  bool split;    // 64 weights wide, the two warpgroups splitting K (config.h: split_decode_tiles)
+  __device__ __forceinline__ int width() const { return tile_width(halves, split); }
 };
 
 // The per-group counts and their prefix are 64-bit: with non-monotone offsets the groups may overlap and their
@@ -94,7 +98,7 @@ struct TileTable {
   const int64_t* prefix;  // [G + 1] tiles before group g
   const int* start;       // [G]
   const int* rows;        // [G]
-  const int* shape;       // [G] block_m | halves << 8
+  const int* shape;       // [G] block_m | halves << 8 | split << 12
   int num_groups;
   int64_t n;
 
@@ -112,13 +116,14 @@ struct TileTable {
     TileCoord c;
     c.group = g;
     c.block_m = shape[g] & 0xFF;
-    c.halves = shape[g] >> 8;
+    c.halves = (shape[g] >> 8) & 0xF;
+    c.split = (shape[g] >> 12) != 0;
     const int local = static_cast<int>(t - prefix[g]);  // 0 <= local <= t
     const int m_tiles = (rows[g] + c.block_m - 1) / c.block_m;
     const int n_tile = local / m_tiles;
     const int m_tile = local - n_tile * m_tiles;
     c.m0 = m_tile * c.block_m;
-    c.n0 = n_tile * 128 * c.halves;
+    c.n0 = n_tile * c.width();
     c.rows = min(c.block_m, rows[g] - c.m0);
     c.row0 = start[g];
     return c;
@@ -140,14 +145,15 @@ __device__ __forceinline__ int64_t cta_sum(int64_t v, int64_t* scratch) {
 }
 
 // The tile table, by all kThreads threads: each group's clamped rows, its tile shape (tile_shape, with the height of
-// groups above 32 rows chosen once for the launch by large_block_m), its tile count, and their exclusive prefix sum.
-// Every CTA computes the same table from the same group sizes.
+// groups above 32 rows chosen once for the launch by large_block_m, and a decode launch's 8-row tiles split or not by
+// split_decode_tiles), its tile count, and their exclusive prefix sum. Every CTA computes the same table from the
+// same group sizes.
 __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* start, int* rows, int* shape,
                                  int64_t* scratch) {
   constexpr int kPer = (kGroupedGemmMaxGroups + kThreads - 1) / kThreads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int64_t r_[kPer];
-  int64_t big128 = 0, big64 = 0;
+  int64_t big128 = 0, big64 = 0, above8 = 0, tiles8 = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int g = tid * kPer + i;
@@ -168,10 +174,14 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
         big128 += (r + 127) / 128 * (p.n / 256);
         big64 += (r + 63) / 64 * (p.n / 128);
       }
+      if (r > 8) above8 += 1;
+      else tiles8 += (r + 7) / 8 * (p.n / 128);
     }
     r_[i] = r;
   }
   const int large = large_block_m(cta_sum(big128, scratch), cta_sum(big64, scratch), gridDim.x, p.n);
+  const bool decode_launch = cta_sum(above8, scratch) == 0;
+  const bool split = decode_launch && split_decode_tiles(cta_sum(tiles8, scratch), gridDim.x);
 
   int64_t counts[kPer];
   int64_t sum = 0;
@@ -180,9 +190,9 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
     const int g = tid * kPer + i;
     int64_t c = 0;
     if (g < p.num_groups) {
-      const TileShape ts = tile_shape(r_[i], large);
-      shape[g] = ts.block_m | (ts.halves << 8);
-      c = (r_[i] + ts.block_m - 1) / ts.block_m * (p.n / (128 * ts.halves));
+      const TileShape ts = tile_shape(r_[i], large, split);
+      shape[g] = ts.block_m | (ts.halves << 8) | (ts.split ? 1 << 12 : 0);
+      c = (r_[i] + ts.block_m - 1) / ts.block_m * (p.n / tile_width(ts.halves, ts.split));
     }
     counts[i] = c;
     sum += c;
@@ -218,6 +228,7 @@ __device__ void build_tile_table(const KernelParams& p, int64_t* prefix, int* st
 struct ConsumerCtx {
   uint8_t* operands;     // [stages][kStageBytes]
   const float* scales;   // [stages][kStageScaleFloats]
+  float* exchange;       // [4][128]: a split tile's second-warpgroup sums
   pipeline::StageRing ring;
 };
 
@@ -231,15 +242,23 @@ struct ConsumerCtx {
 //     0-63 and 64-127, sharing their B operand; 64 × 128: all 64 tokens × weights 64c..64c+63 (m64n64). A thread's
 //     accumulator then holds 2 token rows, so the block-wise promotion needs 2 scale products per piece and k-block
 //     (read while the batch runs) instead of 32 after it. The shared-memory bytes per flop are the same either way.
-template <int kBlockM, int kHalves, bool kTokensInM_>
+//   split K (kSplitK: the 8 × 64 tiles of a decode launch, weights in M): both warpgroups take all 64 weight rows ×
+//     8 tokens, warpgroup c the k-blocks 2c, 2c + 1 of each four-k-block stage; warpgroup 1 hands its sums to
+//     warpgroup 0 through shared memory at the end of the tile (a fixed order: deterministic), which stores.
+template <int kBlockM, int kHalves, bool kTokensInM_, bool kSplitK_ = false>
 struct TileSplit {
   static constexpr bool kTokensInM = kTokensInM_;
+  static constexpr bool kSplitK = kSplitK_;
   static_assert(!kTokensInM || (kBlockM >= 64 && kHalves == kBlockM / 64), "tokens in M: 64 × 128 or 128 × 256");
+  static_assert(!kSplitK || (kBlockM == 8 && kHalves == 1 && !kTokensInM), "split K: 8 × 64 tiles, weights in M");
+  static constexpr int kWidth = tile_width(kHalves, kSplitK);  // weight rows of the tile
   static constexpr int kPieces = kTokensInM ? kBlockM / 64 : kHalves;
   static constexpr int kN = kTokensInM ? 64 * kHalves : kBlockM;  // wgmma N
   // Byte offsets in a k-block's operands of piece p's A (M side) and B (N side) rows; weights first, then tokens.
-  __device__ static int a_row(int wg, int p) { return kTokensInM ? kHalves * 128 + 64 * p : (wg * kHalves + p) * 64; }
-  __device__ static int b_row(int wg, int p) { return kTokensInM ? 64 * kHalves * wg : kHalves * 128; }
+  __device__ static int a_row(int wg, int p) {
+    return kTokensInM ? kHalves * 128 + 64 * p : kSplitK ? 0 : (wg * kHalves + p) * 64;
+  }
+  __device__ static int b_row(int wg, int p) { return kTokensInM ? 64 * kHalves * wg : kWidth; }
   // Tokens in M: the first token (tile row) of piece p.
   __device__ static int tok_row(int p) { return 64 * p; }
   // The 128-weight scale block (slot of the block-wise products) of this warpgroup's pieces.
@@ -248,17 +267,20 @@ struct TileSplit {
 
 // One tile of shape (kBlockM, kHalves) by a consumer warpgroup: the mainloop over K through the ring, then the
 // epilogue. Stage st holds k-blocks kb0 .. kb0 + kblocks_per_stage - 1 of the tile, each as [weights][tokens].
-template <bool kFP8, int kBlockM, int kHalves, bool kTokensInM_ = false>
+template <bool kFP8, int kBlockM, int kHalves, bool kTokensInM_ = false, bool kSplitK = false>
 __device__ __forceinline__ void consume_tile(const KernelParams& p, const ConsumerCtx& x, const TileCoord& c,
                                              pipeline::PipelineState& st) {
-  using Split = TileSplit<kBlockM, kHalves, kTokensInM_>;
+  using Split = TileSplit<kBlockM, kHalves, kTokensInM_, kSplitK>;
   constexpr bool kTokensInM = Split::kTokensInM;
   constexpr int kPieces = Split::kPieces;
   using Mma = ptx::Wgmma<Split::kN>;
   constexpr int kRegs = Mma::kRegs;
   constexpr int kKSteps = 4;  // wgmma per k-block: k32 fp8 / k16 bf16, 32 bytes each
-  constexpr int kPerStage = kblocks_per_stage(kBlockM, kHalves);
-  constexpr int kSub = kblock_bytes(kBlockM, kHalves);
+  constexpr int kPerStage = kblocks_per_stage(kBlockM, Split::kWidth);
+  constexpr int kSub = kblock_bytes(kBlockM, Split::kWidth);
+  // The k-blocks of each stage this warpgroup takes: all, or (split K) its half of them.
+  static_assert(!kSplitK || kPerStage % 2 == 0, "split K: an even number of k-blocks per stage");
+  constexpr int kMine = kSplitK ? kPerStage / 2 : kPerStage;
   const int lane = threadIdx.x & 31, wg = threadIdx.x / 128, warp = (threadIdx.x >> 5) & 3;
   const bool blockwise = p.scaling == static_cast<int>(Scaling::kBlockwise);
   const int col_pair = 2 * (lane & 3);        // accumulator columns 8j + col_pair + {0, 1}
@@ -322,12 +344,15 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
       x.ring.consumer_wait(st);
       TESSERA_GG_STAMP(kb0, 0);
 #pragma unroll
-      for (int j = 0; j < kPerStage; ++j) {
+      for (int i = 0; i < kMine; ++i) {
+        const int j = (kSplitK ? wg * kMine : 0) + i;  // k-block of the stage
         const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
-        const bool last_kb = j + 1 == kPerStage;
+        const bool last_kb = i + 1 == kMine;
+        // The stage's products (config.h, kStageScaleFloats): [slot][kMaxBlockM] or [k-block][block_m].
+        const float* prod = x.scales + st.stage * kStageScaleFloats +
+                            (kPerStage == 1 ? Split::ws_slot(wg) * kMaxBlockM : j * kBlockM);
 #pragma unroll
         for (int h = 0; h < kPieces; ++h) {
-          const float* prod = x.scales + st.stage * kStageScaleFloats + (j * kHalves + Split::ws_slot(wg)) * kMaxBlockM;
           ptx::wgmma_fence();
           issue(part, sub, h, false);
           ptx::wgmma_commit_group();
@@ -400,10 +425,10 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
       x.ring.consumer_wait(st);
       ptx::wgmma_fence();
 #pragma unroll
-      for (int j = 0; j < kPerStage; ++j) {
-        const uint8_t* sub = x.operands + st.stage * kStageBytes + j * kSub;
+      for (int i = 0; i < kMine; ++i) {
+        const uint8_t* sub = x.operands + st.stage * kStageBytes + ((kSplitK ? wg * kMine : 0) + i) * kSub;
 #pragma unroll
-        for (int h = 0; h < kPieces; ++h) issue(total[h], sub, h, kb0 + j > 0);
+        for (int h = 0; h < kPieces; ++h) issue(total[h], sub, h, kb0 + i > 0);
       }
       ptx::wgmma_commit_group();
       ptx::wgmma_wait_group<1>();
@@ -415,6 +440,25 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
 #pragma unroll
     for (int h = 0; h < kPieces; ++h) ptx::wgmma_fence_registers(total[h]);
     release(prev);
+  }
+
+  // ---- split K: warpgroup 1's sums added to warpgroup 0's (same accumulator layout: thread t of either holds the
+  // same outputs), always in this order; warpgroup 0 stores the tile. The second barrier keeps the exchange buffer
+  // until warpgroup 0 has read it.
+  if constexpr (kSplitK) {
+    static_assert(kPieces == 1 && kRegs * 128 * 4 <= 128 * 4 * 4, "the exchange buffer holds one m64n8 accumulator");
+    const int t = threadIdx.x & 127;
+    if (wg == 1) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) ptx::st_shared_f32(x.exchange + i * 128 + t, total[0][i]);
+    }
+    ptx::named_barrier_sync(kSplitExchangeBarrier, 256);
+    if (wg == 0) {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) total[0][i] += ptx::ld_shared_f32(x.exchange + i * 128 + t);
+    }
+    ptx::named_barrier_sync(kSplitExchangeBarrier, 256);
+    if (wg == 1) return;
   }
 
   // ---- epilogue: scale, bf16, 4-byte stores of two adjacent outputs of one token straight from the accumulators.
@@ -470,7 +514,8 @@ template <bool kFP8>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x8, const __grid_constant__ CUtensorMap tmap_x64,
                         const __grid_constant__ CUtensorMap tmap_x128, const __grid_constant__ CUtensorMap tmap_w,
-                        const __grid_constant__ CUtensorMap tmap_w256, const __grid_constant__ KernelParams p) {
+                        const __grid_constant__ CUtensorMap tmap_w256, const __grid_constant__ CUtensorMap tmap_w64,
+                        const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kElemBytes = kFP8 ? 1 : 2;
   constexpr int kKElems = kTileKBytes / kElemBytes;  // K elements per k-block
@@ -480,7 +525,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const SmemLayout L = SmemLayout::make(p.stages, p.num_groups);
   uint8_t* operands = base;                                        // [stages][kStageBytes]
   float* scales = reinterpret_cast<float*>(base + L.operands_bytes);  // [stages][kStageScaleFloats]
-  uint64_t* bars = reinterpret_cast<uint64_t*>(base + L.operands_bytes + L.scales_bytes);
+  float* exchange = reinterpret_cast<float*>(base + L.operands_bytes + L.scales_bytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(base + L.operands_bytes + L.scales_bytes + L.exchange_bytes);
   int64_t* scratch = reinterpret_cast<int64_t*>(bars + 2 * p.stages);  // [2 × kThreads / 32]
   int64_t* t_prefix = scratch + 2 * (kThreads / 32);                    // [G + 1]
   int* t_start = reinterpret_cast<int*>(t_prefix + p.num_groups + 1);
@@ -511,21 +557,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::prefetch_tensormap(&tmap_w);
       ptx::prefetch_tensormap(&tmap_x128);
       ptx::prefetch_tensormap(&tmap_w256);
+      ptx::prefetch_tensormap(&tmap_w64);
       pipeline::PipelineState st;
       for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
         const TileCoord c = tiles.at(t);
         const int x_row = static_cast<int>(c.row0) + c.m0;
         const int x_grp = p.masked ? c.group : 0;
-        const int per_stage = kblocks_per_stage(c.block_m, c.halves);
-        const int sub_bytes = kblock_bytes(c.block_m, c.halves);
-        const int w_bytes = c.halves * kWeightBox * kTileKBytes;
+        const int width = c.width();
+        const int per_stage = kblocks_per_stage(c.block_m, width);
+        const int sub_bytes = kblock_bytes(c.block_m, width);
+        const int w_bytes = width * kTileKBytes;
         // One box per operand and k-block, except 32-row token tiles (four boxes of 8 rows; a 32-row map would be
-        // a sixth tensor map for the least common shape): tokens in boxes of 8, 64 or 128 rows, weights of 128 or
-        // 256 rows.
+        // a seventh tensor map for the least common shape): tokens in boxes of 8, 64 or 128 rows, weights of 64,
+        // 128 or 256 rows.
         const CUtensorMap* x_map = c.block_m == 128 ? &tmap_x128 : c.block_m == 64 ? &tmap_x64 : &tmap_x8;
         const int x_box_rows = c.block_m >= 64 ? c.block_m : 8;
-        const CUtensorMap* w_map = c.halves == 2 ? &tmap_w256 : &tmap_w;
-        const int w_box_rows = c.halves * kWeightBox;
+        const CUtensorMap* w_map = c.split ? &tmap_w64 : c.halves == 2 ? &tmap_w256 : &tmap_w;
         for (int kb0 = 0; kb0 < p.k_blocks; kb0 += per_stage) {
           ring.producer_acquire(st);
           uint64_t* full = &ring.full[st.stage];
@@ -536,8 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < per_stage; ++j) {
             uint8_t* sub = operands + st.stage * kStageBytes + j * sub_bytes;
             const int k0 = (kb0 + j) * kKElems;
-            for (int i = 0; i < c.halves * kWeightBox; i += w_box_rows)
-              ptx::tma_load_3d(sub + i * kTileKBytes, w_map, full, k0, c.n0 + i, c.group);
+            ptx::tma_load_3d(sub, w_map, full, k0, c.n0, c.group);
             for (int r = 0; r < c.block_m; r += x_box_rows)
               ptx::tma_load_3d(sub + w_bytes + r * kTileKBytes, x_map, full, k0, x_row + r, x_grp);
           }
@@ -556,7 +602,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       constexpr int kPerLane = kMaxBlockM / 32;
       float x_next[kPerLane], w_next[2] = {0.0f, 0.0f};
       auto load = [&](const TileCoord& c, int kb0) {
-        const int per_stage = kblocks_per_stage(c.block_m, c.halves);
+        const int per_stage = kblocks_per_stage(c.block_m, c.width());
         const int n_kb = min(per_stage, p.k_blocks - kb0);
         const int shift = per_stage == 1 ? 7 : __ffs(c.block_m) - 1;  // pair -> (k-block, row); block_m: 2^k
         // Rows of x_scale that exist: contiguous rows < M (global), masked rows < max_m (in the group).
@@ -591,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t < total_tiles) c = tiles.at(t);
       pipeline::PipelineState st;
       auto next_stage = [&]() {
-        kb0 += kblocks_per_stage(c.block_m, c.halves);
+        kb0 += kblocks_per_stage(c.block_m, c.width());
         if (kb0 >= p.k_blocks) {
           kb0 = 0;
           t += gridDim.x;
@@ -607,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < kPerLane; ++i) x_cur[i] = x_next[i];
         const float w0 = w_next[0], w1 = w_next[1];
         const int block_m = c.block_m, halves = c.halves;
-        const int per_stage = kblocks_per_stage(block_m, halves);
+        const int per_stage = kblocks_per_stage(block_m, c.width());
         const pipeline::PipelineState mine = st;
 #pragma unroll 1
         for (int i = 0; i < kScaleWarps && t < total_tiles; ++i) next_stage();
@@ -624,13 +670,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         } else {
-          // Slots of a multi-k-block stage are k-blocks (halves is 1 for every such tile).
+          // A multi-k-block stage's products are [k-block][block_m] (halves is 1 for every such tile): pair
+          // j · block_m + row is product (k-block j, row).
           const int shift = __ffs(block_m) - 1;
 #pragma unroll
           for (int i = 0; i < kPerLane; ++i) {
             const int pair = lane + 32 * i, j = pair >> shift;
             const float w = __shfl_sync(0xffffffffu, w0, j & 31);
-            if (j < per_stage) ptx::st_shared_f32(dst + j * kMaxBlockM + (pair & (block_m - 1)), w * x_cur[i]);
+            if (j < per_stage) ptx::st_shared_f32(dst + pair, w * x_cur[i]);
           }
         }
         ptx::mbarrier_arrive(&ring.full[mine.stage]);
@@ -639,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
     ptx::setmaxnreg_inc<kConsumerRegs>();
-    const ConsumerCtx ctx{operands, scales, ring};
+    const ConsumerCtx ctx{operands, scales, exchange, ring};
     pipeline::PipelineState st;
     for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
       const TileCoord c = tiles.at(t);
@@ -650,7 +697,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // instantiate those tiles.
       const bool tokens_in_m = kFP8 && blockwise;
       switch (c.block_m) {
-        case 8: consume_tile<kFP8, 8, 1>(p, ctx, c, st); break;
+        case 8:
+          if (c.split) consume_tile<kFP8, 8, 1, false, true>(p, ctx, c, st);
+          else consume_tile<kFP8, 8, 1>(p, ctx, c, st);
+          break;
         case 32: consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
         case 64:
           if (tokens_in_m) consume_tile<kFP8, 64, 1, kFP8>(p, ctx, c, st);

@@ -26,7 +26,7 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
 
   const bool masked = pb.layout == Layout::kMasked;
   // Token rows: contiguous [1][M][K]; masked [G][max_m][K] (TMA clips each group at max_m), in boxes of 8, 64 and
-  // 128 rows; weights [G][N][K] in boxes of 128 and 256 rows (kernel.cuh: which tile loads which).
+  // 128 rows; weights [G][N][K] in boxes of 64, 128 and 256 rows (kernel.cuh: which tile loads which).
   using ::tessera::detail::make_tensor_map_sw128;
   static_assert(kTileKBytes == 128, "k-blocks are one 128-byte swizzle row of K");
   const auto elem = kFP8 ? ::tessera::detail::TmaElement::kU8 : ::tessera::detail::TmaElement::kBF16;
@@ -44,6 +44,9 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
   const CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w
                                                 : make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups,
                                                                         pb.w_row_stride, pb.w_group_stride, 256);
+  // 64-row weight boxes serve a decode launch's split tiles (config.h: split_decode_tiles).
+  const CUtensorMap tmap_w64 = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
+                                                     pb.w_group_stride, 64);
 
   KernelParams kp{};
   kp.num_groups = pb.num_groups;
@@ -67,13 +70,13 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
   kp.ws_k_stride = pb.ws_k_stride;
 
   // Grid size only (tile shapes are chosen on the device): with monotone offsets tiles number at most
-  // (rows / 8 + G) × N / 128 (contiguous) or G × ceil(max_m / 8) × N / 128 (masked); overlapping groups just give
-  // each CTA more tiles.
-  const int64_t n_tiles = pb.n / 128;
+  // (rows / 8 + G) × N / 64 (contiguous) or G × ceil(max_m / 8) × N / 64 (masked), counting split decode tiles
+  // (64 wide); overlapping groups just give each CTA more tiles.
+  const int64_t n_tiles = pb.n / 64;
   const int64_t m_tiles_bound = masked ? pb.num_groups * ((pb.rows + 7) / 8) : (pb.rows + 7) / 8 + pb.num_groups;
   const int64_t slots = int64_t{per_sm} * ::tessera::detail::current_device_info().num_sms;
   const int grid = static_cast<int>(std::min<int64_t>(m_tiles_bound * n_tiles, slots));
-  kernel<<<grid, kThreads, smem, stream>>>(tmap_x8, tmap_x64, tmap_x128, tmap_w, tmap_w256, kp);
+  kernel<<<grid, kThreads, smem, stream>>>(tmap_x8, tmap_x64, tmap_x128, tmap_w, tmap_w256, tmap_w64, kp);
   TESSERA_CHECK_LAUNCH();
 }
 
