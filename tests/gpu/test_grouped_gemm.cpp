@@ -562,12 +562,15 @@ TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
       c.G = sh.G;
       c.n = sh.n;
       c.k = is_fp8(c) ? sh.k : sh.k / 2;  // the same k-blocks (128 bytes of K) for bf16
-      std::uniform_int_distribution<int64_t> rows(0, 8);
+      // 1 to 8 rows a group (every group has tiles, so the tile count is the shape's), one group of 8 and, where
+      // there are many groups, one empty.
+      std::uniform_int_distribution<int64_t> rows(1, 8);
       c.sizes.assign(c.G, 0);
       int64_t tiles = 0, total = 0;
       for (int64_t& r : c.sizes) r = rows(rng);
-      c.sizes[rng() % c.G] = 8;
-      if (c.G > 2) c.sizes[rng() % c.G] = 1;
+      c.sizes[0] = 8;
+      if (c.G > 9) c.sizes[1 + rng() % (c.G - 1)] = 0;
+      std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
       for (int64_t r : c.sizes) tiles += (r + 7) / 8 * (c.n / 128), total += r;
       c.lead = c.masked ? 0 : 3;
       c.max_m_extra = 2;
