@@ -16,7 +16,7 @@
 // Shapes (groups x rows per group, N, K):
 //   dsv3_gate_up       32 x {8, 128, 1024}, 4096, 7168      dsv3_down   32 x 1024, 7168, 2048
 //   qwen3_gate_up     128 x 256, 1536, 2048                 qwen3_down_decode   128 x 4, 2048, 768
-//   mixtral_down_decode  2 x 1, 4096, 14336
+//   mixtral_down_decode  2 x 1, 4096, 14336                 dsv3_gate_up_t1   9 x 1, 4096, 7168
 //   skewed_zipf       128 groups, Zipf-like sizes with 16 empty groups, 32768 rows in all, 1536, 2048
 //   skew_one_big      256 groups, 250 empty; group 37 has 1000 rows, five others 3, 1, 12, 6, 2 (M 1024), 2048, 7168
 //   dsv3_gate_up_routed  T 4096 tokens routed by tessera's DeepSeek-V3 gate (E 256, top-8): 32768 rows over the
@@ -616,6 +616,8 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
       // Mixtral-8x7B's down projection at T 1 (2 experts of one row): 64 tiles of 128 weights on 132 SMs, the
       // decode launch that 64-wide split tiles fill (config.h: split_decode_tiles).
       uniform("mixtral_down_decode", 2, 1, 4096, 14336, true),
+      // DeepSeek-V3's gate_up at T 1 (8 routed experts and the shared one, one row each): 288 tiles of 128 weights.
+      uniform("dsv3_gate_up_t1", 9, 1, 4096, 7168, true),
   };
   GemmShape skewed;
   skewed.groups = 128;
