@@ -69,21 +69,15 @@ TESSERA_HD constexpr int kblocks_per_stage(int block_m, int width) {
   return k > kMaxKBlocksPerStage ? kMaxKBlocksPerStage : k;
 }
 
-// A decode launch (every group at most 8 rows, so every tile 8 × 128) is a weight stream. Where its 128-wide tiles
-// leave the last wave thin, 64-wide tiles with the two consumer warpgroups splitting each stage's k-blocks (twice the
-// tiles, half the bytes each) finish sooner. The cost model, in 128-wide tiles of streaming: a full wave costs
-// `ctas`; a last wave of r tiles costs max(r, 2/3 · ctas), since one SM streams about 1.5× its share of the read
-// bandwidth (measured on an H200: Mixtral's down projection at T 1, 64 tiles on 64 SMs, read 3.2 TB/s of ~4.3), so a
-// wave a third empty still runs at about the full rate; a 64-wide tile costs 0.52 of a 128-wide one (its own
-// epilogue and table lookup). DeepSeek-V3's gate_up at T 1 (288 tiles on 132 SMs: a last wave of 24) splits; its
-// down projection (504: a last wave of 108) does not.
-TESSERA_HD constexpr int64_t streaming_waves_cost(int64_t tiles, int64_t ctas) {
-  const int64_t full = tiles / ctas, last = tiles - full * ctas, floor = (2 * ctas + 2) / 3;
-  return full * ctas + (last == 0 ? 0 : last > floor ? last : floor);
-}
+// A decode launch (every group at most 8 rows, so every tile 8 × 128) is a weight stream, and one SM streams only a
+// fraction of the machine's read bandwidth. Where its 128-wide tiles occupy at most half of the CTAs, 64-wide tiles
+// with the two consumer warpgroups splitting each stage's k-blocks (twice the tiles, half the bytes each, still one
+// wave) put twice the SMs to work. Measured on an H200 (docs/perf/grouped_gemm.md, v8): Mixtral's down projection at
+// T 1 (64 tiles on 132 SMs) 0.80× the time with split tiles; DeepSeek-V3's gate_up at T 1 (288 tiles, a last wave
+// of 24) 0.99-1.02×, Qwen3's (192 tiles) no gain in its layer either: once the tiles fill the machine, a thin last
+// wave costs less than halving every tile. So: split only when the split tiles fit in one wave.
 TESSERA_HD constexpr bool split_decode_tiles(int64_t tiles128, int64_t ctas) {
-  if (tiles128 <= 0 || ctas <= 0) return false;
-  return streaming_waves_cost(2 * tiles128, ctas) * 52 < streaming_waves_cost(tiles128, ctas) * 100;
+  return tiles128 > 0 && 2 * tiles128 <= ctas;
 }
 
 // The height of the tiles of groups with more than 32 rows, one choice per launch: 128 (256 wide: fewest operand
