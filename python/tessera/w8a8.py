@@ -153,10 +153,22 @@ def _blocks_arg(op, arg, t):
     return t
 
 
+_OUT_NAMES = None  # {torch dtype: its name for the operators}, made on first use (torch is imported lazily)
+
+
 def _out_kind(op, torch, out_dtype, out_scale, out, default):
     """(y dtype, its name for the operator, out_scale as the operator takes it). out_dtype None: out's dtype, else
     `default`. An int8 y needs out_scale (y = clamp(rint(v * out_scale), -128, 127)); a float y takes none."""
-    names = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32", torch.int8: "int8"}
+    global _OUT_NAMES
+    names = _OUT_NAMES
+    if names is None:
+        names = _OUT_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32",
+                              torch.int8: "int8"}
+    if out_scale is None and out_dtype is None:  # the common case: y's dtype from out, or the default
+        dtype = out.dtype if out is not None else default
+        name = names.get(dtype)
+        if name is not None and name != "int8":  # a float y: no further rule applies
+            return dtype, name, 1.0
     dtype = out_dtype if out_dtype is not None else (out.dtype if out is not None else default)
     if dtype not in names:
         raise ValueError(f"{op}: 'out_dtype' must be torch.bfloat16, torch.float16, torch.float32 or torch.int8, "
@@ -336,14 +348,18 @@ def gemm_w8a8(a, w, bias=None, *, activation=None, clamp=None, out_dtype=None, o
     op = "tessera.gemm_w8a8"
     torch = torch_module()
     lo, hi = _epilogue(op, activation, clamp)
-    _blocks_arg(op, "a", a)
-    _blocks_arg(op, "w", w)
-    if a.block != w.block:
-        raise ValueError(f"{op}: 'w' must have a's block ({a.block}), got block {w.block}")
+    if type(a) is not Int8Blocks:
+        _blocks_arg(op, "a", a)
+    if type(w) is not Int8Blocks:
+        _blocks_arg(op, "w", w)
+    a_codes, a_scale, a_zero, a_sums, block = a  # one unpacking: cheaper than eight attribute reads per call
+    w_codes, w_scale, w_zero, w_sums, w_block = w
+    if block != w_block:
+        raise ValueError(f"{op}: 'w' must have a's block ({block}), got block {w_block}")
     out = as_optional_tensor(out, op, "out")
     dtype, dtype_name, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
-    y = eager(stream, "gemm_w8a8_eager", a.codes, a.scale, a.zero, a.sums, w.codes, w.scale, w.zero, w.sums, bias, out,
-              workspace, a.block, lo, hi, scale, dtype_name)
+    y = eager(stream, "gemm_w8a8_eager", a_codes, a_scale, a_zero, a_sums, w_codes, w_scale, w_zero, w_sums, bias, out,
+              workspace, block, lo, hi, scale, dtype_name)
     if y is not SKIPPED:  # the eager fast path (_dlpack.eager): one crossing into C++
         return y
     ops = torch_ops()
