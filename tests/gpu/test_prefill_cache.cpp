@@ -42,6 +42,10 @@ struct CacheCase {
   int pack_gqa = -1;      // PrefillParams::pack_gqa
   bool outliers = false;  // keys with 3 of D channels 20x larger (what LLM keys look like; docs/perf/decode.md)
   bool corrupt_table = false;  // paged: block-table entries outside [0, num_pages) (-7, num_pages + 100, INT32_MAX)
+  // With a window: the slots of keys below every query's window are never written (0xFF bytes, NaN in every format:
+  // 16-bit and fp8 codes, or fp16 scales), as an engine that drops them leaves them; per-channel keys keep their
+  // 32-token blocks that reach into the window.
+  bool drop_outside_window = false;
   std::string describe() const {
     std::string s = std::string(fmt.name) + (fmt.dtype == DType::kFP16 ? " q=fp16" : " q=bf16") +
                     (outliers ? " outlier-keys" : "") + " D=" + std::to_string(D) + " HQ=" + std::to_string(HQ) +
@@ -49,7 +53,8 @@ struct CacheCase {
                     (page_size ? " paged/" + std::to_string(page_size) : std::string(" contiguous")) +
                     (params.causal ? " causal" : "") +
                     (params.window ? " window=" + std::to_string(params.window) : "") +
-                    (params.softcap > 0 ? " softcap" : "") + " pack_gqa=" + std::to_string(pack_gqa) +
+                    (params.softcap > 0 ? " softcap" : "") + (drop_outside_window ? " dropped-below-window" : "") +
+                    " pack_gqa=" + std::to_string(pack_gqa) +
                     " (sq,L)=";
     for (size_t b = 0; b < sq.size(); ++b) s += "(" + std::to_string(sq[b]) + "," + std::to_string(seqlens[b]) + ")";
     return s;
@@ -94,17 +99,29 @@ Check run_cache_case(const CacheCase& c, uint64_t seed, double* error_unquantize
   }
   kvtest::set_fp8_scales(host, kx, vx);
   const auto at = [&](int b, int64_t t, int h) { return ((cu_k[b] + t) * c.HKV + h) * c.D; };
+  // Keys below drop[b] (below the first query's window, so every query's) are left unwritten when asked.
+  std::vector<int64_t> drop(B, 0);
+  if (c.drop_outside_window && c.params.window > 0)
+    for (int b = 0; b < B; ++b)
+      drop[b] = std::max<int64_t>(0, (cu_k[b + 1] - cu_k[b]) - c.sq[b] - c.params.window + 1);
+  // Whether key t of sequence b was written (its value: t >= drop; a per-channel key: its block reaches drop).
+  const auto key_written = [&](int b, int64_t t) {
+    if (!g.k_channel) return t >= drop[b];
+    const int64_t t0 = t / kKeyBlock * kKeyBlock;
+    return std::min<int64_t>(t0 + kKeyBlock, cu_k[b + 1] - cu_k[b]) > drop[b];
+  };
   for (int b = 0; b < B; ++b) {
     const int64_t L = cu_k[b + 1] - cu_k[b];
     for (int h = 0; h < c.HKV; ++h) {
-      for (int64_t t = 0; t < L; ++t) host.put(true, b, t, h, &vx[at(b, t, h)]);
+      for (int64_t t = drop[b]; t < L; ++t) host.put(true, b, t, h, &vx[at(b, t, h)]);
       if (!g.k_channel) {
-        for (int64_t t = 0; t < L; ++t) host.put(false, b, t, h, &kx[at(b, t, h)]);
+        for (int64_t t = drop[b]; t < L; ++t) host.put(false, b, t, h, &kx[at(b, t, h)]);
         continue;
       }
       std::vector<float> block(static_cast<size_t>(kKeyBlock) * c.D);
       for (int64_t t0 = 0; t0 < L; t0 += kKeyBlock) {
         const int n = static_cast<int>(std::min<int64_t>(kKeyBlock, L - t0));
+        if (!key_written(b, t0)) continue;
         for (int r = 0; r < n; ++r) std::copy_n(&kx[at(b, t0 + r, h)], c.D, &block[static_cast<size_t>(r) * c.D]);
         host.put_key_block(b, t0, h, block.data(), n);
       }
@@ -114,8 +131,10 @@ Check run_cache_case(const CacheCase& c, uint64_t seed, double* error_unquantize
   for (int b = 0; b < B; ++b)
     for (int64_t t = 0; t < cu_k[b + 1] - cu_k[b]; ++t)
       for (int h = 0; h < c.HKV; ++h) {
-        host.get(false, b, t, h, &kd[at(b, t, h)]);
-        host.get(true, b, t, h, &vd[at(b, t, h)]);
+        // Unwritten slots (NaN) are outside every query's window: the reference never weighs them; zeros keep its
+        // inputs finite.
+        if (key_written(b, t)) host.get(false, b, t, h, &kd[at(b, t, h)]);
+        if (t >= drop[b]) host.get(true, b, t, h, &vd[at(b, t, h)]);
       }
   DeviceCache dev(host);
   if (c.corrupt_table) {
@@ -323,6 +342,7 @@ TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
     const int B = 1 + below(3);
     c.params.causal = below(3) != 0;
     c.params.window = below(3) == 0 ? 1 + below(300) : 0;
+    c.drop_outside_window = c.params.window > 0;
     c.params.softcap = below(4) == 0 ? 20.0f : 0.0f;
     c.pack_gqa = below(3) - 1;
     for (int b = 0; b < B; ++b) {

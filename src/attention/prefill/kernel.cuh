@@ -665,6 +665,25 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     }
   };
 
+  // V rows of a tile that no query row of this CTA attends and that may hold anything (P is 0 there, but 0 · NaN is
+  // NaN): the first tile's rows below the window of every row (lo_key; keys an engine may have dropped, or never
+  // written), and the last tile's rows past the sequence's keys (the next sequence's rows, or never-written cache
+  // slots). Warpgroup 0 zeroes rows r < head_rows and r >= tail_from of tile t, once the tile has landed, before its
+  // own P·V of the tile and before it opens the turn in which warpgroup 1 issues its P·V of the tile.
+  const int head = lo_key - n_lo * kBlockN;  // 0 <= head < kBlockN
+  auto zero_v_rows = [&](int t, int head_rows, int tail_from) {
+    v_ring.consumer_wait(pipeline::PipelineState::at(t, kStages));
+    uint8_t* v_tile = ring + (t % kStages) * Tile::kStageBytes + Tile::kKVBytes;
+    const int rows = head_rows + (kBlockN - tail_from);  // 128-byte lines per 64-column block, of 8 16-byte units
+    for (int i = threadIdx.x % 128; i < Tile::kChunks * rows * 8; i += 128) {
+      const int unit = i % 8, line = i / 8, ch = line / rows, j = line % rows;
+      const int r = j < head_rows ? j : tail_from + (j - head_rows);
+      ptx::st_shared_v4(v_tile + ch * Tile::kKVChunkBytes + r * 128 + unit * 16, make_uint4(0u, 0u, 0u, 0u));
+    }
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier_id(PrefillBarrier::kVTail), 128);
+  };
+
   if (n_tiles > 0) {
     if (cw == 1) ptx::named_barrier_arrive(barrier_id(PrefillBarrier::kTurn, 0), 256);
     ptx::mbarrier_wait_parity(kQuant ? q_ready : q_full, 0);
@@ -676,6 +695,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::wgmma_fence_registers(s_acc);
     release(k_ring, 0);
     softmax(0);
+    // The first tile's rows below the window, zeroed before either warpgroup's P·V of it (warpgroup 1's comes in its
+    // turn after warpgroup 0's next one): here, outside the loop, so that the loop keeps its registers.
+    if (cw == 0 && head > 0) zero_v_rows(0, head, kBlockN);
     // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1. An iteration ends with the softmax of tile t and
     // starts by waiting for P·V of tile t - 2 before P of tile t - 1 takes the fragments: the wait sits behind the
     // loop's back edge, where ptxas cannot schedule it ahead of the softmax (inside one block it does, which
@@ -698,22 +720,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     ptx::wgmma_fence_registers(o_acc);
     if (n_tiles >= 2) release(v_ring, n_tiles - 2);
     convert_p();
-    // Turn n_tiles: P·V of the last tile. Its V rows past the sequence's keys hold whatever follows them (the next
-    // sequence's rows, or never-written cache slots that may be NaN or Inf): P is 0 there, but 0 · NaN is NaN, so
-    // warpgroup 0 zeroes those rows in its turn, before warpgroup 1's (which it opens after the zeroes).
+    // Turn n_tiles: P·V of the last tile, its rows past the sequence's keys zeroed first.
     ptx::named_barrier_sync(my_turn, 256);
     const int tail = sk - (n_lo + n_tiles - 1) * kBlockN;  // rows of the last tile that are keys
-    if (cw == 0 && tail < kBlockN) {
-      v_ring.consumer_wait(pipeline::PipelineState::at(n_tiles - 1, kStages));
-      uint8_t* v_tile = ring + ((n_tiles - 1) % kStages) * Tile::kStageBytes + Tile::kKVBytes;
-      const int rows = kBlockN - tail;  // 128-byte lines per 64-column block, of 8 16-byte units each
-      for (int i = threadIdx.x % 128; i < Tile::kChunks * rows * 8; i += 128) {
-        const int unit = i % 8, line = i / 8, c = line / rows, r = tail + line % rows;
-        ptx::st_shared_v4(v_tile + c * Tile::kKVChunkBytes + r * 128 + unit * 16, make_uint4(0u, 0u, 0u, 0u));
-      }
-      ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(barrier_id(PrefillBarrier::kVTail), 128);
-    }
+    if (cw == 0 && tail < kBlockN) zero_v_rows(n_tiles - 1, 0, tail);
     issue_pv(n_tiles - 1);
     if (cw == 0) ptx::named_barrier_arrive(other_turn, 256);
     ptx::wgmma_wait_group<0>();
