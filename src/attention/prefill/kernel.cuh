@@ -188,11 +188,11 @@ struct TileParams {
 
 // Converts one staged tile of codes into the swizzled fp16 tile. Thread t takes the 16-element unit u = t mod
 // (D / 16) of rows r0 + m · 128 / (D / 16), r0 = t / (D / 16): the row step is a multiple of 8, so every row of a
-// thread has the same swizzle phase (r mod 8) and every address is the thread's base plus a constant. Rows from
-// valid_rows on become zeros.
+// thread has the same swizzle phase (r mod 8) and every address is the thread's base plus a constant. Rows below
+// first_row and from valid_rows on become zeros.
 template <int kD, class Tile, KVFormat F, QuantParams P>
 __device__ __forceinline__ void convert_tile(const uint8_t* src, const uint32_t* staged, uint8_t* tile, int t,
-                                             int valid_rows) {
+                                             int valid_rows, int first_row = 0) {
   constexpr int kBlockN = Tile::kBlockN, kUnits = kD / 16, kRowStep = kTransformThreads / kUnits;
   constexpr int kSteps = kBlockN / kRowStep;
   constexpr int kRowBytes = QuantFormat<F>::kInt4 ? kD / 2 : kD;
@@ -249,12 +249,14 @@ __device__ __forceinline__ void convert_tile(const uint8_t* src, const uint32_t*
       store16(tile, Tile::kKVChunkBytes, r0 + kRowStep * (m0 + j), r0 % 8, u, p);
     }
   }
-  if (valid_rows < kBlockN) {  // the sequence's last tile: the rows past it (converted from whatever they held)
+  // The sequence's last tile: the rows past it; a first tile: the rows below first_row (converted from whatever
+  // they held).
+  if (valid_rows < kBlockN || first_row > 0) {
     const uint32_t zero[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
 #pragma unroll
     for (int m = 0; m < kSteps; ++m) {
       const int r = r0 + kRowStep * m;
-      if (r >= valid_rows) store16(tile, Tile::kKVChunkBytes, r, r0 % 8, u, zero);
+      if (r >= valid_rows || r < first_row) store16(tile, Tile::kKVChunkBytes, r, r0 % 8, u, zero);
     }
   }
 }
@@ -269,7 +271,7 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
                                                 uint32_t* staged, pipeline::StageRing k_ring,
                                                 pipeline::StageRing v_ring, pipeline::StageRing code_ring,
                                                 LoadCodes&& load_codes, ConvertQ&& convert_q, int b, int kvh, int sk,
-                                                int n_lo, int n_hi) {
+                                                int n_lo, int n_hi, int lo_key) {
   constexpr int kBlockN = Tile::kBlockN, kStages = Tile::kStages;
   constexpr QuantParams kKP = QuantFormat<F>::kKeys, kVP = QuantFormat<F>::kValues;
   const int t = threadIdx.x, lane = threadIdx.x % 32;
@@ -319,7 +321,9 @@ __device__ __forceinline__ void transform_tiles(const PrefillArgs& a, uint8_t* r
       vp.load(qt, qt.v_scale, kvh, n + 1, sk, t, locate);
     }
     if (it >= kStages) v_ring.producer_acquire(st);
-    convert_tile<kD, Tile, F, kVP>(k_codes + Tile::kCodeBytes, staged, k_tile + Tile::kKVBytes, t, valid_rows);
+    // V rows below every query's window (first tile) become zeros here, with the rows past the keys.
+    convert_tile<kD, Tile, F, kVP>(k_codes + Tile::kCodeBytes, staged, k_tile + Tile::kKVBytes, t, valid_rows,
+                                   n == n_lo ? lo_key - n_lo * kBlockN : 0);
     signal(v_ring.full_barrier(st));
     __syncwarp();
     if (lane == 0) code_ring.consumer_release(code_st);
@@ -468,7 +472,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
       if (threadIdx.x == 0) load_q();
       transform_tiles<kD, Tile, kFormat>(
           a, ring, codes, reinterpret_cast<uint32_t*>(smem + Tile::kPairOff), k_ring, v_ring, code_ring, load_codes,
-          [&] { q_to_fp16<Tile>(a, q_tile, q_full, q_ready); }, b, kvh, sk, n_lo, n_hi);
+          [&] { q_to_fp16<Tile>(a, q_tile, q_full, q_ready); }, b, kvh, sk, n_lo, n_hi, lo_key);
       return;
     }
     if (threadIdx.x != 0) return;
@@ -696,8 +700,9 @@ __global__ void __launch_bounds__(kPrefillThreads, 1) prefill_kernel(const __gri
     release(k_ring, 0);
     softmax(0);
     // The first tile's rows below the window, zeroed before either warpgroup's P·V of it (warpgroup 1's comes in its
-    // turn after warpgroup 0's next one): here, outside the loop, so that the loop keeps its registers.
-    if (cw == 0 && head > 0) zero_v_rows(0, head, kBlockN);
+    // turn after warpgroup 0's next one): here, outside the loop, so that the loop keeps its registers. The
+    // quantized kernel's producer warpgroup zeroes them as it converts the tile (convert_tile).
+    if (!kQuant && cw == 0 && head > 0) zero_v_rows(0, head, kBlockN);
     // Turns 1 .. n_tiles - 1: S of tile t, P·V of tile t - 1. An iteration ends with the softmax of tile t and
     // starts by waiting for P·V of tile t - 2 before P of tile t - 1 takes the fragments: the wait sits behind the
     // loop's back edge, where ptxas cannot schedule it ahead of the softmax (inside one block it does, which
