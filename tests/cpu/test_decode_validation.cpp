@@ -1090,6 +1090,23 @@ TEST(PrefillValidation, WithCacheRulesNameTheirArgument) {
   }
 }
 
+// A cache with room for no token (T_max 0, no pages, or no page per sequence) is refused before any launch: the
+// kernel's tensor maps would span nothing (the driver's encoder rejected it, unexplained).
+TEST(PrefillValidation, WithCacheOfNoTokensIsRefused) {
+  for (KVFormat f : {KVFormat::kNative, KVFormat::kInt8}) {
+    SCOPED_TRACE(kv_format_name(f));
+    PrefillCacheArgs a = make_prefill_cache(f, false);
+    set_slots(a.cache, kB, 0);
+    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.k", {"at least one token", "T_max"});
+    a = make_prefill_cache(f, true);
+    set_slots(a.cache, 0, page_size_of(f));
+    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.k", {"at least one page"});
+    a = make_prefill_cache(f, true);
+    a.cache.block_table = view(a.cache.block_table->data, DType::kInt32, {kB, 0});
+    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.block_table", {"at least one page per sequence"});
+  }
+}
+
 // With a GPU the checks complete: the problem the launcher gets (strides in elements, the resolved scale, the grid
 // bound clamped to total_q).
 TEST(PrefillValidation, ResolvedProblemOnTheDevice) {
