@@ -1090,20 +1090,22 @@ TEST(PrefillValidation, WithCacheRulesNameTheirArgument) {
   }
 }
 
-// A cache with room for no token (T_max 0, no pages, or no page per sequence) is refused before any launch: the
-// kernel's tensor maps would span nothing (the driver's encoder rejected it, unexplained).
-TEST(PrefillValidation, WithCacheOfNoTokensIsRefused) {
+// A contiguous cache of T_max 0 is refused before any launch (the kernel's tensor maps would span nothing: the
+// driver's encoder rejected it, unexplained), but only where there is something to compute: no sequences (B 0) or no
+// queries still pass the checks and launch nothing. (A paged cache has at least one page and one block-table column:
+// decode's rules.)
+TEST(PrefillValidation, WithCacheOfNoTokensIsRefusedWhereItWouldLaunch) {
   for (KVFormat f : {KVFormat::kNative, KVFormat::kInt8}) {
     SCOPED_TRACE(kv_format_name(f));
     PrefillCacheArgs a = make_prefill_cache(f, false);
     set_slots(a.cache, kB, 0);
     expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.k", {"at least one token", "T_max"});
-    a = make_prefill_cache(f, true);
-    set_slots(a.cache, 0, page_size_of(f));
-    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.k", {"at least one page"});
-    a = make_prefill_cache(f, true);
-    a.cache.block_table = view(a.cache.block_table->data, DType::kInt32, {kB, 0});
-    expect_error([&] { call_prefill_cache(a); }, kPrefillCache, "cache.block_table", {"at least one page per sequence"});
+    // No sequences: cu_seqlens_q [1], cache_seqlens [0], a cache of 0 rows of 0 tokens.
+    PrefillCacheArgs none = make_prefill_cache(f, false);
+    set_slots(none.cache, 0, 0);
+    none.cu_q = view(none.cu_q.data, DType::kInt32, {1});
+    none.seqlens = view(none.seqlens.data, DType::kInt32, {0});
+    expect_reaches_device_checks([&] { call_prefill_cache(none); });
   }
 }
 

@@ -229,15 +229,12 @@ PrefillProblem check_prefill_cache(const char* op, const TensorView& q_in, const
     check.fail("q", "must have a number of heads (dim 1, " + str(HQ) + ") that is a multiple of the cache's KV "
                     "heads (" + str(HKV) + ", cache.k dim 2)");
   if (c.capacity > kMaxRows) check.fail("cache.k", "must hold at most 2^31 - 1 tokens per sequence");
-  // The kernel's tensor maps span the cache: a cache that holds no token at all has nothing to map.
-  if (c.capacity == 0 || c.num_pages == 0)
-    check.fail(c.paged ? (c.num_pages == 0 ? "cache.k" : "cache.block_table") : "cache.k",
-               c.paged ? (c.num_pages == 0 ? "must have at least one page (dim 0) for prefill, got shape " +
-                                                  cache.k.shape_str()
-                                            : "must have at least one page per sequence (dim 1) for prefill, got "
-                                              "shape " + cache.block_table->shape_str())
-                       : "must hold at least one token per sequence (T_max, dim 1) for prefill, got shape " +
-                             cache.k.shape_str());
+  // The kernel's tensor maps span the cache: a contiguous cache of T_max 0 has nothing to map (a paged one has at
+  // least one page and one block-table column: decode's rules). Only where something would be launched: a batch of
+  // no sequences or no queries returns before any launch.
+  if (!c.paged && c.capacity == 0 && B > 0 && rows_q > 0)
+    check.fail("cache.k", "must hold at least one token per sequence (T_max, dim 1) for prefill, got shape " +
+                              cache.k.shape_str());
   const TensorView seqlens = normalized(seqlens_in);
   check_lengths(check, seqlens, "cache_seqlens", B);
 
