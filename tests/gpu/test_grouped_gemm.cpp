@@ -544,8 +544,8 @@ TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
 
 // Decode launches (every group at most 8 rows) whose 128-wide tiles would fill at most half of the CTAs run 64-wide
 // tiles with the two consumer warpgroups splitting K (config.h: split_decode_tiles): every kind and layout, K of
-// 1 to 9 k-blocks (a stage of four, so the last stage is partly past K for either warpgroup), N an odd number of
-// 64-wide tiles' pairs. Each launch's choice is asserted from the rule with the device's CTA count, so the shapes
+// 1, 5, 6, 7 and 9 k-blocks (stages of four: the last stage's real k-blocks end inside warpgroup 0's half, at its
+// end, or inside warpgroup 1's half; the rest is TMA's zero fill), N an odd number of 64-wide tiles' pairs. Each launch's choice is asserted from the rule with the device's CTA count, so the shapes
 // keep testing the split path if the rule moves.
 TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
   int sms = 0;
@@ -557,7 +557,8 @@ TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
     int G;
     int64_t n, k;
   };
-  for (const Shape sh : {Shape{4, 1024, 1152}, Shape{3, 640, 640}, Shape{1, 128, 128}, Shape{12, 384, 1024}})
+  for (const Shape sh : {Shape{4, 1024, 1152}, Shape{3, 640, 640}, Shape{1, 128, 128}, Shape{12, 384, 896},
+                         Shape{2, 256, 768}})
     for_each_kind_and_layout([&](GemmCase c) {
       c.G = sh.G;
       c.n = sh.n;

@@ -322,6 +322,31 @@ TEST_F(PrefillCacheGpu, CorruptBlockTableStaysInBounds) {
   }
 }
 
+// A window over keys an engine dropped: the slots below every query's window are never written (NaN in every format),
+// the first key tile starts below the window (lo_key not on a tile boundary), contiguous and paged, every decode
+// format. Without the first tile's V rows zeroed, 0 · NaN reaches o.
+TEST_F(PrefillCacheGpu, WindowOverDroppedKeys) {
+  for (const kvtest::Fmt& fmt : kvtest::kDecodeFormats)
+    for (int page : {0, 32}) {
+      CacheCase c;
+      c.fmt = fmt;
+      c.D = 128;
+      c.HQ = 8;
+      c.HKV = 2;
+      c.page_size = page;
+      c.capacity = 512;
+      c.params.causal = true;
+      c.params.window = 40;
+      c.drop_outside_window = true;
+      c.sq = {100, 37};
+      c.seqlens = {300, 451};  // keys below 161 and 375 unwritten
+      const uint64_t seed = test::fresh_seed();
+      SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+      const Check r = run_cache_case(c, seed);
+      EXPECT_TRUE(r.ok) << r.message << " (error " << r.error << ")";
+    }
+}
+
 // GQA ratios, windows and softcap over a paged cache; and a random configuration per seed (the stress step).
 TEST_F(PrefillCacheGpu, GroupsWindowsSoftcapAndRandomConfiguration) {
   const uint64_t seed = test::fresh_seed();
