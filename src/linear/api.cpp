@@ -24,6 +24,8 @@ DType check_weight(const ArgCheck& check, const LinearWeight& w, bool k_multiple
   if (k_multiple_of_8 && (w.k <= 0 || w.k % 8 != 0))
     check.fail("w.k", "must be a positive multiple of 8, got " + std::to_string(w.k));
   if (w.k <= 0) check.fail("w.k", "must be positive, got " + std::to_string(w.k));
+  if (w.k > kMaxLinearK)
+    check.fail("w.k", "must be <= 2^30 (the kernels' 32-bit column coordinates), got " + std::to_string(w.k));
   detail::check_bits_and_block(check, w.bits, w.k, w.block);
   if (w.zero_mode != ZeroMode::kOffset && w.zero_mode != ZeroMode::kZeroPoint)
     check.fail("w.zero_mode", "must be kOffset or kZeroPoint");

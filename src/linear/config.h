@@ -26,6 +26,9 @@ inline constexpr int kGemmSmemBudget = 226 * 1024;
 // Token tiles run along grid.y (at most 65535) and are at most 256 rows: the rows one launch can take.
 inline constexpr int64_t kMaxGridY = 65535;
 inline constexpr int64_t kMaxLinearM = kMaxGridY * 256;
+// Largest K: the kernels address x's columns and the parameter blocks with 32-bit ints (a TMA coordinate past 2^31
+// wrapped and read as zeros); the W8A8 GEMM has the same bound.
+inline constexpr int64_t kMaxLinearK = int64_t{1} << 30;
 
 struct LinearShape {
   int64_t m = 0, n = 0, k = 0;  // k: the real K (columns of x)

@@ -200,6 +200,16 @@ TEST(ConvValidation, EveryRuleNamesItsArgument) {
   }
 }
 
+// K past 2^30 is refused by the weight rules linear and conv share (before the conv's own K = Kh·Kw·Ci_g rule, which
+// names the same argument: the message tells them apart).
+TEST(ConvValidation, WeightKPastTwoToThe30IsRefused) {
+  Buffers b;
+  Args a = make_args(b);
+  a.weight.w.k = (int64_t{1} << 30) + 64;
+  expect_error([&] { call(a); }, kOp, "w.k", {"2^30"});
+  EXPECT_TRUE(b.y.untouched());
+}
+
 TEST(ConvValidation, QueriesCheckTheSameRules) {
   Buffers b;
   Args a = make_args(b);

@@ -33,6 +33,7 @@ struct PermuteCase {
   DType id_dtype;
   IdPattern ids;
   std::optional<int64_t> active = std::nullopt;  // num_tokens on the device
+  int64_t x_perm_offset = 0;  // x_perm starts this many bytes into its allocation (the bytes before stay poisoned)
 };
 
 std::string describe(const PermuteCase& c) {
@@ -40,7 +41,8 @@ std::string describe(const PermuteCase& c) {
          " E=" + std::to_string(c.E) + " pad=" + std::to_string(c.pad) + " quant=" +
          std::to_string(static_cast<int>(c.quant)) + " x=" + dtype_name(c.x_dtype) + " ids=" +
          dtype_name(c.id_dtype) + " pattern=" + std::to_string(static_cast<int>(c.ids)) +
-         (c.active ? " active=" + std::to_string(*c.active) : "");
+         (c.active ? " active=" + std::to_string(*c.active) : "") +
+         (c.x_perm_offset ? " x_perm at +" + std::to_string(c.x_perm_offset) + " B" : "");
 }
 
 std::vector<int64_t> make_ids(const PermuteCase& c, std::mt19937_64& rng) {
@@ -101,7 +103,7 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
     }
     ids_dev.upload(raw);
   }
-  DeviceBuffer<uint8_t> x_perm(rows * c.H * (fp8 ? 1 : 2));
+  DeviceBuffer<uint8_t> x_perm(rows * c.H * (fp8 ? 1 : 2) + c.x_perm_offset);
   DeviceBuffer<float> scales(rows * r.num_blocks);
   DeviceBuffer<int32_t> offsets(c.E + 1), counts(c.E), row_index(c.T * c.k), row_token(rows);
   DeviceBuffer<uint8_t> workspace(permute_workspace_bytes(c.T, c.k, p));
@@ -120,6 +122,7 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
 
   PermuteOutputs out;
   out.x_perm = x_perm.view(fp8 ? DType::kFP8E4M3 : c.x_dtype, {rows, c.H});
+  out.x_perm.data = static_cast<uint8_t*>(out.x_perm.data) + c.x_perm_offset;
   // Blockwise scales go out column-major ([blocks, rows] transposed), the layout a TMA-fed GEMM reads.
   if (c.quant == PermuteQuant::kFP8Blockwise) {
     TensorView s = scales.view(DType::kFP32, {rows, r.num_blocks});
@@ -139,6 +142,9 @@ PermuteResult run_permute(const PermuteCase& c, uint64_t seed, cudaStream_t stre
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   r.ref = reference::permute_index(ref_ids, c.T, c.k, c.E, c.pad);
   r.x_perm = x_perm.download();
+  for (int64_t i = 0; i < c.x_perm_offset; ++i)
+    EXPECT_EQ(r.x_perm[i], 0xFF) << "byte " << i << " before x_perm was written";
+  r.x_perm.erase(r.x_perm.begin(), r.x_perm.begin() + c.x_perm_offset);
   r.scales = scales.download();
   r.offsets = offsets.download();
   r.counts = counts.download();
@@ -202,6 +208,20 @@ TEST_F(PermuteGpu, EveryQuantPadAndPattern) {
 
 // A device-side token count (CUDA graphs replayed with fewer tokens): copies of the tokens at or past it are dropped
 // exactly as ids outside [0, E) are: -1 in row_index, no rows, not counted; counts past T clamp to T, below 0 to 0.
+// fp8 x_perm needs only 8-byte alignment (each lane's store is 8 codes): a view 8 bytes into its allocation, with
+// rows of a multiple of 16 bytes, must take 8-byte stores (16-byte ones were a misaligned-address fault), through
+// the single-pass (T·k <= 256) and the three-pass paths.
+TEST_F(PermuteGpu, Fp8OutputEightBytesIntoItsAllocation) {
+  for (PermuteQuant quant : {PermuteQuant::kFP8PerTensor, PermuteQuant::kFP8Blockwise})
+    for (int64_t H : {int64_t{128}, int64_t{384}})
+      for (int64_t T : {int64_t{1}, int64_t{37}, int64_t{300}}) {
+        PermuteCase c{T, H, 2, 8, 1, quant, DType::kBF16, DType::kInt32, IdPattern::kRandom};
+        c.x_perm_offset = 8;
+        const uint64_t seed = test::fresh_seed();
+        check_permute(c, run_permute(c, seed), seed);
+      }
+}
+
 TEST_F(PermuteGpu, DeviceTokenCountDropsLaterTokens) {
   int n = 0;
   for (int64_t active : {0, 1, 57, 299, 300, 1000, -3})

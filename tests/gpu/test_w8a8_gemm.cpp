@@ -48,13 +48,16 @@ struct Case {
   DType y_dtype = DType::kBF16;
   bool bias = false, clamp = false, positive_x = false;
   int64_t ldy_pad = 0, ld_pad = 4;  // extra y columns; extra parameter rows (multiple of 4)
+  // A sums plane the call does not need (a's without zero points on w, w's without them on a) given anyway, all NaN:
+  // it must not be read.
+  bool unused_sums_nan = false;
 };
 
 std::string describe(const Case& c) {
   return "M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
          " block=" + (c.block == 0 ? std::string("K") : std::to_string(c.block)) + (c.asym_a ? " zA" : "") +
          (c.asym_w ? " zB" : "") + " y=" + dtype_name(c.y_dtype) + (c.bias ? " bias" : "") + (c.clamp ? " clamp" : "") +
-         (c.positive_x ? " x>=0" : "");
+         (c.positive_x ? " x>=0" : "") + (c.unused_sums_nan ? " unused-sums=NaN" : "");
 }
 
 struct Host {
@@ -187,6 +190,17 @@ struct Problem {
     w = upload(h.w, planes_of(h.w, ldw));
     av = a.view(c.m, c.k, block, lda, c.asym_a, c.asym_w);
     wv = w.view(c.n, c.k, block, ldw, c.asym_w, c.asym_a);
+    if (c.unused_sums_nan) {
+      const int64_t blocks = c.k / block;
+      if (!c.asym_w) {
+        a.sums = DeviceBuffer<float>(std::vector<float>(static_cast<std::size_t>(blocks * lda), NAN));
+        av.sums = test::strided(a.sums.get(), DType::kFP32, {blocks, c.m}, {lda, 1});
+      }
+      if (!c.asym_a) {
+        w.sums = DeviceBuffer<float>(std::vector<float>(static_cast<std::size_t>(blocks * ldw), NAN));
+        wv.sums = test::strided(w.sums.get(), DType::kFP32, {blocks, c.n}, {ldw, 1});
+      }
+    }
     const int64_t ldy = c.n + c.ldy_pad;
     y = DeviceBuffer<uint8_t>(static_cast<std::size_t>(std::max<int64_t>(c.m, 1) * ldy) * y_size(c.y_dtype));
     yv = test::strided(y.get(), c.y_dtype, {c.m, c.n}, {ldy, 1});
@@ -342,6 +356,24 @@ TEST_F(W8A8GemmGpu, SplitK) {
       SCOPED_TRACE("splits " + std::to_string(w8a8::select_config(s).splits));
       check_case(c);
     }
+}
+
+// Sums planes the call does not need, given anyway and all NaN, are never read: one-block-per-row (the per-row
+// epilogue, split and not) and block-wise, every zero-point combination that leaves one unused.
+TEST_F(W8A8GemmGpu, UnusedSumsAreNotRead) {
+  for (const int64_t block : {int64_t{0}, int64_t{128}})
+    for (const int64_t m : {1, 16, 200})
+      for (const int zp : {0, 1, 2}) {
+        Case c;
+        c.m = m;
+        c.n = 256;
+        c.k = 2048;
+        c.block = block;
+        c.asym_a = zp & 1;
+        c.asym_w = zp & 2;
+        c.unused_sums_nan = true;
+        check_case(c);
+      }
 }
 
 // A larger layer (64-token tiles).

@@ -108,6 +108,10 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   };
   pb.a = operand(a);
   pb.w = operand(w);
+  // A sums plane enters only through the other operand's zero points (ΣA · zB, ΣB · zA): one given without them is
+  // not read at all, as the split-K epilogue already did not (a NaN there multiplied by a zero point of 0 was NaN).
+  if (pb.w.zero == nullptr) pb.a.sums = nullptr;
+  if (pb.a.zero == nullptr) pb.w.sums = nullptr;
   pb.y = y.data;
   pb.ldy = y.strides[0];
   pb.out_type = y.dtype == DType::kBF16 ? 0 : y.dtype == DType::kFP16 ? 1 : y.dtype == DType::kFP32 ? 2 : 3;

@@ -279,8 +279,9 @@ __global__ void __launch_bounds__(kScatterThreads, 4) permute_scatter_kernel(con
   const int sub = lane % kItemLanes;
   const int group = lane / kItemLanes;
   constexpr int kItemsPerWarpStep = 32 / kItemLanes;
-  // 16-byte fp8 stores need every row start 16-byte aligned.
-  const bool fp8_16b_rows = p.hidden % 16 == 0;
+  // 16-byte fp8 stores need every row start 16-byte aligned: the rows (contiguous, H bytes each) and the base (the
+  // host checks 8 bytes for fp8 x_perm: a view 8 bytes into an allocation takes the 8-byte stores).
+  const bool fp8_16b_rows = p.hidden % 16 == 0 && reinterpret_cast<uintptr_t>(p.x_perm) % 16 == 0;
   float tensor_inv = 1.0f;
   if constexpr (kQuant == QuantMode::kFP8PerTensor) tensor_inv = 1.0f / __ldg(p.input_scale);
   const Elem* x = static_cast<const Elem*>(p.x);
