@@ -68,7 +68,7 @@ std::vector<GateConfigCase> config_grid() {
   };
 }
 
-enum class Values { kRandom, kCoarse, kNearTie, kSpecial };
+enum class Values { kRandom, kCoarse, kNearTie, kSpecial, kFarNegative };
 
 // Host-side inputs: raw bits to upload plus the exact values as double.
 struct GateInputs {
@@ -106,6 +106,13 @@ GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bias, DTy
       float& x = l[t * row_stride + e];
       switch (kind) {
         case Values::kCoarse: x = coarse[pick(rng)]; break;
+        case Values::kFarNegative: {
+          // Rows around -100 (every sigmoid underflows in fp32), -60 (tiny but normal) and -25, each row within
+          // +-8 of its centre.
+          const float centre[3] = {-100.0f, -60.0f, -25.0f};
+          x = centre[t % 3] + 8.0f * (2.0f * static_cast<float>(rng() % 1024) / 1023.0f - 1.0f);
+          break;
+        }
         case Values::kNearTie:
           // Pairs of neighbours one or two ulps apart: ranks that only the last bits decide.
           x = (e % 2 == 1) ? std::nextafter(l[t * row_stride + e - 1], INFINITY) : normal(rng);
@@ -209,6 +216,15 @@ TEST_F(FusedGateGpu, NearTies) {
 TEST_F(FusedGateGpu, NaNAndInfinity) {
   for (const GateConfigCase& c : config_grid())
     for (DType dtype : {DType::kFP32, DType::kBF16}) check_case(c, 200, dtype, Values::kSpecial, 0, test::fresh_seed());
+}
+
+// Logits far below zero: with sigmoid scoring and renormalization the weights are the ratios of the selected
+// sigmoids (the reference's, in float64), finite even where every selected sigmoid underflows in fp32 (their sum was
+// 0: 0 · inf gave NaN weights, and a NaN row of y in the MoE layer).
+TEST_F(FusedGateGpu, FarNegativeLogits) {
+  for (const GateConfigCase& c : config_grid())
+    for (DType dtype : {DType::kFP32, DType::kBF16})
+      check_case(c, 300, dtype, Values::kFarNegative, 0, test::fresh_seed());
 }
 
 TEST_F(FusedGateGpu, LargeTokenCount) {

@@ -52,6 +52,13 @@ struct GateKernelParams {
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kGateThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
+// Below this logit sigmoid(x) and e^x agree to within fp32 rounding (relative difference e^x < 2^-28).
+constexpr float kSigmoidAsExp = -20.0f;
+
+// DeepSeek-V3's sigmoid score, as the selection ranks it and the weights use it.
+__device__ __forceinline__ float sigmoid_score(float x) {
+  return ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * x));
+}
 
 // Loads the kV logits of this lane as floats; experts past E (and inactive segments) read as -inf.
 template <typename T, int kV>
@@ -211,8 +218,10 @@ __device__ __forceinline__ void store_slice(Word* dst, int first, const Word (&v
   }
 }
 
-// Scores (fp32 whatever the input dtype) and order keys of this lane's kV experts; the scores also go to
-// scores_smem (indexed by expert) for the final gather. Inactive segments get no candidates.
+// Scores (fp32 whatever the input dtype) and order keys of this lane's kV experts. scores_smem (indexed by expert)
+// keeps what write_token needs for the weights: the softmax scores, or with sigmoid scoring the logits themselves
+// (write_token takes their sigmoid again, bit for bit the score ranked here, and can renormalize where every
+// selected sigmoid underflows). Inactive segments get no candidates.
 template <int kV, int kLanes>
 __device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p, float (&score)[kV],
                                                       const float (&bias)[kV], int first, bool active,
@@ -233,13 +242,14 @@ __device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p,
     const float inv = 1.0f / segment_sum<kLanes>(sum);
 #pragma unroll
     for (int i = 0; i < kV; ++i) score[i] *= inv;
+    store_slice(scores_smem, first, score);
   } else {
+    store_slice(scores_smem, first, score);  // the logits
 #pragma unroll
-    for (int i = 0; i < kV; ++i) score[i] = ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * score[i]));
+    for (int i = 0; i < kV; ++i) score[i] = sigmoid_score(score[i]);
   }
 #pragma unroll
   for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
-  store_slice(scores_smem, first, score);
 }
 
 // Lane-aligned groups: every lane of group g ends with g's score key (top-2 sum or max), merged by butterflies.
@@ -295,9 +305,24 @@ template <int kLanes>
 __device__ __forceinline__ void write_token(const GateKernelParams& p, int64_t token, bool active, int tl,
                                             const int* id_smem, const float* scores_smem) {
   const int my_id = tl < p.topk ? id_smem[tl] : -1;
-  float w = (tl < p.topk && active) ? scores_smem[my_id] : 0.0f;
-  // One correctly rounded reciprocal, then a product: w / sum within an ulp, without a division per lane.
-  if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
+  const bool routed = tl < p.topk && active;
+  float w;
+  if (p.softmax) {
+    w = routed ? scores_smem[my_id] : 0.0f;
+    // One correctly rounded reciprocal, then a product: w / sum within an ulp, without a division per lane.
+    if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
+  } else {
+    const float x = routed ? scores_smem[my_id] : -INFINITY;  // the logit
+    w = routed ? sigmoid_score(x) : 0.0f;
+    if (p.renormalize) {
+      // Where the largest selected logit is below -20, sigmoid(x) = e^x (1 - e^x + ...) to within fp32 rounding, so
+      // the renormalized weights are the softmax of the selected logits: finite where every selected sigmoid
+      // underflows (x < ~ -88: their sum was 0, and 0 · inf NaN). m is the segment's: the branch is uniform in it.
+      const float m = segment_fmax<kLanes>(x);
+      if (m < kSigmoidAsExp) w = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
+      w *= 1.0f / segment_sum<kLanes>(w);
+    }
+  }
   w *= p.scaling;
   if (!active) return;
   const int width = p.topk + p.num_shared;
