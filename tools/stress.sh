@@ -56,6 +56,8 @@ default_tests=(
   'PermuteGpu.UnpermuteInCudaGraph'
   'GroupedGemmGpu.CudaGraphCapture'
   'GroupedGemmGpu.EdgeShapes'
+  'GroupedGemmGpu.DecodeLaunchesSplitTheirTiles'
+  'FusedGateGpu.FarNegativeLogits'
   'LinearGpu.BiasAndClamps'
   'LinearGpu.CudaGraphCapture'
   'LinearGpu.DocumentedSmallestAlignmentsRun'
