@@ -223,8 +223,13 @@ TEST_F(FusedGateGpu, NaNAndInfinity) {
 // 0: 0 · inf gave NaN weights, and a NaN row of y in the MoE layer).
 TEST_F(FusedGateGpu, FarNegativeLogits) {
   for (const GateConfigCase& c : config_grid())
-    for (DType dtype : {DType::kFP32, DType::kBF16})
+    for (DType dtype : {DType::kFP32, DType::kBF16}) {
       check_case(c, 300, dtype, Values::kFarNegative, 0, test::fresh_seed());
+      // The two-tokens-per-warp kernels (LargeTokenCount's shapes): grouped configurations at T >= 4096, E <= 128
+      // at large T; odd T leaves a last half warp without a token.
+      if (c.p.num_groups > 1) check_case(c, 4097, dtype, Values::kFarNegative, 0, test::fresh_seed());
+      if (c.E <= 128) check_case(c, 20001, dtype, Values::kFarNegative, 0, test::fresh_seed());
+    }
 }
 
 TEST_F(FusedGateGpu, LargeTokenCount) {

@@ -206,8 +206,6 @@ TEST_F(PermuteGpu, EveryQuantPadAndPattern) {
         }
 }
 
-// A device-side token count (CUDA graphs replayed with fewer tokens): copies of the tokens at or past it are dropped
-// exactly as ids outside [0, E) are: -1 in row_index, no rows, not counted; counts past T clamp to T, below 0 to 0.
 // fp8 x_perm needs only 8-byte alignment (each lane's store is 8 codes): a view 8 bytes into its allocation, with
 // rows of a multiple of 16 bytes, must take 8-byte stores (16-byte ones were a misaligned-address fault), through
 // the single-pass (T·k <= 256) and the three-pass paths.
@@ -222,6 +220,8 @@ TEST_F(PermuteGpu, Fp8OutputEightBytesIntoItsAllocation) {
       }
 }
 
+// A device-side token count (CUDA graphs replayed with fewer tokens): copies of the tokens at or past it are dropped
+// exactly as ids outside [0, E) are: -1 in row_index, no rows, not counted; counts past T clamp to T, below 0 to 0.
 TEST_F(PermuteGpu, DeviceTokenCountDropsLaterTokens) {
   int n = 0;
   for (int64_t active : {0, 1, 57, 299, 300, 1000, -3})

@@ -358,22 +358,30 @@ TEST_F(W8A8GemmGpu, SplitK) {
     }
 }
 
-// Sums planes the call does not need, given anyway and all NaN, are never read: one-block-per-row (the per-row
-// epilogue, split and not) and block-wise, every zero-point combination that leaves one unused.
+// Sums planes the call does not need, given anyway and all NaN, are never read: one block per row (the per-row
+// epilogue, unsplit at K 512 (asserted) and split at K 8192) and block-wise, every zero-point combination that
+// leaves one unused. The unsplit per-row epilogue read them (NaN · a zero point of 0 reached y).
 TEST_F(W8A8GemmGpu, UnusedSumsAreNotRead) {
   for (const int64_t block : {int64_t{0}, int64_t{128}})
-    for (const int64_t m : {1, 16, 200})
-      for (const int zp : {0, 1, 2}) {
-        Case c;
-        c.m = m;
-        c.n = 256;
-        c.k = 2048;
-        c.block = block;
-        c.asym_a = zp & 1;
-        c.asym_w = zp & 2;
-        c.unused_sums_nan = true;
-        check_case(c);
-      }
+    for (const int64_t k : {int64_t{512}, int64_t{8192}})
+      for (const int64_t m : {1, 16, 200})
+        for (const int zp : {0, 1, 2}) {
+          Case c;
+          c.m = m;
+          c.n = 256;
+          c.k = k;
+          c.block = block;
+          c.asym_a = zp & 1;
+          c.asym_w = zp & 2;
+          c.unused_sums_nan = true;
+          if (block == 0 && k == 512) {
+            int sms = 0;
+            TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, test::current_device()));
+            const w8a8::Shape s{m, c.n, c.k, c.k, sms};
+            EXPECT_EQ(w8a8::select_config(s).splits, 1) << "M " << m;
+          }
+          check_case(c);
+        }
 }
 
 // A larger layer (64-token tiles).

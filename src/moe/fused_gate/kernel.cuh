@@ -487,7 +487,8 @@ __global__ void __launch_bounds__(kGateThreads, 4) fused_gate_pair_kernel(const 
   const int hl = lane & 15;
   const int E = p.num_experts;
   const int first = lane * kV;
-  // Two token slots per warp: [ids 32][scores 32 kV][keys 32 kV] each; then the bias of the block.
+  // Two token slots per warp: [ids 32][scores (logits under sigmoid) 32 kV][keys 32 kV] each; then the bias of the
+  // block.
   float* slots[2] = {smem + (warp * 2) * p.smem_floats_per_token, smem + (warp * 2 + 1) * p.smem_floats_per_token};
   // The bias lives in shared memory rather than registers: it keeps the kernel at 4 blocks per SM.
   float* bias_smem = smem + (kGateThreads / 32) * 2 * p.smem_floats_per_token;
