@@ -54,7 +54,6 @@ constexpr int kGateThreads = 256;
 constexpr float kLog2e = 1.4426950408889634f;
 // Below this logit sigmoid(x) and e^x agree to within fp32 rounding (relative difference e^x < 2^-28).
 constexpr float kSigmoidAsExp = -20.0f;
-
 // DeepSeek-V3's sigmoid score, as the selection ranks it and the weights use it.
 __device__ __forceinline__ float sigmoid_score(float x) {
   return ptx::rcp_approx_ftz(1.0f + ptx::ex2_approx_ftz(-kLog2e * x));
@@ -315,12 +314,22 @@ __device__ __forceinline__ void write_token(const GateKernelParams& p, int64_t t
     const float x = routed ? scores_smem[my_id] : -INFINITY;  // the logit
     w = routed ? sigmoid_score(x) : 0.0f;
     if (p.renormalize) {
-      // Where the largest selected logit is below -20, sigmoid(x) = e^x (1 - e^x + ...) to within fp32 rounding, so
-      // the renormalized weights are the softmax of the selected logits: finite where every selected sigmoid
-      // underflows (x < ~ -88: their sum was 0, and 0 · inf NaN). m is the segment's: the branch is uniform in it.
-      const float m = segment_fmax<kLanes>(x);
-      if (m < kSigmoidAsExp) w = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
-      w *= 1.0f / segment_sum<kLanes>(w);
+      float sum = segment_sum<kLanes>(w);
+      // A chosen sigmoid that flushed to 0 from a finite logit (below about -88) would weigh 0, and all of them 0 ·
+      // inf (NaN). Where the segment's largest chosen logit is below -20, sigmoid(x) = e^x to within fp32 rounding,
+      // so the renormalized weights are the softmax of the chosen logits: exact there. The vote makes the branch
+      // warp-uniform (its shuffles need every lane; a warp may rank two tokens); only a segment with a flushed
+      // weight changes path, so every other row keeps the bits of the sigmoid path.
+      const bool flushed = routed && w == 0.0f && x > -INFINITY;
+      if (__any_sync(kFullMask, flushed)) {
+        const float m = segment_fmax<kLanes>(x);
+        const bool any_flushed = segment_fmax<kLanes>(flushed ? 1.0f : 0.0f) > 0.0f;
+        const float e = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
+        const float e_sum = segment_sum<kLanes>(e);
+        if (any_flushed && m < kSigmoidAsExp) w = e, sum = e_sum;
+      }
+      // One correctly rounded reciprocal, then a product, as for softmax.
+      w *= 1.0f / sum;
     }
   }
   w *= p.scaling;
