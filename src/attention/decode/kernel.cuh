@@ -148,7 +148,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // lim_0 (may be <= 0: the first tokens attend to nothing), lo_0 and lo_{S-1}; recomputed where needed from len
   // and the parameters rather than held in registers through the main loop.
   auto lim_first = [&] { return len - a.num_new + 1; };
-  auto lo_of = [&](int lim) { return a.window > 0 ? max(0, lim - a.window) : 0; };
+  // lim - window without wrapping: lim may be negative (S > L) and window up to the capacity (< 2^31).
+  auto lo_of = [&](int lim) { return a.window > 0 && lim > a.window ? lim - a.window : 0; };
   const int lo = lo_of(lim_first());
   const int tile_base = lo & ~(kRows - 1);
   const int num_tiles = len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
