@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,12 +63,32 @@ using tessera::python::parse_scale_mode;
 using tessera::python::parse_scoring;
 using tessera::python::prefill_params;
 
+// The capsules view_of asked producers for during one call of an entry point, released when it returns (every entry
+// point is bound with py::call_guard<CallCapsules>). A producer's capsule may be the only owner of the memory it
+// describes (a producer that copies, as `__dlpack__(copy=None)` allows): dropped as soon as it was read, the call
+// would use freed memory.
+struct CallCapsules {
+  static thread_local std::vector<py::object>* current;
+  std::vector<py::object> held;
+  std::vector<py::object>* outer;
+  CallCapsules() : outer(current) { current = &held; }
+  ~CallCapsules() { current = outer; }  // `held` goes after: the pybind dispatcher still holds the GIL here
+  CallCapsules(const CallCapsules&) = delete;
+  CallCapsules& operator=(const CallCapsules&) = delete;
+};
+thread_local std::vector<py::object>* CallCapsules::current = nullptr;
+
 // The TensorView of a DLPack capsule. The capsule is only read.
 TensorView view_of(const py::object& given, const char* op, const char* arg) {
-  // A DLPack producer (CuPy, JAX, NumPy, torch ...) is asked for its capsule; the caller keeps it alive for the call,
-  // and the view copies the shape and strides, so the capsule may go as soon as it has been read.
+  // A DLPack producer (CuPy, JAX, NumPy, torch ...) is asked for its capsule, which lives until the entry point
+  // returns (CallCapsules); a capsule given as is, the caller keeps alive for the call.
   py::object obj = given;
-  if (!PyCapsule_CheckExact(given.ptr()) && py::hasattr(given, "__dlpack__")) obj = given.attr("__dlpack__")();
+  if (!PyCapsule_CheckExact(given.ptr()) && py::hasattr(given, "__dlpack__")) {
+    obj = given.attr("__dlpack__")();
+    if (CallCapsules::current == nullptr)  // an entry point bound without the guard: a bug here, not the caller's
+      throw std::logic_error(std::string(op) + ": internal error: DLPack capsule asked for outside an entry point");
+    CallCapsules::current->push_back(obj);
+  }
   PyObject* p = obj.ptr();
   if (p == nullptr || !PyCapsule_CheckExact(p)) {
     std::string type = p == nullptr ? "NULL" : Py_TYPE(p)->tp_name;
@@ -968,18 +989,20 @@ PYBIND11_MODULE(_C, m) {
         py::arg("group_score"), py::arg("renormalize"), py::arg("routed_scaling_factor"),
         py::arg("num_shared_experts"), py::arg("shared_expert_weight"), py::arg("stream"),
         "Biased grouped top-k gate into preallocated weights (fp32) and ids (int32). "
-        "scoring: 'sigmoid' | 'softmax'; group_score: 'top2_sum' | 'max'.");
+        "scoring: 'sigmoid' | 'softmax'; group_score: 'top2_sum' | 'max'.", py::call_guard<CallCapsules>());
 
   m.def("permute", &permute, py::arg("x"), py::arg("ids"), py::arg("input_scale"), py::arg("x_perm"),
         py::arg("scales"), py::arg("expert_offsets"), py::arg("expert_counts"), py::arg("row_index"),
         py::arg("row_token"), py::arg("workspace"), py::arg("num_experts"), py::arg("pad_multiple"),
         py::arg("quant"), py::arg("stream"),
         "Permute token rows by expert into preallocated outputs. quant: None | 'none' | 'fp8_blockwise' | "
-        "'fp8_per_tensor'; with quant, x_perm may be a uint8 view (it is treated as fp8 e4m3).");
+        "'fp8_per_tensor'; with quant, x_perm may be a uint8 view (it is treated as fp8 e4m3).",
+        py::call_guard<CallCapsules>());
 
   m.def("unpermute_reduce", &unpermute_reduce, py::arg("y_perm"), py::arg("row_index"), py::arg("weights"),
         py::arg("residual"), py::arg("out"), py::arg("routed_scale"), py::arg("stream"),
-        "out[t] = routed_scale * sum_j weights[t,j] * y_perm[row_index[t,j]] (+ residual[t]).");
+        "out[t] = routed_scale * sum_j weights[t,j] * y_perm[row_index[t,j]] (+ residual[t]).",
+        py::call_guard<CallCapsules>());
 
   m.attr("grouped_gemm_block") = tessera::gemm::kGroupedGemmBlock;
   m.attr("grouped_gemm_max_groups") = tessera::gemm::kGroupedGemmMaxGroups;
@@ -988,31 +1011,35 @@ PYBIND11_MODULE(_C, m) {
         py::arg("w_scale"), py::arg("y"), py::arg("workspace"), py::arg("scale_mode"), py::arg("expected_m"),
         py::arg("stream"),
         "y[offsets[g]:offsets[g+1]] = scaled x[offsets[g]:offsets[g+1]] @ w[g]^T (fp8 e4m3 -> bf16). x and w may be "
-        "uint8 views (treated as fp8 e4m3). scale_mode: 'per_tensor' | 'blockwise'; workspace may be None.");
+        "uint8 views (treated as fp8 e4m3). scale_mode: 'per_tensor' | 'blockwise'; workspace may be None.",
+        py::call_guard<CallCapsules>());
 
   m.def("grouped_gemm_fp8_masked", &grouped_gemm_fp8_masked, py::arg("x"), py::arg("w"), py::arg("masked_m"),
         py::arg("x_scale"), py::arg("w_scale"), py::arg("y"), py::arg("workspace"), py::arg("scale_mode"),
         py::arg("expected_m"), py::arg("stream"),
-        "y[g, :masked_m[g]] = scaled x[g, :masked_m[g]] @ w[g]^T (fp8 e4m3 -> bf16); x and w may be uint8 views.");
+        "y[g, :masked_m[g]] = scaled x[g, :masked_m[g]] @ w[g]^T (fp8 e4m3 -> bf16); x and w may be uint8 views.",
+        py::call_guard<CallCapsules>());
 
   m.def("grouped_gemm_bf16", &grouped_gemm_bf16, py::arg("x"), py::arg("w"), py::arg("offsets"), py::arg("y"),
         py::arg("workspace"), py::arg("expected_m"), py::arg("stream"),
-        "y[offsets[g]:offsets[g+1]] = x[offsets[g]:offsets[g+1]] @ w[g]^T (bf16, fp32 accumulation).");
+        "y[offsets[g]:offsets[g+1]] = x[offsets[g]:offsets[g+1]] @ w[g]^T (bf16, fp32 accumulation).",
+        py::call_guard<CallCapsules>());
 
   m.def("grouped_gemm_bf16_masked", &grouped_gemm_bf16_masked, py::arg("x"), py::arg("w"), py::arg("masked_m"),
         py::arg("y"), py::arg("workspace"), py::arg("expected_m"), py::arg("stream"),
-        "y[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g]^T (bf16, fp32 accumulation).");
+        "y[g, :masked_m[g]] = x[g, :masked_m[g]] @ w[g]^T (bf16, fp32 accumulation).", py::call_guard<CallCapsules>());
 
   m.def("grouped_gemm_workspace_bytes", &tessera::gemm::grouped_gemm_workspace_bytes, py::arg("num_groups"),
-        py::arg("n"), py::arg("k"), "Bytes of device workspace the grouped GEMM needs (0 today).");
+        py::arg("n"), py::arg("k"), "Bytes of device workspace the grouped GEMM needs (0 today).",
+        py::call_guard<CallCapsules>());
 
   m.def("permute_capacity_rows", &permute_capacity_rows, py::arg("num_tokens"), py::arg("topk"),
         py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),
-        "Rows x_perm, scales and row_token must have.");
+        "Rows x_perm, scales and row_token must have.", py::call_guard<CallCapsules>());
 
   m.def("permute_workspace_bytes", &permute_workspace_bytes, py::arg("num_tokens"), py::arg("topk"),
         py::arg("num_experts"), py::arg("pad_multiple") = 1, py::arg("quant") = py::none(),
-        "Bytes of device workspace permute needs.");
+        "Bytes of device workspace permute needs.", py::call_guard<CallCapsules>());
 
   m.attr("decode_max_splits") = ta::kDecodeMaxSplits;
   m.attr("int4_group_size") = ta::kInt4GroupSize;
@@ -1026,27 +1053,30 @@ PYBIND11_MODULE(_C, m) {
         "One-token attention decode over a KV cache into preallocated out (and lse, or None). format: 'native' | "
         "'fp8' | 'int8' | 'int4' | 'int4_group32' | 'int8_kchannel' | 'int4_kchannel'; with 'fp8' the cache may "
         "be uint8 views (read as e4m3). softmax_scale 0 = 1/sqrt(D); workspace may be None when "
-        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read.");
+        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read.",
+        py::call_guard<CallCapsules>());
 
   m.def("decode_workspace_bytes", &decode_workspace_bytes, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
         py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("num_splits"),
         py::arg("k_residual") = py::none(),
-        "Bytes of device workspace attention_decode needs for these shapes and params (on the current device).");
+        "Bytes of device workspace attention_decode needs for these shapes and params (on the current device).",
+        py::call_guard<CallCapsules>());
 
   m.def("append_kv", &append_kv, py::arg("k_new"), py::arg("v_new"), py::arg("positions"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
         py::arg("stream"), py::arg("k_residual") = py::none(),
         "Quantizes k_new/v_new [B, S, HKV, D] into the cache at positions[b] + i (skipping out-of-range slots). "
         "k_residual: [B, 64, HKV, D] in k_new's dtype, required for 'int8_kchannel' / 'int4_kchannel' (read and "
-        "written: the 16-bit keys of the last two blocks written), None otherwise.");
+        "written: the 16-bit keys of the last two blocks written), None otherwise.", py::call_guard<CallCapsules>());
 
   m.def("attention_prefill", &attention_prefill, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
         py::arg("lse"), py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("causal"),
         py::arg("stream"),
         "Prefill attention over a plain batch into preallocated out [B, Sq, HQ, D] (and lse fp32 [B, Sq, HQ], or "
         "None): q [B, Sq, HQ, D], k and v [B, Sk, HKV, D], bf16 | fp16. causal is bottom-right aligned; window "
-        "counts the query's own position (0: off); softmax_scale 0 = 1/sqrt(D); softcap 0: off. No workspace.");
+        "counts the query's own position (0: off); softmax_scale 0 = 1/sqrt(D); softcap 0: off. No workspace.",
+        py::call_guard<CallCapsules>());
 
   m.def("attention_prefill_varlen", &attention_prefill_varlen, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("cu_seqlens_q"), py::arg("cu_seqlens_k"), py::arg("max_seqlen_q"), py::arg("out"), py::arg("lse"),
@@ -1054,7 +1084,7 @@ PYBIND11_MODULE(_C, m) {
         "Prefill attention over a packed variable-length batch into preallocated out [total_q, HQ, D] (and lse "
         "fp32 [total_q, HQ], or None): q [total_q, HQ, D], k and v [total_k, HKV, D], cu_seqlens_q / cu_seqlens_k "
         "int32 [B + 1] on the device (read there only, not validated); max_seqlen_q bounds every sequence's "
-        "queries. Parameters as attention_prefill.");
+        "queries. Parameters as attention_prefill.", py::call_guard<CallCapsules>());
 
   m.def("attention_prefill_with_cache", &attention_prefill_with_cache, py::arg("q"), py::arg("cu_seqlens_q"),
         py::arg("max_seqlen_q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("k_scale"), py::arg("v_scale"),
@@ -1065,25 +1095,26 @@ PYBIND11_MODULE(_C, m) {
         "[total_q, HQ], or None): q, cu_seqlens_q and max_seqlen_q as attention_prefill_varlen's; the cache "
         "(k_cache, v_cache, k_scale, v_scale, block_table, format, k_residual) as attention_decode's; cache_seqlens "
         "int32 [B] on the device, each sequence's length including its new tokens (read there only). Sequence b's "
-        "queries are its last positions. Parameters as attention_prefill.");
+        "queries are its last positions. Parameters as attention_prefill.", py::call_guard<CallCapsules>());
 
   m.def("linear_quantize", &linear_quantize, py::arg("w"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
         "Round-to-nearest quantization of a host fp32 weight [N, K] (contiguous) into the canonical form, per block "
         "of `block` columns (32, 64, 128 or K). zero_mode: 'offset' (w = q*scale + offset) | 'zero_point' "
         "(w = (q - zero)*scale). Returns a dict: n, k, bits, block, zero_mode, and bytearrays of the row-major "
         "arrays codes (uint8 [N, K]), scale and offset (fp32 [N, K/block]), zero (uint8 [N, K/block] or None), "
-        "k_perm (int32 [K] or None).");
+        "k_perm (int32 [K] or None).", py::call_guard<CallCapsules>());
 
   m.def("linear_import_gptq", &linear_import_gptq, py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("g_idx"), py::arg("bits"), py::arg("group"), py::arg("zero_stored_minus_one"),
         "A GPTQ (AutoGPTQ layout) checkpoint's host tensors into the canonical form (a dict as linear_quantize's): "
         "qweight int32 [K*bits/32, N], qzeros int32 [K/group, N*bits/32], scales fp16 [K/group, N], g_idx int32 "
-        "[K] or None; an act-order g_idx becomes k_perm.");
+        "[K] or None; an act-order g_idx becomes k_perm.", py::call_guard<CallCapsules>());
 
   m.def("linear_import_awq", &linear_import_awq, py::arg("qweight"), py::arg("qzeros"), py::arg("scales"),
         py::arg("group"),
         "An AWQ (AutoAWQ GEMM layout, 4-bit) checkpoint's host tensors into the canonical form (a dict as "
-        "linear_quantize's): qweight int32 [K, N/8], qzeros int32 [K/group, N/8], scales fp16 [K/group, N].");
+        "linear_quantize's): qweight int32 [K, N/8], qzeros int32 [K/group, N/8], scales fp16 [K/group, N].",
+        py::call_guard<CallCapsules>());
 
   m.def("linear_prepack", &linear_prepack, py::arg("codes"), py::arg("scale"), py::arg("offset"), py::arg("zero"),
         py::arg("k_perm"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"), py::arg("compute_dtype"),
@@ -1091,12 +1122,12 @@ PYBIND11_MODULE(_C, m) {
         "'zero_point' mode, zero uint8 or None in 'offset' mode, k_perm int32 [K] or None) into the kernels' "
         "layout. compute_dtype: 'bfloat16' | 'float16'. Returns a dict: n, k, bits, block, zero_mode, "
         "compute_dtype, padded_n, padded_k, num_blocks, and bytearrays codes (uint8 [Np, Kp*bits/8]), params "
-        "(compute_dtype [Np, num_blocks, 2]), k_perm (int32 [K] or None).");
+        "(compute_dtype [Np, num_blocks, 2]), k_perm (int32 [K] or None).", py::call_guard<CallCapsules>());
 
   m.def("linear_unpack", &linear_unpack, py::arg("codes"), py::arg("params"), py::arg("k_perm"), py::arg("n"),
         py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
         "The inverse of linear_prepack on host arrays (params bf16 | fp16): the canonical form as a dict, its "
-        "parameters those rounded to the compute dtype.");
+        "parameters those rounded to the compute dtype.", py::call_guard<CallCapsules>());
 
   m.def("linear", &linear, py::arg("x"), py::arg("codes"), py::arg("params"), py::arg("k_perm"), py::arg("bias"),
         py::arg("y"), py::arg("workspace"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"),
@@ -1104,25 +1135,26 @@ PYBIND11_MODULE(_C, m) {
         "y = clamp(x @ dequant(W)^T + bias, clamp_min, clamp_max) into preallocated y [M, N] (x's dtype; fp32 x: "
         "fp32 y): x [M, K] bf16 | fp16 | fp32, the prepacked weight as device tensors codes, params, k_perm (or "
         "None) with its constants, bias [N] of y's dtype or None. workspace may be None when "
-        "linear_workspace_bytes is 0.");
+        "linear_workspace_bytes is 0.", py::call_guard<CallCapsules>());
 
   m.def("linear_workspace_bytes", &linear_workspace_bytes, py::arg("max_m"), py::arg("codes"), py::arg("params"),
         py::arg("k_perm"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
         py::arg("x_dtype"),
         "Bytes of device workspace linear needs for up to max_m rows of x of x_dtype ('bfloat16' | 'float16' | "
-        "'float32'), on the current device.");
+        "'float32'), on the current device.", py::call_guard<CallCapsules>());
 
   m.attr("conv_paths") =
       py::make_tuple(tc::conv_path_name(tc::ConvPath::kLinear), tc::conv_path_name(tc::ConvPath::kImplicitGemm),
                      tc::conv_path_name(tc::ConvPath::kDirect));
 
   m.def("conv_path_name", &conv_path_name, py::arg("path"),
-        "The name of a tessera::conv::ConvPath value: 0 'linear', 1 'implicit_gemm', 2 'direct'.");
+        "The name of a tessera::conv::ConvPath value: 0 'linear', 1 'implicit_gemm', 2 'direct'.",
+        py::call_guard<CallCapsules>());
 
   m.def("conv2d_output_size", &conv2d_output_size, py::arg("in_size"), py::arg("k"), py::arg("stride"), py::arg("pad"),
         py::arg("dil"),
         "floor((in_size + 2*pad - dil*(k - 1) - 1) / stride) + 1, PyTorch's rule (a floor for negative numerators "
-        "too); stride >= 1.");
+        "too); stride >= 1.", py::call_guard<CallCapsules>());
 
   m.def("conv2d_path", &conv2d_path, py::arg("batch"), py::arg("height"), py::arg("width"), py::arg("codes"),
         py::arg("params"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
@@ -1132,7 +1164,7 @@ PYBIND11_MODULE(_C, m) {
         "The path ('linear' | 'implicit_gemm' | 'direct') conv2d takes for an input of [batch, height, width] "
         "pixels of x_dtype ('bfloat16' | 'float16' | 'float32') with this weight (its codes and params, on the host "
         "or the device) and geometry; x_layout / y_layout: 'NHWC' | 'NCHW'. Validates what conv2d validates except "
-        "x and y; reads the current device's SM count.");
+        "x and y; reads the current device's SM count.", py::call_guard<CallCapsules>());
 
   m.def("conv2d_workspace_bytes", &conv2d_workspace_bytes, py::arg("batch"), py::arg("height"), py::arg("width"),
         py::arg("codes"), py::arg("params"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"),
@@ -1140,7 +1172,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("pad_w"), py::arg("dil_h"), py::arg("dil_w"), py::arg("groups"), py::arg("x_layout"),
         py::arg("y_layout"), py::arg("x_dtype"),
         "Bytes of device workspace conv2d needs for these arguments (conv2d_path's), on the current device; 0 when "
-        "none.");
+        "none.", py::call_guard<CallCapsules>());
 
   m.def("conv2d", &conv2d, py::arg("x"), py::arg("codes"), py::arg("params"), py::arg("bias"), py::arg("y"),
         py::arg("workspace"), py::arg("n"), py::arg("k"), py::arg("bits"), py::arg("block"), py::arg("zero_mode"),
@@ -1152,7 +1184,7 @@ PYBIND11_MODULE(_C, m) {
         "[N, Co, Ho, Wo] as y_layout says, contiguous; the weight as linear's prepacked [Co, Kh*Kw*Ci_g] device "
         "tensors codes and params with its constants (n = Co, k = Kh*Kw*Ci_g; reduction index (kh*Kw + kw)*Ci_g + "
         "ci) and the kernel's kh, kw; symmetric zero padding; bias [Co] of y's dtype or None. workspace may be None "
-        "when conv2d_workspace_bytes is 0.");
+        "when conv2d_workspace_bytes is 0.", py::call_guard<CallCapsules>());
 
   m.attr("moe_layer_formats") =  // WeightFormat's names, in its order
       py::make_tuple(tessera::moe::weight_format_name(tessera::moe::WeightFormat::kFP8Blockwise),
@@ -1165,7 +1197,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("shared_expert_weight"), py::arg("format"), py::arg("max_tokens"),
         "Validates the MoE layer's constants (scoring: 'sigmoid' | 'softmax'; group_score: 'top2_sum' | 'max'; "
         "format: 'fp8_blockwise' | 'fp8_per_tensor' | 'bf16') and returns the bytes of device workspace moe_layer "
-        "needs for up to max_tokens tokens (tessera::moe::moe_layer_plan's workspace_bytes).");
+        "needs for up to max_tokens tokens (tessera::moe::moe_layer_plan's workspace_bytes).",
+        py::call_guard<CallCapsules>());
 
   m.def("moe_layer", &moe_layer, py::arg("x"), py::arg("router_logits"), py::arg("correction_bias"),
         py::arg("residual"), py::arg("num_tokens"), py::arg("w13"), py::arg("w2"), py::arg("w13_scale"),
@@ -1178,13 +1211,15 @@ PYBIND11_MODULE(_C, m) {
         "bf16: x [T, H] bf16, router_logits [T, E], correction_bias [E] / residual [T, H] / num_tokens (int32 [1] on "
         "the device) or None; the weights w13 [G, 2I, H], w2 [G, H, I] (fp8 e4m3, uint8 views accepted, or bf16) "
         "with w13_scale, w2_scale, a13_scale, a2_scale as the format needs (else None); the constants as "
-        "moe_layer_plan's. workspace: at least moe_layer_plan's bytes (None only when that is 0).");
+        "moe_layer_plan's. workspace: at least moe_layer_plan's bytes (None only when that is 0).",
+        py::call_guard<CallCapsules>());
 
   m.def("w8a8_quantize", &w8a8_quantize, py::arg("x"), py::arg("codes"), py::arg("scale"), py::arg("zero"),
         py::arg("sums"), py::arg("block"), py::arg("stream"),
         "Quantizes x [M, K] (bf16 | fp16 | fp32) per (row, block of `block` columns: 32, 64, 128 or K) into "
         "preallocated codes int8 [M, K] and the fp32 parameter planes scale, zero (None: symmetric) and sums "
-        "(None: not wanted), each [K/block, ld] with ld >= M a multiple of 4 (their first M columns are written).");
+        "(None: not wanted), each [K/block, ld] with ld >= M a multiple of 4 (their first M columns are written).",
+        py::call_guard<CallCapsules>());
 
   m.def("gemm_w8a8", &gemm_w8a8, py::arg("a_codes"), py::arg("a_scale"), py::arg("a_zero"), py::arg("a_sums"),
         py::arg("w_codes"), py::arg("w_scale"), py::arg("w_zero"), py::arg("w_sums"), py::arg("bias"), py::arg("y"),
@@ -1193,14 +1228,15 @@ PYBIND11_MODULE(_C, m) {
         "y [M, N] = clamp(dequant(a) @ dequant(w)^T + bias) from the quantized activations (w8a8_quantize's "
         "outputs, [M, K]) and weights ([N, K], prepack_w8a8's arrays on the device), planes [K/block, ld]. y bf16 | "
         "fp16 | fp32, or int8 (= clamp(rint(v * out_scale), -128, 127)); bias fp32 [N] or None; workspace may be "
-        "None when gemm_w8a8_workspace_bytes is 0.");
+        "None when gemm_w8a8_workspace_bytes is 0.", py::call_guard<CallCapsules>());
 
   m.def("gemm_w8a8_workspace_bytes", &tl::gemm_w8a8_workspace_bytes, py::arg("max_m"), py::arg("n"), py::arg("k"),
         py::arg("block"),
-        "Bytes of device workspace gemm_w8a8 needs for up to max_m rows of a, on the current device (0: none).");
+        "Bytes of device workspace gemm_w8a8 needs for up to max_m rows of a, on the current device (0: none).",
+        py::call_guard<CallCapsules>());
 
   m.def("prepack_w8a8", &prepack_w8a8, py::arg("w"), py::arg("block"), py::arg("symmetric"),
         "Quantizes a host fp32 weight [N, K] (contiguous) per (output channel, block) with w8a8_quantize's rule and "
         "sums its codes. Returns a dict: n, k, block, ld, symmetric, and bytearrays codes (int8 [N, K]), scale, zero "
-        "(None when symmetric) and sums (fp32 [K/block, ld], rows N..ld-1 zero).");
+        "(None when symmetric) and sums (fp32 [K/block, ld], rows N..ld-1 zero).", py::call_guard<CallCapsules>());
 }

@@ -847,3 +847,25 @@ def test_cupy_through_the_dlpack_entry(seed):
     td.linear(x, codes, params, None, None, y, ws, n, k, 4, 64, "zero_point", -math.inf, math.inf, stream.ptr)
     stream.synchronize()
     assert (cp.asnumpy(y) == want.cpu().numpy()).all()
+
+
+@needs_torch
+def test_dlpack_capsule_that_owns_its_memory_lives_through_the_call():
+    # A producer may hand out a capsule that is the only owner of the memory it describes (here a copy made in
+    # __dlpack__, as copy=None allows). The entry point keeps every capsule it asked for until it returns; it used
+    # to drop them once read, and this call then read freed memory (a 32 MB copy, unmapped on free: a crash).
+    class CopyingProducer:
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, stream=None, **kwargs):
+            return torch.utils.dlpack.to_dlpack(self.t.clone())
+
+        def __dlpack_device__(self):
+            return (1, 0)  # kDLCPU
+
+    w = torch.randn(2048, 4096, generator=torch.Generator().manual_seed(5))
+    got = tessera.dlpack.linear_quantize(CopyingProducer(w), 4, 128, "offset")
+    want = tessera.dlpack.linear_quantize(w, 4, 128, "offset")
+    for key in ("codes", "scale", "offset"):
+        assert bytes(got[key]) == bytes(want[key]), key
