@@ -983,6 +983,7 @@ PYBIND11_MODULE(_C, m) {
   m.attr("gate_max_experts") = tessera::moe::kGateMaxExperts;
   m.attr("gate_max_topk") = tessera::moe::kGateMaxTopk;
   m.attr("fp8_block_cols") = tessera::moe::kFP8BlockCols;
+  m.attr("conv_max_param") = tessera::conv::kConvMaxParam;
 
   m.def("fused_gate", &fused_gate, py::arg("logits"), py::arg("bias"), py::arg("weights"), py::arg("ids"),
         py::arg("topk"), py::arg("num_groups"), py::arg("topk_groups"), py::arg("scoring"),

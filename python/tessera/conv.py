@@ -191,7 +191,8 @@ def _checked_weight(op, weight):
     if not isinstance(p, PackedLinearWeight):
         raise ValueError(f"{op}: 'weight.packed' must be a tessera.linear.PackedLinearWeight, got {type(p).__name__}")
     _choice(op, "zero_mode", p.zero_mode, ZERO_MODES)
-    kh, kw = _int(op, "weight.kh", weight.kh, 1), _int(op, "weight.kw", weight.kw, 1)
+    kh = _bounded(op, "weight.kh", _int(op, "weight.kh", weight.kh), 1)
+    kw = _bounded(op, "weight.kw", _int(op, "weight.kw", weight.kw), 1)
     _int(op, "weight.packed.n", p.n, 1)
     k = _int(op, "weight.packed.k", p.k, 1)
     if k % (kh * kw) != 0:
@@ -202,8 +203,22 @@ def _checked_weight(op, weight):
     return p, kh, kw, k // (kh * kw)
 
 
+# The op's bound on each geometry value (tessera::conv::kConvMaxParam), the same on every path: the C++ checks and the
+# eager entry refuse larger values before their shape arithmetic; the checked path here must too (it allocates y
+# from the output size first).
+_MAX_PARAM = _C.conv_max_param
+
+
+def _bounded(op, arg, v, minimum):
+    if v < minimum:
+        raise ValueError(f"{op}: '{arg}' must be >= {minimum}, got {v}")
+    if v > _MAX_PARAM:
+        raise ValueError(f"{op}: '{arg}' must be <= {_MAX_PARAM}, got {v}")
+    return v
+
+
 def _pair(op, arg, value, minimum):
-    """An int or a pair of ints, each >= minimum, as (h, w)."""
+    """An int or a pair of ints, each in [minimum, _MAX_PARAM], as (h, w)."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{op}: '{arg}' must be an int or a pair of ints, got {value!r}")
@@ -212,6 +227,8 @@ def _pair(op, arg, value, minimum):
         h = w = _int(op, arg, value)
     if h < minimum or w < minimum:
         raise ValueError(f"{op}: '{arg}' must be >= {minimum}, got {value!r}")
+    if h > _MAX_PARAM or w > _MAX_PARAM:
+        raise ValueError(f"{op}: '{arg}' must be <= {_MAX_PARAM}, got {value!r}")
     return h, w
 
 
@@ -235,7 +252,7 @@ def _geometry(op, kh, kw, stride, padding, dilation, groups):
             raise ValueError(f"{op}: 'padding' must be an int, a pair of ints, 'valid' or 'same', got {padding!r}")
     else:
         ph, pw = _pair(op, "padding", padding, 0)
-    return sh, sw, ph, pw, dh, dw, _int(op, "groups", groups, 1)
+    return sh, sw, ph, pw, dh, dw, _bounded(op, "groups", _int(op, "groups", groups), 1)
 
 
 def _channels_last(t):

@@ -905,3 +905,18 @@ def test_raw_dlpack_entry_matches_the_torch_layer(seed):
                       torch.cuda.current_stream().cuda_stream)
     torch.cuda.synchronize()
     assert torch.equal(y.permute(0, 3, 1, 2), want)
+
+
+@needs_torch
+def test_geometry_upper_bounds_on_every_path():
+    # Each geometry value is bounded by 2^20 (tessera::conv::kConvMaxParam) whichever path the call takes: the eager
+    # entry (meta x and a meta bias here) and the checked path (a numpy bias falls back to it), which allocated y for
+    # the huge output shape before. Meta tensors: no GPU needed.
+    w = tessera.conv.quantize_weight(torch.randn(16, 8, 1, 1), bits=4, block=None)
+    x = torch.empty(1, 8, 8, 8, dtype=torch.bfloat16, device="meta")
+    big = tessera._C.conv_max_param * 2
+    for bias in (torch.zeros(16, dtype=torch.bfloat16, device="meta"), np.zeros(16, np.float32)):
+        for arg, kwargs in (("padding", dict(padding=big)), ("stride", dict(stride=big)),
+                            ("dilation", dict(dilation=(1, big))), ("groups", dict(groups=big))):
+            with pytest.raises(ValueError, match=f"'{arg}' must be <= {tessera._C.conv_max_param}"):
+                tessera.conv2d(x, w, bias, **kwargs)
