@@ -475,12 +475,11 @@ def test_host_tensors_are_refused_before_launch(seed, way):
         tc.conv2d(x, cw, padding=1)
     with pytest.raises(TypeError, match="'groups' must be an int"):
         tc.conv2d(x, cw, groups=1.5)
-    # The eager entry bounds the geometry by the op's limit (2^20) before its int64 shape arithmetic multiplies it
-    # (found in review); the checked path computes in Python ints and names the host tensor first.
+    # Both paths bound the geometry by the op's limit (2^20) before any shape arithmetic (the eager entry's int64
+    # products; the checked path's allocation of y), ahead of the host-tensor check.
     for kwargs, arg in ((dict(dilation=2 ** 62), "dilation"), (dict(stride=(1, 2 ** 21)), "stride"),
                         (dict(padding=2 ** 40), "padding")):
-        match = f"tessera.conv2d: '{arg}' must be <= 1048576" if way == "eager" else "'x' must be a CUDA tensor"
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(ValueError, match=f"tessera.conv2d: '{arg}' must be <= 1048576"):
             tc.conv2d(x, cw, **kwargs)
 
 
