@@ -105,8 +105,10 @@ def _float(op, arg, value):
 def _params(op, softmax_scale, softcap, window, num_splits):
     """(softmax_scale, softcap, window, num_splits) as the binding takes them; None softmax_scale = 0 = 1/sqrt(D)."""
     scale = 0.0 if softmax_scale is None else _float(op, "softmax_scale", softmax_scale)
-    return (scale, _float(op, "softcap", softcap), _int(op, "window", window, 0),
-            _int(op, "num_splits", num_splits, 0))
+    # A window at or past the cache's capacity (< 2^31) is no window: clamped to 2^31 - 1, the same meaning, so that
+    # the queries' 32-bit binding takes any window the op takes.
+    window = min(_int(op, "window", window, 0), (1 << 31) - 1)
+    return (scale, _float(op, "softcap", softcap), window, _int(op, "num_splits", num_splits, 0))
 
 
 def _on_device(torch, device, fn):

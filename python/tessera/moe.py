@@ -137,10 +137,21 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     return run() if stream is None else launch(stream_arg(op, stream, device), run)
 
 
+def _permute_limits(op, num_experts, pad_multiple, topk, topk_name):
+    """The op's upper limits (the C++ op's, here too for torch.compile and so that the host queries, whose binding
+    takes 32-bit ints, say ValueError rather than pybind's TypeError past 2^31)."""
+    for name, value, hi in (("num_experts", num_experts, 1024), ("pad_multiple", pad_multiple, 1 << 16),
+                            (topk_name, topk, 32)):
+        if value > hi:
+            raise ValueError(f"{op}: '{name}' must be in [1, {hi}], got {value}")
+
+
 def _permute_query(op, fn, num_tokens, topk, num_experts, pad_multiple, quant):
     q = _quant_name(op, quant)
-    return fn(_int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1),
-              _int(op, "num_experts", num_experts, 1), _int(op, "pad_multiple", pad_multiple, 1), q)
+    num_tokens, topk = _int(op, "num_tokens", num_tokens, 0), _int(op, "topk", topk, 1)
+    num_experts, pad_multiple = _int(op, "num_experts", num_experts, 1), _int(op, "pad_multiple", pad_multiple, 1)
+    _permute_limits(op, num_experts, pad_multiple, topk, "topk")
+    return fn(num_tokens, topk, num_experts, pad_multiple, q)
 
 
 def permute_capacity_rows(num_tokens, topk, num_experts, *, pad_multiple=1, quant=None):
@@ -198,10 +209,7 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
     if topk < 1:
         raise ValueError(f"{op}: 'ids' must have at least one column, got shape {list(ids.shape)}")
     # The op's limits, before its outputs are allocated (a huge pad_multiple would ask for the memory first).
-    for name, value, hi in (("num_experts", num_experts, 1024), ("pad_multiple", pad_multiple, 1 << 16),
-                            ("ids.shape[1] (topk)", topk, 32)):
-        if value > hi:
-            raise ValueError(f"{op}: '{name}' must be in [1, {hi}], got {value}")
+    _permute_limits(op, num_experts, pad_multiple, topk, "ids.shape[1] (topk)")
     if out is not None:
         if not isinstance(out, PermuteResult):
             raise ValueError(f"{op}: 'out' must be a tessera.PermuteResult of preallocated tensors, "

@@ -69,6 +69,15 @@ def test_capacity_rows():
     assert tessera.permute_workspace_bytes(4096, 8, 256) >= 0
     with pytest.raises(ValueError, match="num_experts"):
         tessera._C.permute_capacity_rows(16, 2, 0)
+    # The op's upper limits, as ValueError (the binding's 32-bit ints gave pybind's TypeError past 2^31).
+    for query in (tessera.permute_capacity_rows, tessera.permute_workspace_bytes):
+        for kwargs, arg in ((dict(pad_multiple=2 ** 31), "pad_multiple"), (dict(pad_multiple=70000), "pad_multiple")):
+            with pytest.raises(ValueError, match=f"'{arg}' must be in"):
+                query(16, 2, 8, **kwargs)
+        with pytest.raises(ValueError, match="'num_experts' must be in"):
+            query(16, 2, 2 ** 31)
+        with pytest.raises(ValueError, match="'topk' must be in"):
+            query(16, 2 ** 31, 8)
 
 
 def test_binding_rejects_non_capsules():
