@@ -519,7 +519,7 @@ def linear(x, weight, bias=None, *, activation=None, clamp=None, out=None, works
     workspace = as_optional_tensor(workspace, op, "workspace")
     if not x.is_cuda:
         cuda_device_of(x, op, "x")
-    n, k = weight.n, weight.k
+    n, k = _int(op, "weight.n", weight.n, 1), _int(op, "weight.k", weight.k, 1)  # as the eager entry checks them
     if x.dim() < 1 or x.shape[-1] != k:
         raise ValueError(f"{op}: 'x' must be [..., K] with K = {k}, got shape {list(x.shape)}")
     lead = tuple(x.shape[:-1])
