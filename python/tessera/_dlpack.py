@@ -91,8 +91,9 @@ def cuda_device(device=None):
 
 
 def cuda_device_of(tensor, op, arg):
-    """The tensor's torch.device; ValueError naming the argument when it is not a CUDA tensor."""
-    if not tensor.is_cuda:
+    """The tensor's torch.device; ValueError naming the argument when it is not a CUDA tensor. A meta tensor passes
+    (shapes only: the op's fake implementation runs for it, as the eager entries route it)."""
+    if not (tensor.is_cuda or tensor.is_meta):
         raise ValueError(f"{op}: '{arg}' must be a CUDA tensor, got a tensor on device '{tensor.device}'")
     return tensor.device
 

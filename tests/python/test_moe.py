@@ -685,3 +685,14 @@ def test_unpermute_cuda_graph_capture():
     e_out = tessera.unpermute_reduce(y, row_index, w, None, 2.0)
     torch.cuda.synchronize()
     torch.testing.assert_close(g_out, e_out, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch is None, reason="needs torch")
+def test_meta_tensors_take_both_paths_alike():
+    np = pytest.importorskip("numpy")
+    # Meta tensors (shapes only) reach the ops' fake implementations on the eager entry and on the checked path (a
+    # numpy bias takes it) alike; the checked path refused them before. No GPU needed.
+    logits = torch.empty(4, 16, device="meta")
+    for bias in (None, np.zeros(16, np.float32)):
+        w, ids = tessera.fused_gate(logits, bias, topk=2)
+        assert w.shape == (4, 2) and ids.shape == (4, 2) and w.is_meta and ids.is_meta
