@@ -225,11 +225,7 @@ def _pair(op, arg, value, minimum):
         h, w = _int(op, arg, value[0]), _int(op, arg, value[1])
     else:
         h = w = _int(op, arg, value)
-    if h < minimum or w < minimum:
-        raise ValueError(f"{op}: '{arg}' must be >= {minimum}, got {value!r}")
-    if h > _MAX_PARAM or w > _MAX_PARAM:
-        raise ValueError(f"{op}: '{arg}' must be <= {_MAX_PARAM}, got {value!r}")
-    return h, w
+    return _bounded(op, arg, h, minimum), _bounded(op, arg, w, minimum)
 
 
 def _geometry(op, kh, kw, stride, padding, dilation, groups):

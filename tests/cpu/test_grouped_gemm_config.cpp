@@ -101,6 +101,10 @@ TEST(GroupedGemmConfig, DecodeLaunchesSplitTilesOnlyWhereTheyFillAtMostHalfTheCt
   EXPECT_FALSE(split_decode_tiles(10, 0));
   // A launch limited to few CTAs (its tile bound): one tile per CTA stays.
   EXPECT_FALSE(split_decode_tiles(16, 16));
+  // The launcher's grid bound counts 64-wide n-tiles: contiguous (M / 8 + G) m-tiles, masked G · ceil(max_m / 8).
+  EXPECT_EQ(grid_tile_bound(false, 9, 9, 4096), (2 + 9) * 64);
+  EXPECT_EQ(grid_tile_bound(true, 10, 3, 640), 3 * 2 * 10);
+  EXPECT_EQ(grid_tile_bound(false, 0, 0, 128), 0);
   // Only 8-row tiles split.
   EXPECT_TRUE(tile_shape(1, 128, true).split);
   EXPECT_TRUE(tile_shape(8, 128, true).split);

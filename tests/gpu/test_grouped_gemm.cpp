@@ -549,7 +549,7 @@ TEST_F(GroupedGemmGpu, MixedGroupSizesRunEveryTileShapeInOneLaunch) {
 // keep testing the split path if the rule moves.
 TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
   int sms = 0;
-  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, test::current_device()));
   const uint64_t shape_seed = test::fresh_seed();
   SCOPED_TRACE("shape " + test::seed_note(shape_seed));
   std::mt19937_64 rng(shape_seed);
@@ -575,10 +575,11 @@ TEST_F(GroupedGemmGpu, DecodeLaunchesSplitTheirTiles) {
       for (int64_t r : c.sizes) tiles += (r + 7) / 8 * (c.n / 128), total += r;
       c.lead = c.masked ? 0 : 3;
       c.max_m_extra = 2;
-      // The CTAs the launcher gives the launch (launch.cu): its tile bound, at most one per SM.
-      const int64_t bound =
-          (c.masked ? c.G * ((8 + c.max_m_extra + 7) / 8) : (c.lead + total + 7) / 8 + c.G) * (c.n / 64);
-      const int64_t ctas = std::min<int64_t>(bound, sms);
+      // The CTAs the launcher gives the launch: its tile bound, at most one per SM. Rows: max_m (masked, the
+      // largest group of 8 + max_m_extra) or M (contiguous).
+      const int64_t launch_rows = c.masked ? 8 + c.max_m_extra : c.lead + total;
+      const int64_t ctas =
+          std::min<int64_t>(tessera::gemm::detail::grid_tile_bound(c.masked, launch_rows, c.G, c.n), sms);
       EXPECT_TRUE(tessera::gemm::detail::split_decode_tiles(tiles, ctas))
           << describe(c) << ": " << tiles << " tiles on " << ctas << " CTAs";
       check_case(c);

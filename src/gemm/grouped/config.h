@@ -76,6 +76,14 @@ TESSERA_HD constexpr int kblocks_per_stage(int block_m, int width) {
 // T 1 (64 tiles on 132 SMs) 0.80× the time with split tiles; DeepSeek-V3's gate_up at T 1 (288 tiles, a last wave
 // of 24) 0.99-1.02×, Qwen3's (192 tiles) no gain in its layer either: once the tiles fill the machine, a thin last
 // wave costs less than halving every tile. So: split only when the split tiles fit in one wave.
+// The launcher's bound on a launch's tiles (the grid is this, at most the resident CTA slots; tile shapes are chosen
+// on the device): with monotone offsets at most (rows / 8 + G) m-tiles (contiguous) or G × ceil(max_m / 8) (masked),
+// each N / 64 n-tiles wide (the split decode tiles' width); overlapping groups just give each CTA more tiles.
+TESSERA_HD constexpr int64_t grid_tile_bound(bool masked, int64_t rows, int64_t num_groups, int64_t n) {
+  const int64_t m_tiles = masked ? num_groups * ((rows + 7) / 8) : (rows + 7) / 8 + num_groups;
+  return m_tiles * (n / 64);
+}
+
 TESSERA_HD constexpr bool split_decode_tiles(int64_t tiles128, int64_t ctas) {
   return tiles128 > 0 && 2 * tiles128 <= ctas;
 }

@@ -69,13 +69,10 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
   kp.ws_n_stride = pb.ws_n_stride;
   kp.ws_k_stride = pb.ws_k_stride;
 
-  // Grid size only (tile shapes are chosen on the device): with monotone offsets tiles number at most
-  // (rows / 8 + G) × N / 64 (contiguous) or G × ceil(max_m / 8) × N / 64 (masked), counting split decode tiles
-  // (64 wide); overlapping groups just give each CTA more tiles.
-  const int64_t n_tiles = pb.n / 64;
-  const int64_t m_tiles_bound = masked ? pb.num_groups * ((pb.rows + 7) / 8) : (pb.rows + 7) / 8 + pb.num_groups;
+  // Grid size only (config.h: grid_tile_bound; the tile shapes are chosen on the device).
   const int64_t slots = int64_t{per_sm} * ::tessera::detail::current_device_info().num_sms;
-  const int grid = static_cast<int>(std::min<int64_t>(m_tiles_bound * n_tiles, slots));
+  const int grid =
+      static_cast<int>(std::min<int64_t>(grid_tile_bound(masked, pb.rows, pb.num_groups, pb.n), slots));
   kernel<<<grid, kThreads, smem, stream>>>(tmap_x8, tmap_x64, tmap_x128, tmap_w, tmap_w256, tmap_w64, kp);
   TESSERA_CHECK_LAUNCH();
 }
