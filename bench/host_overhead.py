@@ -8,7 +8,8 @@ issued back to back and timed with the host clock; no call waits for the GPU, so
 cost alone (argument checks, allocation of outputs, the operator dispatch and the kernel launches). Median over
 `reps` rounds. An op of n launches runs at most 480 / n calls a round: the driver queues ~1,000 pending launches,
 and a launch past that waits for the sleeping GPU (a 200-call round of the MoE layer's 8 launches read 261 us a
-call that way). "above" = the call minus n bare launches of the same run. Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
+call that way). "above" = the call minus n bare launches, timed in a round just before each of the op's rounds
+(median of the per-round differences). Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
 (out=, workspace=: nothing allocated) and, where it can allocate, without. For reference the same decode call
 through the DLPack entry point (tessera.dlpack, one capsule per tensor) and a bare torch op (torch.add with out=)
 are measured in the same run.
@@ -31,20 +32,37 @@ def _busy(seconds):
     torch.cuda._sleep(int(seconds * 2.0e9))
 
 
-def host_us(fn, calls, reps):
+def _round_us(fn, calls):
+    """One round: the stream held busy, `calls` calls timed with the host clock; us per call."""
+    _busy(0.05)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
+def _bare_launch():
+    torch.cuda._sleep(1)
+
+
+def host_us(fn, calls, reps, launches=None):
+    """(median us per call, median us above its launches or None). With `launches`, each round of fn follows a round
+    of as many bare launches (calls x launches), and "above" is the median over the rounds of fn's time minus
+    `launches` bare launches of the round just before: a drift of the host between rounds (seen: a bare launch
+    3.9-5.2 us from one pass to the next) then moves both sides of the difference alike."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    samples = []
+    samples, above = [], []
     for _ in range(reps):
-        _busy(0.05)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / calls * 1e6)
-    return statistics.median(samples)
+        if launches:
+            bare = _round_us(_bare_launch, calls * launches) * launches
+        samples.append(_round_us(fn, calls))
+        if launches:
+            above.append(samples[-1] - bare)
+    return statistics.median(samples), (statistics.median(above) if launches else None)
 
 
 def cases():
@@ -186,8 +204,7 @@ def later_ops():
         a = tw.quantize_per_block(x, 128)
         y = torch.empty((16, 4096), dtype=torch.bfloat16, device=dev)
         ws = torch.empty((max(1, tw.workspace_bytes(16, w)),), dtype=torch.uint8, device=dev)
-        direct = (a.codes, a.scale, a.zero, a.sums, w.codes, w.scale, w.zero, w.sums, None, y, ws, 128,
-                  float("-inf"), float("inf"), 1.0, "bfloat16")
+        direct = (a, w, None, y, ws, float("-inf"), float("inf"), 1.0, "bfloat16")
         return [("quantize_per_block g128 (M 16)", "allocating", lambda: tw.quantize_per_block(x, 128), 1),
                 ("gemm_w8a8 g128 (M 16, N = K = 4096)", "given", lambda: tw.gemm_w8a8(a, w, out=y, workspace=ws), 2),
                 ("tessera._torch_C.gemm_w8a8_eager (direct)", "given",
@@ -235,14 +252,14 @@ def main(argv=None):
     # = 512 copies take the three-pass path, decode's 4 splits the split kernel and the merge.
     for name, outputs, fn, launches in cases() + later:
         calls = args.calls if not launches else max(20, min(args.calls, 480 // launches))
-        us = host_us(fn, calls, args.reps)
-        rows.append(dict(op=name, outputs=outputs, host_us=round(us, 2), launches=launches, calls=calls))
-    bare = next(r["host_us"] for r in rows if r["op"].startswith("torch.cuda._sleep"))
-    for r in rows:
-        r["above_launches_us"] = None if not r["launches"] else round(r["host_us"] - r["launches"] * bare, 2)
+        bare_row = name.startswith("torch.cuda._sleep")
+        us, above = host_us(fn, calls, args.reps, None if bare_row else launches)
+        rows.append(dict(op=name, outputs=outputs, host_us=round(us, 2), launches=launches, calls=calls,
+                         above_launches_us=None if above is None else round(above, 2)))
     gpu = torch.cuda.get_device_name()
     print(f"host time per eager call ({gpu}, torch {torch.__version__}, median of {args.reps} rounds of up to "
-          f"{args.calls} calls, at most 480 launches a round)")
+          f"{args.calls} calls, at most 480 launches a round; above = the call minus its launches as bare launches "
+          f"timed in the round before each of its rounds)")
     print(f"{'op':<44} {'outputs':<11} {'host us':>8} {'launches':>8} {'above':>7}")
     for r in rows:
         above = "" if r["above_launches_us"] is None else f"{r['above_launches_us']:.2f}"

@@ -1020,7 +1020,7 @@ at::Tensor linear_eager(const at::Tensor& x, const at::Tensor& codes, const at::
     fail(op, "x", "must be [..., K] with K = " + std::to_string(k) + ", got shape " + sizes_str(x.sizes()));
   std::vector<int64_t> sizes(x.sizes().begin(), x.sizes().end() - 1);
   sizes.push_back(n);
-  const at::Tensor x2 = x.reshape({-1, k});
+  const at::Tensor x2 = x.dim() == 2 ? x : x.reshape({-1, k});  // a reshape costs a new tensor even where it is a no-op
   at::Tensor y, y2;
   if (out.has_value()) {
     if (!out->sizes().equals(sizes))
@@ -1085,17 +1085,18 @@ Int8BlocksOut w8a8_quantize_eager(const at::Tensor& x, int64_t block, bool symme
   return {codes, scale, zero, sums, block};
 }
 
-// tessera.gemm_w8a8's eager call in one crossing: y [M, N] allocated here (dtype: "bfloat16", "float16", "float32"
-// or "int8", as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked the
-// epilogue, the output kind and the operands' types and blocks. Returns y.
-at::Tensor gemm_w8a8_eager(const at::Tensor& a_codes, const at::Tensor& a_scale,
-                           const std::optional<at::Tensor>& a_zero, const std::optional<at::Tensor>& a_sums,
-                           const at::Tensor& w_codes, const at::Tensor& w_scale,
-                           const std::optional<at::Tensor>& w_zero, const std::optional<at::Tensor>& w_sums,
-                           const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& out,
-                           const std::optional<at::Tensor>& workspace, int64_t block, double clamp_min,
-                           double clamp_max, double out_scale, std::string_view y_dtype) {
+// tessera.gemm_w8a8's eager call in one crossing: a and w as their Int8Blocks tuples (codes, scale, zero, sums, block;
+// one conversion each, cheaper than eight tensor arguments), y [M, N] allocated here (dtype: "bfloat16", "float16",
+// "float32" or "int8", as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked
+// the epilogue, the output kind and the operands' types. Returns y.
+at::Tensor gemm_w8a8_eager(const Int8BlocksOut& a, const Int8BlocksOut& w, const std::optional<at::Tensor>& bias,
+                           const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
+                           double clamp_min, double clamp_max, double out_scale, std::string_view y_dtype) {
   constexpr const char* op = "tessera.gemm_w8a8";
+  const auto& [a_codes, a_scale, a_zero, a_sums, block] = a;
+  const auto& [w_codes, w_scale, w_zero, w_sums, w_block] = w;
+  if (block != w_block)
+    fail(op, "w", "must have a's block (" + std::to_string(block) + "), got block " + std::to_string(w_block));
   no_symbolic_sizes({&a_codes, &w_codes});
   if (!needs_dispatcher(a_codes)) (void)device_of(a_codes, op, "a.codes");
   rank_is(a_codes, 2, "[M, K]", op, "a.codes");

@@ -36,8 +36,8 @@ import dataclasses
 import math
 
 from . import _C
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager, launch, stream_arg,
-                      to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, fast_entry, launch,
+                      stream_arg, to_capsule, torch_module, torch_ops)
 from .attention import _float, _on_device
 from .moe import _choice, _int
 
@@ -502,11 +502,21 @@ def linear(x, weight, bias=None, *, activation=None, clamp=None, out=None, works
     Returns y [..., N] of x's dtype.
     """
     lo, hi = (-_INF, _INF) if activation is None and clamp is None else _bounds("tessera.linear", activation, clamp)
-    if type(weight) is PackedLinearWeight:  # the eager fast path (_dlpack.eager): one crossing into C++
-        y = eager(stream, "linear_eager", x, weight.codes, weight.params, weight.k_perm, bias, out, workspace,
-                  weight.n, weight.k, weight.bits, weight.block, weight.zero_mode, lo, hi)
-        if y is not SKIPPED:
-            return y
+    if type(weight) is PackedLinearWeight:
+        entry = fast_entry(stream)
+        if entry is not None:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            try:
+                return entry.linear_eager(x, weight.codes, weight.params, weight.k_perm, bias, out, workspace,
+                                          weight.n, weight.k, weight.bits, weight.block, weight.zero_mode, lo, hi)
+            except TypeError as e:
+                if FALLBACK not in str(e):
+                    raise
+    return _linear_checked(x, weight, bias, lo, hi, out, workspace, stream)
+
+
+def _linear_checked(x, weight, bias, lo, hi, out, workspace, stream):
+    """linear's checked path: the arguments checked here, then torch_ops()' linear (the registered operator under
+    torch.compile or a dispatch mode)."""
     op = "tessera.linear"
     if not isinstance(weight, PackedLinearWeight):
         raise ValueError(f"{op}: 'weight' must be a tessera.linear.PackedLinearWeight (tessera.linear.prepack(...)"

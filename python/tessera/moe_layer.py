@@ -45,9 +45,10 @@ runs on the device their inputs are on.
 
 import collections.abc
 import dataclasses
+import functools
 
 from . import _C
-from ._dlpack import (E4M3, FP8_DTYPES, SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager,
+from ._dlpack import (E4M3, FALLBACK, FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, fast_entry,
                       launch, stream_arg, torch_module, torch_ops)
 from .moe import GROUP_SCORES, SCORINGS, _choice, _int, _rank
 
@@ -114,6 +115,18 @@ class MoeLayerPlan:
     config: MoeLayerConfig
     max_tokens: int
     workspace_bytes: int
+
+    @functools.cached_property
+    def _eager_constants(self):
+        """The constants of moe_layer's eager entry (the config's fields in its order, then max_tokens), read once
+        per plan (both classes are frozen); None where config is not a MoeLayerConfig (the checked path names it).
+        The C++ entry checks their values on every call."""
+        c = self.config
+        if type(c) is not MoeLayerConfig:
+            return None
+        return (c.hidden, c.intermediate, c.num_experts, c.topk, c.num_groups, c.topk_groups, c.scoring,
+                c.group_score, c.renormalize, c.routed_scaling_factor, c.num_shared_experts, c.shared_expert_weight,
+                c.format, self.max_tokens)
 
 
 @dataclasses.dataclass(eq=False)
@@ -669,12 +682,9 @@ def _checked_plan(op, plan):
     if not isinstance(plan, MoeLayerPlan):
         raise ValueError(f"{op}: 'plan' must be a tessera.moe_layer.MoeLayerPlan (tessera.moe_layer.plan(config, "
                          f"max_tokens)), got {type(plan).__name__}")
-    c = plan.config
-    if not isinstance(c, MoeLayerConfig):
-        raise ValueError(f"{op}: 'plan.config' must be a tessera.moe_layer.MoeLayerConfig, got {type(c).__name__}")
-    return (c.hidden, c.intermediate, c.num_experts, c.topk, c.num_groups, c.topk_groups, c.scoring, c.group_score,
-            c.renormalize, c.routed_scaling_factor, c.num_shared_experts, c.shared_expert_weight, c.format,
-            plan.max_tokens)
+    if not isinstance(plan.config, MoeLayerConfig):
+        raise ValueError(f"{op}: 'plan.config' must be a tessera.moe_layer.MoeLayerConfig, got "
+                         f"{type(plan.config).__name__}")
 
 
 def moe_layer(x, router_logits, weights, plan, *, correction_bias=None, residual=None, num_tokens=None, out=None,
@@ -698,16 +708,32 @@ def moe_layer(x, router_logits, weights, plan, *, correction_bias=None, residual
     stream           None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     Returns y.
     """
+    entry = fast_entry(stream)  # first: under torch.compile it is None, and Dynamo never sees the cached property
+    if entry is not None and type(plan) is MoeLayerPlan and type(weights) is MoeLayerWeights:
+        constants = plan._eager_constants
+        if constants is not None:
+            # The eager fast path (_dlpack.fast_entry): one crossing into C++, which checks the constants, x and
+            # out, allocates y and launches.
+            w = weights
+            try:
+                return entry.moe_layer_eager(x, router_logits, correction_bias, residual, num_tokens, w.w13, w.w2,
+                                             w.w13_scale, w.w2_scale, w.a13_scale, w.a2_scale, out, workspace,
+                                             *constants)
+            except TypeError as e:
+                if FALLBACK not in str(e):
+                    raise
+    return _moe_layer_checked(x, router_logits, weights, plan, correction_bias, residual, num_tokens, out, workspace,
+                              stream)
+
+
+def _moe_layer_checked(x, router_logits, weights, plan, correction_bias, residual, num_tokens, out, workspace, stream):
+    """moe_layer's checked path: the arguments checked here, then torch_ops()' moe_layer (the registered operator
+    under torch.compile or a dispatch mode)."""
     op = "tessera.moe_layer"
-    constants = _checked_plan(op, plan)
+    _checked_plan(op, plan)
     if not isinstance(weights, MoeLayerWeights):
         raise ValueError(f"{op}: 'weights' must be a tessera.moe_layer.MoeLayerWeights, got {type(weights).__name__}")
     w = weights
-    # The eager fast path (_dlpack.eager): one crossing into C++, which checks x and out, allocates y and launches.
-    y = eager(stream, "moe_layer_eager", x, router_logits, correction_bias, residual, num_tokens, w.w13, w.w2,
-              w.w13_scale, w.w2_scale, w.a13_scale, w.a2_scale, out, workspace, *constants)
-    if y is not SKIPPED:
-        return y
     torch = torch_module()
     ops = torch_ops()
     constants = _constants(op, plan.config) + (_int(op, "plan.max_tokens", plan.max_tokens, 0),)

@@ -33,8 +33,8 @@ import math
 import typing
 
 from . import _C
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager, launch, stream_arg,
-                      to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager,
+                      fast_entry, launch, stream_arg, to_capsule, torch_module, torch_ops)
 from .attention import _float, _on_device
 from .linear import _bounds, _float_array
 from .moe import _int, _rank
@@ -346,22 +346,32 @@ def gemm_w8a8(a, w, bias=None, *, activation=None, clamp=None, out_dtype=None, o
     Returns y.
     """
     op = "tessera.gemm_w8a8"
-    torch = torch_module()
     lo, hi = _epilogue(op, activation, clamp)
-    if type(a) is not Int8Blocks:
-        _blocks_arg(op, "a", a)
-    if type(w) is not Int8Blocks:
-        _blocks_arg(op, "w", w)
-    a_codes, a_scale, a_zero, a_sums, block = a  # one unpacking: cheaper than eight attribute reads per call
-    w_codes, w_scale, w_zero, w_sums, w_block = w
-    if block != w_block:
-        raise ValueError(f"{op}: 'w' must have a's block ({block}), got block {w_block}")
+    if type(a) is Int8Blocks and type(w) is Int8Blocks:
+        entry = fast_entry(stream)
+        if entry is not None:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            torch = torch_module()
+            out = as_optional_tensor(out, op, "out")
+            _, dtype_name, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
+            try:  # a and w cross as the tuples they are (C++ unpacks them and compares their blocks)
+                return entry.gemm_w8a8_eager(a, w, bias, out, workspace, lo, hi, scale, dtype_name)
+            except TypeError as e:
+                if FALLBACK not in str(e):
+                    raise
+    return _gemm_w8a8_checked(a, w, bias, lo, hi, out_dtype, out_scale, out, workspace, stream)
+
+
+def _gemm_w8a8_checked(a, w, bias, lo, hi, out_dtype, out_scale, out, workspace, stream):
+    """gemm_w8a8's checked path: the arguments checked here, then torch_ops()' gemm_w8a8 (the registered operator
+    under torch.compile or a dispatch mode)."""
+    op = "tessera.gemm_w8a8"
+    torch = torch_module()
+    _blocks_arg(op, "a", a)
+    _blocks_arg(op, "w", w)
+    if a.block != w.block:
+        raise ValueError(f"{op}: 'w' must have a's block ({a.block}), got block {w.block}")
     out = as_optional_tensor(out, op, "out")
-    dtype, dtype_name, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
-    y = eager(stream, "gemm_w8a8_eager", a_codes, a_scale, a_zero, a_sums, w_codes, w_scale, w_zero, w_sums, bias, out,
-              workspace, block, lo, hi, scale, dtype_name)
-    if y is not SKIPPED:  # the eager fast path (_dlpack.eager): one crossing into C++
-        return y
+    dtype, _, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
     ops = torch_ops()
     bias = as_optional_tensor(bias, op, "bias")
     workspace = as_optional_tensor(workspace, op, "workspace")

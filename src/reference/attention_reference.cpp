@@ -545,11 +545,13 @@ DecodeCheck check_decode_output(const DecodeRef& ref, const uint16_t* o, DType o
           r.nonfinite++;
           fail([&] { return "lse" + where(b, h) + " is " + fmt(got) + ", expected " + fmt(ref.lse[b * HQ + h]); });
         } else {
-          const double e = std::fabs(got - ref.lse[b * HQ + h]);
+          const double want = ref.lse[b * HQ + h], e = std::fabs(got - want);
+          const double bound = std::max(tol.lse_atol, tol.lse_rtol * std::fabs(want));
           r.lse_max_error = std::max(r.lse_max_error, e);
-          if (!(e <= tol.lse_atol))
-            fail([&] { return "lse" + where(b, h) + " is " + fmt(got) + ", expected " + fmt(ref.lse[b * HQ + h]) +
-                              " (|diff| > lse_atol " + fmt(tol.lse_atol) + ")"; });
+          if (!(e <= bound))
+            fail([&] { return "lse" + where(b, h) + " is " + fmt(got) + ", expected " + fmt(want) + " (|diff| > " +
+                              fmt(bound) + " = max(lse_atol " + fmt(tol.lse_atol) + ", lse_rtol " +
+                              fmt(tol.lse_rtol) + " · |expected|))"; });
         }
       }
     }

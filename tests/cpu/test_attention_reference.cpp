@@ -802,6 +802,20 @@ TEST(AttentionReferenceCheck, FlagsNaNWrongRowsEmptyRowsAndLse) {
     EXPECT_NEAR(r.lse_max_error, 0.1, 1e-6);
   }
   {
+    // lse_rtol: the bound is max(lse_atol, lse_rtol · |expected|), per row.
+    CheckFixture f;
+    const double want = f.ref.lse[0];
+    DecodeTolerance tol;
+    tol.lse_atol = 1e-6;
+    tol.lse_rtol = 1e-2;
+    f.lse[0] = static_cast<float>(want + 0.9e-2 * std::fabs(want));
+    EXPECT_TRUE(check_decode_output(f.ref, f.o, DType::kBF16, f.lse, tol).ok);
+    f.lse[0] = static_cast<float>(want + 1.1e-2 * std::fabs(want));
+    EXPECT_FALSE(check_decode_output(f.ref, f.o, DType::kBF16, f.lse, tol).ok);
+    tol.lse_atol = 2e-2 * std::fabs(want);  // the larger of the two
+    EXPECT_TRUE(check_decode_output(f.ref, f.o, DType::kBF16, f.lse, tol).ok);
+  }
+  {
     CheckFixture f;
     for (int d = 0; d < 32; ++d) f.o[2 * 4 * 32 + 32 + d] = 0;  // one row of 8 lost
     DecodeTolerance tol;

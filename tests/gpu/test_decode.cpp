@@ -267,6 +267,10 @@ DecodeTolerance grid_tolerance() {
   t.o_rtol = 5e-3;
   t.row_rtol = 2e-2;  // a single wrong (b, h) row shows even in a large batch
   t.lse_atol = 1e-2;
+  // Rows with large logits (K outlier channels: lse 23 at D 128) carry ~2^-11 · |s| from the 16-bit operands; seen:
+  // int8-kchannel with K outliers, lse 23.21 against 23.195 (|diff| 0.0103, 0.9 · 2^-11 · |lse|; an H200, session
+  // 22). 2^-10 · |lse| leaves twice that and changes nothing below |lse| 10.24.
+  t.lse_rtol = 1.0 / 1024;
   return t;
 }
 
