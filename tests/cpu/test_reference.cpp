@@ -101,6 +101,30 @@ TEST(GateReference, TieMarginSeesNearTies) {
   EXPECT_EQ(r.ids[0], 1);
 }
 
+// An exact tie across the cut is decided by index, but a value a hair below the tied run decides too: rounded keys
+// can merge it into the run (the case an H200 run found: three experts tied in fp32, one 6e-10 lower in float64).
+TEST(GateReference, TieMarginSeesANearValuePastAnExactTieAtTheCut) {
+  moe::GateParams p;
+  p.topk = 2;
+  const GateRef r = fused_gate({3.0, 1.0, 1.0, 1.0 - 1e-10, -2.0}, 1, 5, {}, p);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_LT(r.tie_margin[0], 1e-6);
+  // The same above the run: ranks 1 and 2 tied, rank 0 a hair higher.
+  const GateRef above = fused_gate({1.0 + 1e-10, 1.0, 1.0, -2.0}, 1, 4, {}, p);
+  EXPECT_LT(above.tie_margin[0], 1e-6);
+  // Well-separated neighbours keep the row compared.
+  const GateRef clear = fused_gate({3.0, 1.0, 1.0, 0.5}, 1, 4, {}, p);
+  EXPECT_GT(clear.tie_margin[0], 1e-2);  // the scores (softmax by default) of 1.0 and 0.5 apart
+  // Groups: a tie across the kept-group cut with a near group score after it.
+  moe::GateParams g;
+  g.topk = 1;
+  g.num_groups = 3;
+  g.topk_groups = 1;
+  g.group_score = moe::GroupScore::kMax;
+  const GateRef groups = fused_gate({1.0, 1.0, 1.0 - 1e-10}, 1, 3, {}, g);
+  EXPECT_LT(groups.tie_margin[0], 1e-6);
+}
+
 TEST(PermuteReference, StableGroupsDropsAndPads) {
   // T=3, k=2; -1 and 9 are dropped (E = 4).
   const std::vector<int64_t> ids = {2, 0, 0, -1, 2, 9};

@@ -533,9 +533,12 @@ TEST_F(DecodeGpu, AccuracyVsUnquantized) {
       const DecodeOut out = fx.run(c.params);
       const DecodeRef deq = fx.reference(c.params, c.seqlens);
       const DecodeRef raw = fx.reference(c.params, c.seqlens, true);
+      // Against the unquantized values: finite, o within a loose bound; lse not bounded there (int4 with K outliers
+      // moved it by 10.6 on an H200, session 22: the format's own error, which the row above reports). The kernel's
+      // own lse error is bounded by the check against the dequantized values.
       DecodeTolerance loose;
       loose.o_rtol = 10.0;
-      loose.lse_atol = 10.0;
+      loose.lse_atol = INFINITY;
       const DecodeCheck vs_raw = fx.check(out, raw, loose), vs_deq = fx.check(out, deq, grid_tolerance());
       EXPECT_TRUE(vs_raw.ok) << vs_raw.message;  // finite, and within the loose bounds
       EXPECT_TRUE(vs_deq.ok) << vs_deq.message;
