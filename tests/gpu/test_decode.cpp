@@ -192,6 +192,15 @@ class DecodeFixture {
   // Ordered on the fixture's stream, before the next launch or graph replay on it.
   void set_seqlens(const std::vector<int32_t>& s) { seqlens_dev_->upload_async(s, stream_); }
 
+  // Paged: every other block-table entry (padding included) replaced by an id outside [0, num_pages): -7, the pool
+  // size + 100, INT32_MAX in turn. The reference still reads the cache as filled (compare nothing against it).
+  void corrupt_block_table() {
+    std::vector<int32_t> bad = host_.table;
+    const int32_t wrong[] = {-7, static_cast<int32_t>(c_.g.num_outer) + 100, INT32_MAX};
+    for (size_t i = 0; i < bad.size(); i += 2) bad[i] = wrong[(i / 2) % 3];
+    dev_->table.upload(bad);
+  }
+
   // A workspace for `params`, poisoned (any contents are allowed).
   std::unique_ptr<DeviceBuffer<uint8_t>> workspace(const DecodeParams& params) const {
     const std::size_t bytes = decode_workspace_bytes(q_view(), dev_->view, params);
@@ -478,6 +487,30 @@ TEST_F(DecodeGpu, SoftcapWindowAndScale) {
       c.params.window = p.window;
       c.params.num_splits = (pi++ % 3) * 5;  // auto, 5, 10
       check_decode_case(c);  // slots before each window stay 0xFF: they must not be read either
+    }
+  }
+}
+
+// A block table with entries outside [0, num_pages) (what a bug in an engine's page allocator leaves): the kernel reads
+// nothing outside the cache (memcheck in the GPU script) and its outputs stay finite, keys on such pages weighing
+// nothing. Native, int8, int4/32 and int4 per-channel keys; split and unsplit.
+TEST_F(DecodeGpu, CorruptBlockTableStaysInBounds) {
+  for (int fi : {0, 4, 6, 8}) {
+    DecodeCase c = shape_case(kDecodeFormats[fi], 128, 3, 2, 8, 512, 32);
+    c.seqlens = {512, 300, 77};
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+    DecodeFixture fx(c, seed);
+    fx.corrupt_block_table();
+    for (int splits : {1, 4, 0}) {
+      DecodeParams p = c.params;
+      p.num_splits = splits;
+      const DecodeOut out = fx.run(p);  // completes (a fault would fail the synchronize inside)
+      const bool fp16 = c.q_dtype == DType::kFP16;
+      int64_t bad = 0;
+      for (uint16_t x : out.o) bad += !std::isfinite(fp16 ? host::fp16_to_f32(x) : host::bf16_to_f32(x));
+      for (float x : out.lse) bad += std::isnan(x) || x == INFINITY;
+      EXPECT_EQ(bad, 0) << "splits " << splits << ": outputs that are NaN or infinite (lse: NaN or +inf)";
     }
   }
 }

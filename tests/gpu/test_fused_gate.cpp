@@ -2,6 +2,7 @@
 // near-ties, NaN / inf, CUDA-graph capture, determinism, device-level argument errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -68,7 +69,7 @@ std::vector<GateConfigCase> config_grid() {
   };
 }
 
-enum class Values { kRandom, kCoarse, kNearTie, kSpecial, kFarNegative };
+enum class Values { kRandom, kCoarse, kNearTie, kSpecial, kFarNegative, kSteeredFarBelow };
 
 // Host-side inputs: raw bits to upload plus the exact values as double.
 struct GateInputs {
@@ -106,6 +107,9 @@ GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bias, DTy
       float& x = l[t * row_stride + e];
       switch (kind) {
         case Values::kCoarse: x = coarse[pick(rng)]; break;
+        case Values::kSteeredFarBelow:  // -100 +- 8; one expert per row lifted to 0 below
+          x = -100.0f + 8.0f * (2.0f * static_cast<float>(rng() % 1024) / 1023.0f - 1.0f);
+          break;
         case Values::kFarNegative: {
           // Rows around -100 (every sigmoid underflows in fp32), -60 (tiny but normal) and -25, each row within
           // +-8 of its centre.
@@ -132,6 +136,12 @@ GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bias, DTy
   }
   if (with_bias)
     for (int e = 0; e < E; ++e) b[e] = kind == Values::kCoarse ? 0.0f : 0.5f * normal(rng);
+  if (kind == Values::kSteeredFarBelow) {
+    // Each row's best logit (0) on the expert of the lowest bias, which the selection then passes over for experts
+    // ~100 below it: under softmax their scores underflow to 0 in fp32 (renormalized: 0 / 0 without the fallback).
+    const int hot = with_bias ? static_cast<int>(std::min_element(b.begin(), b.end()) - b.begin()) : 0;
+    for (int64_t t = 0; t < T; ++t) l[t * row_stride + (with_bias ? hot : static_cast<int>(t % E))] = 0.0f;
+  }
   GateInputs in;
   std::vector<double> strided;
   encode(dtype, l, in.logits_raw, strided);
@@ -220,11 +230,13 @@ TEST_F(FusedGateGpu, NaNAndInfinity) {
 
 // Logits far below zero: with sigmoid scoring and renormalization the weights are the ratios of the selected
 // sigmoids (the reference's, in float64), finite even where every selected sigmoid underflows in fp32 (their sum was
-// 0: 0 · inf gave NaN weights, and a NaN row of y in the MoE layer).
+// 0: 0 · inf gave NaN weights, and a NaN row of y in the MoE layer). kSteeredFarBelow does the same to softmax
+// scores: a bias steers the selection to experts ~100 below the row's best logit.
 TEST_F(FusedGateGpu, FarNegativeLogits) {
   for (const GateConfigCase& c : config_grid())
     for (DType dtype : {DType::kFP32, DType::kBF16}) {
       check_case(c, 300, dtype, Values::kFarNegative, 0, test::fresh_seed());
+      check_case(c, 300, dtype, Values::kSteeredFarBelow, 0, test::fresh_seed());
       // The two-tokens-per-warp kernels (LargeTokenCount's shapes): grouped configurations at T >= 4096, E <= 128
       // at large T; odd T leaves a last half warp without a token.
       if (c.p.num_groups > 1) check_case(c, 4097, dtype, Values::kFarNegative, 0, test::fresh_seed());

@@ -218,9 +218,7 @@ __device__ __forceinline__ void store_slice(Word* dst, int first, const Word (&v
 }
 
 // Scores (fp32 whatever the input dtype) and order keys of this lane's kV experts. scores_smem (indexed by expert)
-// keeps what write_token needs for the weights: the softmax scores, or with sigmoid scoring the logits themselves
-// (write_token takes their sigmoid again, bit for bit the score ranked here, and can renormalize where every
-// selected sigmoid underflows). Inactive segments get no candidates.
+// keeps the scores for write_token's weights. Inactive segments get no candidates.
 template <int kV, int kLanes>
 __device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p, float (&score)[kV],
                                                       const float (&bias)[kV], int first, bool active,
@@ -241,12 +239,11 @@ __device__ __forceinline__ void token_scores_and_keys(const GateKernelParams& p,
     const float inv = 1.0f / segment_sum<kLanes>(sum);
 #pragma unroll
     for (int i = 0; i < kV; ++i) score[i] *= inv;
-    store_slice(scores_smem, first, score);
   } else {
-    store_slice(scores_smem, first, score);  // the logits
 #pragma unroll
     for (int i = 0; i < kV; ++i) score[i] = sigmoid_score(score[i]);
   }
+  store_slice(scores_smem, first, score);
 #pragma unroll
   for (int i = 0; i < kV; ++i) keys[i] = (active && first + i < E) ? order_key(score[i] + bias[i]) : kNoCandidate;
 }
@@ -299,38 +296,34 @@ __device__ __forceinline__ int gather_kept(const GateKernelParams& p, const uint
   return cand_first;
 }
 
-// Weights and ids of one token from the ids picked per round (id_smem) and the scores (scores_smem).
-template <int kLanes>
+// Weights and ids of one token from the ids picked per round (id_smem) and the scores (scores_smem); `row` is the
+// token's logits (read again only where a chosen score underflowed, see below).
+template <typename T, int kLanes>
 __device__ __forceinline__ void write_token(const GateKernelParams& p, int64_t token, bool active, int tl,
-                                            const int* id_smem, const float* scores_smem) {
+                                            const int* id_smem, const float* scores_smem, const T* row) {
   const int my_id = tl < p.topk ? id_smem[tl] : -1;
   const bool routed = tl < p.topk && active;
-  float w;
-  if (p.softmax) {
-    w = routed ? scores_smem[my_id] : 0.0f;
-    // One correctly rounded reciprocal, then a product: w / sum within an ulp, without a division per lane.
-    if (p.renormalize) w *= 1.0f / segment_sum<kLanes>(w);
-  } else {
-    const float x = routed ? scores_smem[my_id] : -INFINITY;  // the logit
-    w = routed ? sigmoid_score(x) : 0.0f;
-    if (p.renormalize) {
-      float sum = segment_sum<kLanes>(w);
-      // A chosen sigmoid that flushed to 0 from a finite logit (below about -88) would weigh 0, and all of them 0 ·
-      // inf (NaN). Where the segment's largest chosen logit is below -20, sigmoid(x) = e^x to within fp32 rounding,
-      // so the renormalized weights are the softmax of the chosen logits: exact there. The vote makes the branch
-      // warp-uniform (its shuffles need every lane; a warp may rank two tokens); only a segment with a flushed
-      // weight changes path, so every other row keeps the bits of the sigmoid path.
+  float w = routed ? scores_smem[my_id] : 0.0f;
+  if (p.renormalize) {
+    float sum = segment_sum<kLanes>(w);
+    // A chosen score that underflowed to 0 from a finite logit (a sigmoid below about -88; a softmax score 88 below
+    // the row's best, which a selection bias can choose) would weigh 0, and where all of them did, 0 · inf (NaN).
+    // The renormalized softmax is exactly the softmax of the chosen logits; the renormalized sigmoid is too where
+    // the largest chosen logit is below -20 (sigmoid(x) = e^x to within fp32 rounding there). So a segment with
+    // such a score takes its chosen logits again (from global memory: L2 still holds the row) and weighs them so.
+    // The vote makes the branch warp-uniform (its shuffles need every lane; a warp may rank two tokens); only a
+    // segment with an underflowed score changes path, so every other row keeps its bits and pays one vote.
+    if (__any_sync(kFullMask, routed && w == 0.0f)) {
+      const float x = routed ? to_float(row[my_id]) : -INFINITY;
       const bool flushed = routed && w == 0.0f && x > -INFINITY;
-      if (__any_sync(kFullMask, flushed)) {
-        const float m = segment_fmax<kLanes>(x);
-        const bool any_flushed = segment_fmax<kLanes>(flushed ? 1.0f : 0.0f) > 0.0f;
-        const float e = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
-        const float e_sum = segment_sum<kLanes>(e);
-        if (any_flushed && m < kSigmoidAsExp) w = e, sum = e_sum;
-      }
-      // One correctly rounded reciprocal, then a product, as for softmax.
-      w *= 1.0f / sum;
+      const float m = segment_fmax<kLanes>(x);
+      const bool any_flushed = segment_fmax<kLanes>(flushed ? 1.0f : 0.0f) > 0.0f;
+      const float e = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
+      const float e_sum = segment_sum<kLanes>(e);
+      if (any_flushed && (p.softmax || m < kSigmoidAsExp)) w = e, sum = e_sum;
     }
+    // One correctly rounded reciprocal, then a product: w / sum within an ulp, without a division per lane.
+    w *= 1.0f / sum;
   }
   w *= p.scaling;
   if (!active) return;
@@ -477,7 +470,7 @@ __global__ void __launch_bounds__(kGateThreads) fused_gate_kernel(const GateKern
     }
 
     __syncwarp();
-    write_token<kLanes>(p, token, active, tl, id_smem, scores_smem);
+    write_token<T, kLanes>(p, token, active, tl, id_smem, scores_smem, logits + token * p.row_stride);
     __syncwarp();
   }
 }
@@ -496,8 +489,7 @@ __global__ void __launch_bounds__(kGateThreads, 4) fused_gate_pair_kernel(const 
   const int hl = lane & 15;
   const int E = p.num_experts;
   const int first = lane * kV;
-  // Two token slots per warp: [ids 32][scores (logits under sigmoid) 32 kV][keys 32 kV] each; then the bias of the
-  // block.
+  // Two token slots per warp: [ids 32][scores 32 kV][keys 32 kV] each; then the bias of the block.
   float* slots[2] = {smem + (warp * 2) * p.smem_floats_per_token, smem + (warp * 2 + 1) * p.smem_floats_per_token};
   // The bias lives in shared memory rather than registers: it keeps the kernel at 4 blocks per SM.
   float* bias_smem = smem + (kGateThreads / 32) * 2 * p.smem_floats_per_token;
@@ -556,7 +548,7 @@ __global__ void __launch_bounds__(kGateThreads, 4) fused_gate_pair_kernel(const 
     select_topk<kV, 16>(top, ckeys, cand_first, p.topk, half, hl, id_smem);
     __syncwarp();
     const int64_t token = base + half;
-    write_token<16>(p, token, token < p.num_tokens, hl, id_smem, scores_smem);
+    write_token<T, 16>(p, token, token < p.num_tokens, hl, id_smem, scores_smem, logits + token * p.row_stride);
     __syncwarp();
   }
 }
