@@ -1,6 +1,7 @@
 #include "reference/moe_reference.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -21,12 +22,25 @@ void note_gap(double& margin, double hi, double lo) {
   if (g > 0.0) margin = std::min(margin, g);
 }
 
-// The cut between ranks n - 1 and n of v[order[...]] (sorted descending): its gap, or where the two are exactly tied
-// (decided by index, as the kernel does), the gaps on both sides of the whole tied run: the kernel ranks rounded
-// keys, which can merge a value a hair away into the run, and the lowest index of the merged run then wins (seen on
-// an H200: bf16 biases 1.8125 on experts 365, 449 and 206, the last 6e-10 below the others in float64; the fp32 keys
-// tie all three and 206 took the eighth slot).
-void note_cut(double& margin, const std::vector<double>& v, const std::vector<int>& order, int n) {
+// Ties. Two values that are exactly equal here are decided by index, as the kernel decides its ties, only where they
+// are equal for the same reason in every precision: the same inputs (`same(a, b)`: equal logits and biases, or for
+// groups equal members). Equal here from different inputs (bf16 biases 2.25 + 1.921875 and 2.15625 + 2.015625, each
+// plus the same tiny scores: an H200 run) the kernel's fp32 sums need not be: the row's margin is then 0.
+template <typename Same>
+void note_pair(double& margin, const std::vector<double>& v, int a, int b, const Same& same) {
+  if (gap(v[a], v[b]) > 0.0)
+    note_gap(margin, v[a], v[b]);
+  else if (!same(a, b))
+    margin = 0.0;
+}
+
+// The cut between ranks n - 1 and n of v[order[...]] (sorted descending): its gap, or where the two are tied, the
+// whole tied run (it must tie for the same inputs) and the gaps on both sides of it: the kernel ranks rounded keys,
+// which can merge a value a hair away into the run, and the lowest index of the merged run then wins (an H200 run:
+// bf16 biases 1.8125 on experts 365, 449 and 206, the last 6e-10 lower in float64; the fp32 keys tie all three and
+// 206 took the eighth slot).
+template <typename Same>
+void note_cut(double& margin, const std::vector<double>& v, const std::vector<int>& order, int n, const Same& same) {
   const int size = static_cast<int>(order.size());
   if (n <= 0 || n >= size) return;
   if (gap(v[order[n - 1]], v[order[n]]) > 0.0) {
@@ -36,6 +50,11 @@ void note_cut(double& margin, const std::vector<double>& v, const std::vector<in
   int a = n - 1, b = n;
   while (a > 0 && gap(v[order[a - 1]], v[order[a]]) == 0.0) --a;
   while (b + 1 < size && gap(v[order[b]], v[order[b + 1]]) == 0.0) ++b;
+  for (int i = a; i < b; ++i)
+    if (!same(order[i], order[i + 1])) {
+      margin = 0.0;
+      return;
+    }
   if (a > 0) note_gap(margin, v[order[a - 1]], v[order[a]]);
   if (b + 1 < size) note_gap(margin, v[order[b]], v[order[b + 1]]);
 }
@@ -62,6 +81,7 @@ GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int nu
   r.tie_margin.assign(num_tokens, kInf);
 
   std::vector<double> score(E), choice(E), group_score(G);
+  std::vector<std::array<int, 2>> top_members(G);  // each group's best two experts (ties: the lower index first)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const double* x = &logits[t * E];
     if (p.scoring == moe::Scoring::kSigmoid) {
@@ -80,21 +100,32 @@ GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int nu
     }
 
     double& margin = r.tie_margin[t];
+    // The same inputs give the same fp32 keys: equal logits (NaN counts as equal to NaN) and equal biases.
+    const auto same_expert = [&](int a, int b) {
+      return (x[a] == x[b] || (std::isnan(x[a]) && std::isnan(x[b]))) && (bias.empty() || bias[a] == bias[b]);
+    };
     std::vector<int> candidates;
     if (G == 1) {
       candidates.resize(E);
       std::iota(candidates.begin(), candidates.end(), 0);
     } else {
+      const bool top2 = p.group_score == moe::GroupScore::kTop2Sum;
+      std::vector<int> members(group_size);
       for (int g = 0; g < G; ++g) {
-        std::vector<double> members(choice.begin() + g * group_size, choice.begin() + (g + 1) * group_size);
-        std::sort(members.begin(), members.end(), std::greater<double>());
-        double gs = p.group_score == moe::GroupScore::kTop2Sum ? members[0] + members[1] : members[0];
+        std::iota(members.begin(), members.end(), g * group_size);
+        const std::vector<int> best = ranked(choice, members);
+        top_members[g] = {best[0], best[group_size > 1 ? 1 : 0]};
+        const double gs = top2 ? choice[top_members[g][0]] + choice[top_members[g][1]] : choice[best[0]];
         group_score[g] = std::isnan(gs) ? -kInf : gs;
       }
+      const auto same_group = [&](int a, int b) {
+        return same_expert(top_members[a][0], top_members[b][0]) &&
+               (!top2 || same_expert(top_members[a][1], top_members[b][1]));
+      };
       std::vector<int> all_groups(G);
       std::iota(all_groups.begin(), all_groups.end(), 0);
       const std::vector<int> order = ranked(group_score, all_groups);
-      note_cut(margin, group_score, order, p.topk_groups);
+      note_cut(margin, group_score, order, p.topk_groups, same_group);
       std::vector<int> kept(order.begin(), order.begin() + p.topk_groups);
       std::sort(kept.begin(), kept.end());
       for (int g : kept)
@@ -105,8 +136,8 @@ GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int nu
     const std::vector<int> order = ranked(choice, candidates);
     // The order of the k chosen (each neighbouring pair) and the cut after them.
     for (int i = 0; i + 1 < k && i + 1 < static_cast<int>(order.size()); ++i)
-      note_gap(margin, choice[order[i]], choice[order[i + 1]]);
-    note_cut(margin, choice, order, k);
+      note_pair(margin, choice, order[i], order[i + 1], same_expert);
+    note_cut(margin, choice, order, k, same_expert);
 
     double sum = 0.0;
     for (int j = 0; j < k; ++j) sum += score[order[j]];

@@ -125,6 +125,30 @@ TEST(GateReference, TieMarginSeesANearValuePastAnExactTieAtTheCut) {
   EXPECT_LT(groups.tie_margin[0], 1e-6);
 }
 
+// Equal in float64 from different inputs is not a tie the kernel must break by index: its fp32 sums may differ.
+TEST(GateReference, TieMarginIsZeroWhereDifferentInputsGiveEqualValues) {
+  moe::GateParams p;
+  p.topk = 1;
+  p.num_groups = 2;
+  p.topk_groups = 1;
+  p.scoring = moe::Scoring::kSigmoid;
+  // Group 0: biases 2.25 and 1.921875; group 1: 2.15625 and 2.015625 (sums equal); equal logits everywhere.
+  const std::vector<double> logits(4, -60.0), bias = {2.25, 1.921875, 2.15625, 2.015625};
+  const GateRef r = fused_gate(logits, 1, 4, bias, p);
+  EXPECT_EQ(r.tie_margin[0], 0.0);
+  // The same inputs in both groups: a tie decided by index, the row compared.
+  const GateRef same = fused_gate(logits, 1, 4, {2.25, 1.921875, 2.25, 1.921875}, p);
+  EXPECT_EQ(same.ids[0], 0);
+  EXPECT_GT(same.tie_margin[0], 0.1);
+  // Experts: equal choices from different logits and biases (sigmoid(-inf) + 1 = sigmoid(inf) + 0).
+  moe::GateParams q;
+  q.topk = 1;
+  q.scoring = moe::Scoring::kSigmoid;
+  const GateRef e = fused_gate({-INFINITY, INFINITY, -5.0}, 1, 3, {1.0, 0.0, 0.0}, q);
+  EXPECT_EQ(e.ids[0], 0);
+  EXPECT_EQ(e.tie_margin[0], 0.0);
+}
+
 TEST(PermuteReference, StableGroupsDropsAndPads) {
   // T=3, k=2; -1 and 9 are dropped (E = 4).
   const std::vector<int64_t> ids = {2, 0, 0, -1, 2, 9};
