@@ -44,8 +44,8 @@ lengths the buffers hold.
 """
 
 from . import _C
-from ._dlpack import (FP8_DTYPES, SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg,
-                      to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device_of, fast_entry, launch,
+                      stream_arg, to_capsule, torch_module, torch_ops)
 from .moe import _choice, _int, _rank
 
 __all__ = [
@@ -219,11 +219,26 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """
-    # The eager fast path (_dlpack.eager); the checked path below converts DLPack producers or names the argument.
-    res = eager(stream, "attention_decode_eager", q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table,
-                out, lse, return_lse, workspace, format, softmax_scale, softcap, window, num_splits, k_residual)
-    if res is not SKIPPED:
-        return res if return_lse else res[0]
+    # The eager fast path; the checked path converts DLPack producers or names the argument.
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return _result(entry.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale,
+                                                       block_table, out, lse, return_lse, workspace, format,
+                                                       softmax_scale, softcap, window, num_splits, k_residual),
+                           return_lse)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _attention_decode_checked(q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale, block_table,
+                                     softmax_scale, softcap, window, num_splits, out, lse, return_lse, workspace,
+                                     k_residual, stream)
+
+
+def _attention_decode_checked(q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale, block_table, softmax_scale,
+                              softcap, window, num_splits, out, lse, return_lse, workspace, k_residual, stream):
+    """attention_decode's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.attention_decode"
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     if q.dim() not in (3, 4):
@@ -279,9 +294,23 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     stream         None: the current CUDA stream of k_new's device; else a torch.cuda.Stream or a raw int.
     Returns None.
     """
-    if eager(stream, "append_kv", k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table,
-             format, k_residual) is not SKIPPED:
-        return None
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            entry.append_kv(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format,
+                            k_residual)
+            return None
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    _append_kv_checked(k_new, v_new, positions, k_cache, v_cache, format, k_scale, v_scale, block_table, k_residual,
+                       stream)
+
+
+def _append_kv_checked(k_new, v_new, positions, k_cache, v_cache, format, k_scale, v_scale, block_table, k_residual,
+                       stream):
+    """append_kv's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.append_kv"
     _choice(op, "format", format, FORMATS)
 
@@ -305,6 +334,11 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
 
 
 # ---- prefill ----------------------------------------------------------------------------------------------------
+
+
+def _result(res, return_lse):
+    """An eager entry's (out, lse) as the op returns it: out, or (out, lse) when return_lse."""
+    return res if return_lse else res[0]
 
 
 def _prefill_params(op, softmax_scale, softcap, window, causal):
@@ -362,11 +396,21 @@ def prefill(q, k, v, *, causal=False, softmax_scale=0.0, softcap=0.0, window=0, 
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse. Allocates nothing else (no workspace) and never synchronizes.
     """
-    # The eager fast path (_dlpack.eager); the checked path below converts DLPack producers or names the argument.
-    res = eager(stream, "attention_prefill_eager", q, k, v, out, lse, return_lse, softmax_scale, softcap, window,
-                causal)
-    if res is not SKIPPED:
-        return res if return_lse else res[0]
+    # The eager fast path; the checked path converts DLPack producers or names the argument.
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return _result(entry.attention_prefill_eager(q, k, v, out, lse, return_lse, softmax_scale, softcap,
+                                                        window, causal), return_lse)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _prefill_checked(q, k, v, causal, softmax_scale, softcap, window, out, lse, return_lse, stream)
+
+
+def _prefill_checked(q, k, v, causal, softmax_scale, softcap, window, out, lse, return_lse, stream):
+    """prefill's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.prefill"
     params = _prefill_params(op, softmax_scale, softcap, window, causal)
     torch, q, device = _prefill_query(op, q, 4, "[B, Sq, HQ, D]")
@@ -396,10 +440,23 @@ def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal=
     past cu_seqlens_q[B] are not written), with Sq <= Sk for the causal rows to have keys. Whatever they hold,
     nothing outside q, k, v, out and lse is read or written.
     """
-    res = eager(stream, "attention_prefill_varlen_eager", q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out,
-                lse, return_lse, softmax_scale, softcap, window, causal)
-    if res is not SKIPPED:
-        return res if return_lse else res[0]
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return _result(entry.attention_prefill_varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                               out, lse, return_lse, softmax_scale, softcap, window,
+                                                               causal), return_lse)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _prefill_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, softcap,
+                                   window, out, lse, return_lse, stream)
+
+
+def _prefill_varlen_checked(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, causal, softmax_scale, softcap, window,
+                            out, lse, return_lse, stream):
+    """prefill_varlen's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.prefill_varlen"
     max_seqlen_q = _int(op, "max_seqlen_q", max_seqlen_q, 0)
     params = _prefill_params(op, softmax_scale, softcap, window, causal)
@@ -441,11 +498,27 @@ def prefill_with_cache(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_se
     validated; whatever they hold, nothing outside the tensors is read or written (pages outside [0, num_pages)
     read as zeros).
     """
-    res = eager(stream, "attention_prefill_with_cache_eager", q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache,
-                cache_seqlens, k_scale, v_scale, block_table, out, lse, return_lse, format, softmax_scale, softcap,
-                window, causal, k_residual)
-    if res is not SKIPPED:
-        return res if return_lse else res[0]
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return _result(entry.attention_prefill_with_cache_eager(q, cu_seqlens_q, max_seqlen_q, k_cache,
+                                                                   v_cache, cache_seqlens, k_scale, v_scale,
+                                                                   block_table, out, lse, return_lse, format,
+                                                                   softmax_scale, softcap, window, causal,
+                                                                   k_residual), return_lse)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _prefill_with_cache_checked(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_seqlens, format,
+                                       k_scale, v_scale, block_table, k_residual, causal, softmax_scale, softcap,
+                                       window, out, lse, return_lse, stream)
+
+
+def _prefill_with_cache_checked(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale,
+                                block_table, k_residual, causal, softmax_scale, softcap, window, out, lse, return_lse,
+                                stream):
+    """prefill_with_cache's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.prefill_with_cache"
     _choice(op, "format", format, FORMATS)
     max_seqlen_q = _int(op, "max_seqlen_q", max_seqlen_q, 0)

@@ -18,8 +18,8 @@ grouped_gemm_fp8).
 """
 
 from . import _C
-from ._dlpack import (E4M3, FP8_DTYPES, SKIPPED, as_tensor, cuda_device_of, eager, launch, stream_arg, torch_module,
-                      torch_ops)
+from ._dlpack import (E4M3, FALLBACK, FP8_DTYPES, as_tensor, cuda_device_of, fast_entry, launch, stream_arg,
+                      torch_module, torch_ops)
 from .moe import _choice, _int, _rank
 
 __all__ = [
@@ -95,12 +95,22 @@ def _run(op, masked, rows_arg, x, w, group_rows, out, workspace, stream, fp8, ca
 
 def _fp8_op(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m, workspace,
             stream):
-    if type(expected_m) is int and expected_m >= 0 and type(scale_mode) is str and scale_mode in SCALE_MODES:
-        # One crossing into C++ (checks, y allocated there, launch); anything else takes the checked path below.
-        y = eager(stream, "grouped_gemm_eager", x, w, group_rows, x_scale, w_scale, out, workspace, masked, True,
-                  scale_mode, expected_m)
-        if y is not SKIPPED:
-            return y
+    entry = fast_entry(stream)
+    if entry is not None and type(expected_m) is int and expected_m >= 0 and type(scale_mode) is str and \
+            scale_mode in SCALE_MODES:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++ (checks, y allocated there, launch)
+            return entry.grouped_gemm_eager(x, w, group_rows, x_scale, w_scale, out, workspace, masked, True,
+                                            scale_mode, expected_m)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _fp8_checked(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m,
+                        workspace, stream)
+
+
+def _fp8_checked(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode, out, expected_m, workspace,
+                 stream):
+    """The FP8 grouped GEMMs' checked path (a closure here would cost its cells on the fast path's every call)."""
     if scale_mode not in SCALE_MODES or type(expected_m) is not int or expected_m < 0:
         _choice(op, "scale_mode", scale_mode, SCALE_MODES)
         expected_m = _int(op, "expected_m", expected_m, 0)
@@ -115,11 +125,19 @@ def _fp8_op(op, masked, rows_arg, x, w, group_rows, x_scale, w_scale, scale_mode
 
 
 def _bf16_op(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace, stream):
-    if type(expected_m) is int and expected_m >= 0:
-        y = eager(stream, "grouped_gemm_eager", x, w, group_rows, None, None, out, workspace, masked, False,
-                  "per_tensor", expected_m)
-        if y is not SKIPPED:
-            return y
+    entry = fast_entry(stream)
+    if entry is not None and type(expected_m) is int and expected_m >= 0:
+        try:  # the eager fast path (_dlpack.fast_entry)
+            return entry.grouped_gemm_eager(x, w, group_rows, None, None, out, workspace, masked, False,
+                                            "per_tensor", expected_m)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _bf16_checked(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace, stream)
+
+
+def _bf16_checked(op, masked, rows_arg, x, w, group_rows, out, expected_m, workspace, stream):
+    """The bf16 grouped GEMMs' checked path."""
     if type(expected_m) is not int or expected_m < 0:
         expected_m = _int(op, "expected_m", expected_m, 0)
     fn_name = "grouped_gemm_bf16_masked" if masked else "grouped_gemm_bf16"

@@ -17,8 +17,8 @@ import collections
 import operator
 
 from . import _C
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device_of, eager, launch, stream_arg, torch_module,
-                      torch_ops)
+from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device_of, fast_entry, launch, stream_arg,
+                      torch_module, torch_ops)
 
 __all__ = [
     "PermuteResult",
@@ -96,12 +96,24 @@ def fused_gate(logits, bias=None, *, topk, num_groups=1, topk_groups=1, scoring=
     Returns (weights fp32 [T, topk + s], ids int32 [T, topk + s]); out=(weights, ids) writes into those.
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    if out is None or (type(out) in (tuple, list) and len(out) == 2):  # the eager fast path (_dlpack.eager)
-        res = eager(stream, "fused_gate_eager", logits, bias, *(out if out is not None else (None, None)), topk,
-                    num_groups, topk_groups, scoring, group_score, renormalize, routed_scaling_factor,
-                    num_shared_experts, shared_expert_weight)
-        if res is not SKIPPED:
-            return res
+    entry = fast_entry(stream)
+    if entry is not None and (out is None or (type(out) in (tuple, list) and len(out) == 2)):
+        w_out, ids_out = (None, None) if out is None else out
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return entry.fused_gate_eager(logits, bias, w_out, ids_out, topk, num_groups, topk_groups, scoring,
+                                          group_score, renormalize, routed_scaling_factor, num_shared_experts,
+                                          shared_expert_weight)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _fused_gate_checked(logits, bias, topk, num_groups, topk_groups, scoring, group_score, renormalize,
+                               routed_scaling_factor, num_shared_experts, shared_expert_weight, out, stream)
+
+
+def _fused_gate_checked(logits, bias, topk, num_groups, topk_groups, scoring, group_score, renormalize,
+                        routed_scaling_factor, num_shared_experts, shared_expert_weight, out, stream):
+    """fused_gate's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.fused_gate"
     _choice(op, "scoring", scoring, SCORINGS)
     _choice(op, "group_score", group_score, GROUP_SCORES)
@@ -183,11 +195,22 @@ def permute(x, ids, num_experts, *, pad_multiple=1, quant=None, input_scale=None
                Pass out= and workspace= to capture permute in a CUDA graph with no allocation.
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    if out is None or type(out) is PermuteResult:  # the eager fast path (_dlpack.eager)
-        res = eager(stream, "permute_eager", x, ids, num_experts, pad_multiple, "none" if quant is None else quant,
-                    input_scale, with_row_token, workspace, out is not None, *(out if out is not None else _NO_OUT))
-        if res is not SKIPPED:
-            return PermuteResult(*res)
+    entry = fast_entry(stream)
+    if entry is not None and (out is None or type(out) is PermuteResult):
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return PermuteResult(*entry.permute_eager(x, ids, num_experts, pad_multiple,
+                                                   "none" if quant is None else quant, input_scale, with_row_token,
+                                                   workspace, out is not None, *(out if out is not None else _NO_OUT)))
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _permute_checked(x, ids, num_experts, pad_multiple, quant, input_scale, with_row_token, out, workspace,
+                            stream)
+
+
+def _permute_checked(x, ids, num_experts, pad_multiple, quant, input_scale, with_row_token, out, workspace, stream):
+    """permute's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.permute"
     q = _quant_name(op, quant)
     num_experts = _int(op, "num_experts", num_experts, 1)
@@ -252,9 +275,19 @@ def unpermute_reduce(y_perm, row_index, weights, residual=None, routed_scale=1.0
     y_perm's dtype or None. fp32 accumulation. Returns out [T, H] of y_perm's dtype (or writes into `out`).
     stream: None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     """
-    res = eager(stream, "unpermute_reduce_eager", y_perm, row_index, weights, residual, routed_scale, out)
-    if res is not SKIPPED:  # the eager fast path (_dlpack.eager)
-        return res
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
+            return entry.unpermute_reduce_eager(y_perm, row_index, weights, residual, routed_scale, out)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _unpermute_reduce_checked(y_perm, row_index, weights, residual, routed_scale, out, stream)
+
+
+def _unpermute_reduce_checked(y_perm, row_index, weights, residual, routed_scale, out, stream):
+    """unpermute_reduce's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.unpermute_reduce"
     torch = torch_module()
     ops = torch_ops()
