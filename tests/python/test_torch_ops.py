@@ -271,6 +271,47 @@ def test_device_errors_are_runtime_errors_without_build_paths():
 # ================================================================================================================
 
 
+@needs_torch
+def test_dynamo_traces_both_chains_whole_without_a_gpu():
+    # Strict torch.export runs Dynamo as torch.compile(fullgraph=True) does (a graph break is an error) on fake CUDA
+    # tensors: every wrapper's fast path must step aside under tracing (fast_entry gives None) and its checked path
+    # trace to the operators. The GPU tests below compile, run and compare.
+    from tessera import _torch_ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if not _torch_ops.available():
+        pytest.skip(_torch_ops.load_error)
+
+    class Moe(torch.nn.Module):
+        def forward(self, logits, bias, x, w, w_scale):
+            return _moe_chain(logits, bias, x, w, w_scale, 4, 32)[0]
+
+    class Decode(torch.nn.Module):
+        def forward(self, q, k_new, lengths, k_cache, k_scale, block_table):
+            o, lse = _decode_chain(q, k_new, k_new, lengths, k_cache, k_cache, k_scale, k_scale, block_table,
+                                   "int8")
+            return tessera.prefill(o[:, None], o[:, None], o[:, None]), lse
+
+    with FakeTensorMode():
+        cuda = dict(device="cuda")
+        moe_args = (torch.empty((96, 32), **cuda), torch.empty((32,), **cuda),
+                    torch.empty((96, 256), dtype=torch.bfloat16, **cuda),
+                    torch.empty((32, 256, 256), dtype=torch.float8_e4m3fn, **cuda), torch.empty((32, 2, 2), **cuda))
+        moe = torch.export.export(Moe(), moe_args, strict=True)
+        dec_args = (torch.empty((3, 8, 128), dtype=torch.bfloat16, **cuda),
+                    torch.empty((3, 1, 2, 128), dtype=torch.bfloat16, **cuda), torch.empty((3,), dtype=torch.int32, **cuda),
+                    torch.empty((26, 16, 2, 128), dtype=torch.uint8, **cuda),
+                    torch.empty((26, 16, 2, 2), dtype=torch.float16, **cuda),
+                    torch.empty((3, 8), dtype=torch.int32, **cuda))
+        dec = torch.export.export(Decode(), dec_args, strict=True)
+    traced = [str(n.target) for n in moe.graph.nodes if "tessera" in str(n.target)]
+    assert traced == ["tessera.fused_gate.default", "tessera.permute.default", "tessera.grouped_gemm_fp8.default",
+                      "tessera.unpermute_reduce.default"], traced
+    traced = [str(n.target) for n in dec.graph.nodes if "tessera" in str(n.target)]
+    assert traced == ["tessera.append_kv.default", "tessera.attention_decode.default",
+                      "tessera.attention_prefill.default"], traced
+
+
 def _moe_inputs(seed, T=96, E=32, H=256, N=256, k=4):
     g = torch.Generator(device="cuda").manual_seed(seed)
     logits = torch.randn((T, E), device="cuda", generator=g)
