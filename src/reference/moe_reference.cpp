@@ -100,9 +100,17 @@ GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int nu
     }
 
     double& margin = r.tie_margin[t];
-    // The same inputs give the same fp32 keys: equal logits (NaN counts as equal to NaN) and equal biases.
+    // Equal choices the kernel's fp32 keys tie too (so that it also decides them by index): the same inputs (equal
+    // logits, NaN counting as equal to NaN, and equal biases); both -inf (a NaN choice ranks as -inf); or equal
+    // biases with both scores below 2^-26 of the bias, which the fp32 sum score + bias absorbs whole (its half ulp
+    // is at least 2^-25 of the bias).
+    const auto bias_of = [&](int e) { return bias.empty() ? 0.0 : bias[e]; };
+    const auto absorbed = [&](int e) { return std::fabs(score[e]) < std::ldexp(std::fabs(bias_of(e)), -26); };
     const auto same_expert = [&](int a, int b) {
-      return (x[a] == x[b] || (std::isnan(x[a]) && std::isnan(x[b]))) && (bias.empty() || bias[a] == bias[b]);
+      if (choice[a] == -kInf && choice[b] == -kInf) return true;
+      if (bias_of(a) != bias_of(b)) return false;
+      if (x[a] == x[b] || (std::isnan(x[a]) && std::isnan(x[b]))) return true;
+      return absorbed(a) && absorbed(b);
     };
     std::vector<int> candidates;
     if (G == 1) {
@@ -118,9 +126,16 @@ GateRef fused_gate(const std::vector<double>& logits, int64_t num_tokens, int nu
         const double gs = top2 ? choice[top_members[g][0]] + choice[top_members[g][1]] : choice[best[0]];
         group_score[g] = std::isnan(gs) ? -kInf : gs;
       }
+      // Groups: both -inf; the same members' inputs; or, top-2 sums of members whose scores fp32 absorbs (their
+      // keys are their biases exactly), equal fp32 sums of those biases, as the kernel adds them.
       const auto same_group = [&](int a, int b) {
-        return same_expert(top_members[a][0], top_members[b][0]) &&
-               (!top2 || same_expert(top_members[a][1], top_members[b][1]));
+        if (group_score[a] == -kInf && group_score[b] == -kInf) return true;
+        const auto& ma = top_members[a];
+        const auto& mb = top_members[b];
+        if (same_expert(ma[0], mb[0]) && (!top2 || same_expert(ma[1], mb[1]))) return true;
+        if (!top2 || !(absorbed(ma[0]) && absorbed(ma[1]) && absorbed(mb[0]) && absorbed(mb[1]))) return false;
+        const auto f = [&](int e) { return static_cast<float>(bias_of(e)); };
+        return f(ma[0]) + f(ma[1]) == f(mb[0]) + f(mb[1]);
       };
       std::vector<int> all_groups(G);
       std::iota(all_groups.begin(), all_groups.end(), 0);

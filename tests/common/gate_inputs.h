@@ -102,9 +102,11 @@ inline GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bi
       float& x = l[t * row_stride + e];
       switch (kind) {
         case Values::kCoarse: x = coarse[pick(rng)]; break;
-        case Values::kSteeredFarBelow:  // -100 +- 8; one expert per row lifted to 0 below
-          x = -100.0f + 8.0f * (2.0f * static_cast<float>(rng() % 1024) / 1023.0f - 1.0f);
+        case Values::kSteeredFarBelow: {  // experts lifted to 0 below
+          const float u = 2.0f * static_cast<float>(rng() % 1024) / 1023.0f - 1.0f;
+          x = t % 2 == 0 ? -100.0f + 8.0f * u : -86.0f + 1.5f * u;
           break;
+        }
         case Values::kFarNegative: {
           // Rows around -100 (every sigmoid underflows in fp32), -60 (tiny but normal) and -25, each row within
           // +-8 of its centre.
@@ -132,10 +134,21 @@ inline GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bi
   if (with_bias)
     for (int e = 0; e < E; ++e) b[e] = kind == Values::kCoarse ? 0.0f : 0.5f * normal(rng);
   if (kind == Values::kSteeredFarBelow) {
-    // Each row's best logit (0) on the expert of the lowest bias, which the selection then passes over for experts
-    // ~100 below it: under softmax their scores underflow to 0 in fp32 (renormalized: 0 / 0 without the fallback).
-    const int hot = with_bias ? static_cast<int>(std::min_element(b.begin(), b.end()) - b.begin()) : 0;
-    for (int64_t t = 0; t < T; ++t) l[t * row_stride + (with_bias ? hot : static_cast<int>(t % E))] = 0.0f;
+    // The row's best logits (0) on experts of low bias, which the selection then passes over for experts far below
+    // them. Even rows: one expert at 0 (the lowest bias), the others at -100 +- 8: their softmax scores are 0 in
+    // fp32 (renormalized: 0 / 0 without the fallback). Odd rows: the experts below the median bias at 0, the others
+    // at -86 +- 1.5: softmax scores of e^-86 / (E / 2), subnormal (renormalized: 1 / a subnormal sum = inf). Without
+    // a bias: expert t % E, or the first half of the experts.
+    std::vector<float> sorted(b);
+    std::nth_element(sorted.begin(), sorted.begin() + E / 2, sorted.end());
+    const float median = sorted[E / 2];
+    const int lowest = static_cast<int>(std::min_element(b.begin(), b.end()) - b.begin());
+    for (int64_t t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) {
+        const bool hot = t % 2 == 0 ? e == (with_bias ? lowest : static_cast<int>(t % E))
+                                    : (with_bias ? b[e] < median : e < (E + 1) / 2);
+        if (hot) l[t * row_stride + e] = 0.0f;
+      }
   }
   GateInputs in;
   std::vector<double> strided;

@@ -24,10 +24,12 @@ constexpr double kIdTieEps = 1e-6;  // check_fused_gate's default
 
 float flush(float v) { return std::fabs(v) < std::numeric_limits<float>::min() ? 0.0f : v; }
 
-// The kernel's selection in fp32 for one row (not bit-exact: the host's exp2f stands in for ex2.approx, which moves
-// a key by an ulp or two, far inside the 1e-6 margin): keys = score + bias in fp32; a group's score is the fp32 sum
-// of its two best keys (or its best); groups and then experts of the kept groups by descending key, ties to the
-// lower index.
+// The kernel's selection in fp32 for one row: keys = score + bias in fp32 (a NaN key ranks as -inf); a group's score
+// is the fp32 sum of its two best keys (or its best); groups and then experts of the kept groups by descending key,
+// ties to the lower index. Not bit-exact: the host's exp2 stands in for ex2.approx and the sums run in another
+// order, which moves a key or a group score by an ulp or two (up to ~1e-6 for group sums near 8, the edge of the
+// margin): one fp32 evaluation, not every one; a failure within that band would be a false alarm, and none was
+// seen over many seeds.
 std::vector<int> emulate_ids(const double* x, const std::vector<double>& bias, int E, const GateParams& p) {
   std::vector<float> key(E);
   if (p.scoring == Scoring::kSigmoid) {
@@ -39,7 +41,10 @@ std::vector<int> emulate_ids(const double* x, const std::vector<double>& bias, i
     const float inv = 1.0f / sum;
     for (int e = 0; e < E; ++e) key[e] *= inv;
   }
-  for (int e = 0; e < E; ++e) key[e] += bias.empty() ? 0.0f : static_cast<float>(bias[e]);
+  for (int e = 0; e < E; ++e) {
+    key[e] += bias.empty() ? 0.0f : static_cast<float>(bias[e]);
+    if (std::isnan(key[e])) key[e] = -INFINITY;
+  }
   const int G = p.num_groups, group_size = E / G;
   std::vector<bool> candidate(E, G == 1);
   if (G > 1) {
@@ -74,7 +79,8 @@ std::vector<int> emulate_ids(const double* x, const std::vector<double>& bias, i
 
 TEST(GateChecker, Fp32SelectionMatchesWhereTheMarginDecides) {
   for (const GateConfigCase& c : config_grid())
-    for (Values kind : {Values::kRandom, Values::kCoarse, Values::kFarNegative, Values::kSteeredFarBelow})
+    for (Values kind :
+         {Values::kRandom, Values::kCoarse, Values::kSpecial, Values::kFarNegative, Values::kSteeredFarBelow})
       for (DType dtype : {DType::kFP32, DType::kBF16})
         for (int64_t T : {int64_t{300}, int64_t{2000}}) {
           const uint64_t seed = test::fresh_seed();
@@ -99,8 +105,14 @@ TEST(GateChecker, Fp32SelectionMatchesWhereTheMarginDecides) {
           }
           EXPECT_EQ(differ, 0) << c.name << " " << dtype_name(dtype) << " values " << static_cast<int>(kind)
                                << " T=" << T << " " << test::seed_note(seed) << ": " << first;
-          // Random values decide nearly every row: the check above must not pass by comparing nothing.
-          if (kind == Values::kRandom) EXPECT_GT(compared, T * 9 / 10) << c.name;
+          // The check above must not pass by comparing nothing, nor the GPU tests on these kinds. Smallest shares of
+          // rows compared over 29 runs of this test (session 22): random 0.990, coarse 1.0, special 0.997, far
+          // negative 0.667 (bf16: the rows near -25, whose scores move keys by less than 1e-6), steered 0.5 (the
+          // even rows without a bias, whose far experts differ by e^-100).
+          const int64_t floor_share[] = {90, 90, 0, 90, 60, 45};  // percent, by Values
+          EXPECT_GT(compared * 100, T * floor_share[static_cast<int>(kind)])
+              << c.name << " " << dtype_name(dtype) << " values " << static_cast<int>(kind) << ": " << compared << " of "
+              << T << " rows compared";
         }
 }
 

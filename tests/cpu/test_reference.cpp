@@ -132,12 +132,19 @@ TEST(GateReference, TieMarginIsZeroWhereDifferentInputsGiveEqualValues) {
   p.num_groups = 2;
   p.topk_groups = 1;
   p.scoring = moe::Scoring::kSigmoid;
-  // Group 0: biases 2.25 and 1.921875; group 1: 2.15625 and 2.015625 (sums equal); equal logits everywhere.
-  const std::vector<double> logits(4, -60.0), bias = {2.25, 1.921875, 2.15625, 2.015625};
-  const GateRef r = fused_gate(logits, 1, 4, bias, p);
+  // Group 0: biases 2.25 and 1.921875; group 1: 2.15625 and 2.015625 (sums equal); every logit 0 (scores 0.5): the
+  // group scores tie exactly from different inputs, which rounded otherwise need not tie.
+  const std::vector<double> bias = {2.25, 1.921875, 2.15625, 2.015625};
+  const GateRef r = fused_gate(std::vector<double>(4, 0.0), 1, 4, bias, p);
   EXPECT_EQ(r.tie_margin[0], 0.0);
+  // Logits of -60: scores below 2^-26 of the biases, which fp32 keys absorb: the kernel adds the biases alone, and
+  // their fp32 sums tie as the reference's do: decided by index, the row compared.
+  const std::vector<double> far(4, -60.0);
+  const GateRef absorbed = fused_gate(far, 1, 4, bias, p);
+  EXPECT_EQ(absorbed.ids[0], 0);
+  EXPECT_GT(absorbed.tie_margin[0], 0.1);
   // The same inputs in both groups: a tie decided by index, the row compared.
-  const GateRef same = fused_gate(logits, 1, 4, {2.25, 1.921875, 2.25, 1.921875}, p);
+  const GateRef same = fused_gate(std::vector<double>(4, 0.0), 1, 4, {2.25, 1.921875, 2.25, 1.921875}, p);
   EXPECT_EQ(same.ids[0], 0);
   EXPECT_GT(same.tie_margin[0], 0.1);
   // Experts: equal choices from different logits and biases (sigmoid(-inf) + 1 = sigmoid(inf) + 0).

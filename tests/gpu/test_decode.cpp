@@ -492,8 +492,9 @@ TEST_F(DecodeGpu, SoftcapWindowAndScale) {
 }
 
 // A block table with entries outside [0, num_pages) (what a bug in an engine's page allocator leaves): the kernel reads
-// nothing outside the cache (memcheck in the GPU script) and its outputs stay finite, keys on such pages weighing
-// nothing. Native, int8, int4/32 and int4 per-channel keys; split and unsplit.
+// nothing outside the cache (memcheck in the GPU script) and its outputs stay finite. (That keys on such pages weigh
+// nothing is the documented rule; this test does not check it.) Native, int8, int4/32 and int4 per-channel keys;
+// split and unsplit.
 TEST_F(DecodeGpu, CorruptBlockTableStaysInBounds) {
   for (int fi : {0, 4, 6, 8}) {
     DecodeCase c = shape_case(kDecodeFormats[fi], 128, 3, 2, 8, 512, 32);

@@ -102,7 +102,8 @@ TEST_F(FusedGateGpu, NaNAndInfinity) {
 // Logits far below zero: with sigmoid scoring and renormalization the weights are the ratios of the selected
 // sigmoids (the reference's, in float64), finite even where every selected sigmoid underflows in fp32 (their sum was
 // 0: 0 · inf gave NaN weights, and a NaN row of y in the MoE layer). kSteeredFarBelow does the same to softmax
-// scores: a bias steers the selection to experts ~100 below the row's best logit.
+// scores: a bias steers the selection to experts ~100 below the row's best logit (scores 0 in fp32) or ~86 below
+// half the row (subnormal scores, whose sum's reciprocal overflowed to inf).
 TEST_F(FusedGateGpu, FarNegativeLogits) {
   for (const GateConfigCase& c : config_grid())
     for (DType dtype : {DType::kFP32, DType::kBF16}) {

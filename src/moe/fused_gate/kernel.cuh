@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstdint>
 
 #include "common/numeric.cuh"
@@ -306,16 +307,17 @@ __device__ __forceinline__ void write_token(const GateKernelParams& p, int64_t t
   float w = routed ? scores_smem[my_id] : 0.0f;
   if (p.renormalize) {
     float sum = segment_sum<kLanes>(w);
-    // A chosen score that underflowed to 0 from a finite logit (a sigmoid below about -88; a softmax score 88 below
-    // the row's best, which a selection bias can choose) would weigh 0, and where all of them did, 0 · inf (NaN).
-    // The renormalized softmax is exactly the softmax of the chosen logits; the renormalized sigmoid is too where
-    // the largest chosen logit is below -20 (sigmoid(x) = e^x to within fp32 rounding there). So a segment with
-    // such a score takes its chosen logits again (from global memory: L2 still holds the row) and weighs them so.
-    // The vote makes the branch warp-uniform (its shuffles need every lane; a warp may rank two tokens); only a
-    // segment with an underflowed score changes path, so every other row keeps its bits and pays one vote.
-    if (__any_sync(kFullMask, routed && w == 0.0f)) {
+    // A chosen score that underflowed from a finite logit (a sigmoid below about -88 flushes to 0; a softmax score
+    // 87 or more below the row's best, which a selection bias can choose, is 0 or subnormal) weighs 0 or a few bits,
+    // and where all of them did, 0 / 0 (NaN) or 1 / (a subnormal sum) (inf). The renormalized softmax is exactly the
+    // softmax of the chosen logits; the renormalized sigmoid is too where the largest chosen logit is below -20
+    // (sigmoid(x) = e^x to within fp32 rounding there). So a segment with such a score takes its chosen logits again
+    // (from global memory: L2 still holds the row) and weighs them so. The vote makes the branch warp-uniform (its
+    // shuffles need every lane; a warp may rank two tokens); only a segment with an underflowed score changes path,
+    // so every other row keeps its bits and pays one vote. (w < FLT_MIN: 0 or subnormal; NaN compares false.)
+    if (__any_sync(kFullMask, routed && w < FLT_MIN)) {
       const float x = routed ? to_float(row[my_id]) : -INFINITY;
-      const bool flushed = routed && w == 0.0f && x > -INFINITY;
+      const bool flushed = routed && w < FLT_MIN && x > -INFINITY;
       const float m = segment_fmax<kLanes>(x);
       const bool any_flushed = segment_fmax<kLanes>(flushed ? 1.0f : 0.0f) > 0.0f;
       const float e = routed ? ptx::ex2_approx_ftz((x - m) * kLog2e) : 0.0f;
