@@ -139,10 +139,13 @@ run_chunk() {
     n=$(grep -c '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part")
     grep '^\[   SEED   \] [^ ]* TESSERA_SEED=' "$part" | sed "s/^\[   SEED   \] /FAIL $name /" >>"$work/$first.fail"
     # Under each, the first failure message of that run (3 lines after gtest's "file:line: Failure", a scoped trace
-    # included), so that the summary says what failed even where the full log cannot be kept.
+    # included, gtest's own "Value of / Actual / Expected / Which is" lines skipped: an EXPECT_TRUE(r.ok) << message
+    # then shows the message), indented on the lines below the "why" line, so that the summary says what failed even
+    # where the full log cannot be kept.
     awk '/^\[ RUN      \] / { test = $4; msg = ""; take = 0; next }
          /: Failure$/ { if (msg == "") take = 3; next }
-         take > 0 { if ($0 != "Google Test trace:") { msg = msg "\n      " $0; take-- }; next }
+         take > 0 { if ($0 !~ /^(Google Test trace:|Value of: |  Actual: |Expected: |  Which is: )/) {
+                      msg = msg "\n      " $0; take-- }; next }
          /^\[  FAILED  \] [^ ]+ \(/ { if (msg != "") print "  why " test ":" msg; msg = ""; next }' "$part" \
       >>"$work/$first.fail"
     f_total=$((f_total + n))
