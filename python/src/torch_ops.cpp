@@ -137,6 +137,9 @@ tessera::Workspace workspace_of(const std::optional<at::Tensor>& t, const char* 
   if (!t->is_cuda()) fail(op, "workspace", "must be a CUDA tensor, got one on " + t->device().str());
   ws.data = t->data_ptr();
   ws.bytes = static_cast<std::size_t>(t->nbytes());
+  // torch's CUDA storage is device memory of t's device (as view_of labels tensors): the ops ask the driver nothing.
+  ws.device_verified = t->has_storage();
+  ws.device = t->get_device();
   return ws;
 }
 

@@ -161,4 +161,18 @@ void ArgCheck::no_overlap(const TensorView& a, const char* arg_a, const TensorVi
   if (a0 < b1 && b0 < a1) fail(arg_b, std::string("must not overlap '") + arg_a + "' in memory");
 }
 
+TensorView workspace_view(const Workspace& ws, std::size_t bytes, int device) {
+  TensorView v = TensorView::contiguous(ws.data, DType::kUInt8, {static_cast<int64_t>(bytes)},
+                                        ws.device_verified ? ws.device : device);
+  v.device_verified = ws.device_verified;
+  return v;
+}
+
+Workspace workspace_part(const Workspace& ws, std::size_t offset, std::size_t bytes) {
+  Workspace part = ws;
+  part.data = static_cast<unsigned char*>(ws.data) + offset;
+  part.bytes = bytes;
+  return part;
+}
+
 }  // namespace tessera::detail

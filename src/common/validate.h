@@ -62,4 +62,13 @@ ByteDims byte_dims(const TensorView& t);
 // fails it).
 bool injective(ByteDims dims);
 
+// The first `bytes` bytes of a caller's workspace as a byte view, for the overlap and device checks: labelled with the
+// device its adapter vouched for (Workspace::device_verified: on_current_device then asks the driver nothing), else
+// with `device` (the op's) and left to the driver's answer.
+TensorView workspace_view(const Workspace& ws, std::size_t bytes, int device);
+
+// Bytes [offset, offset + bytes) of a workspace, for an op that hands parts of its own to the ops it calls: with the
+// same label (an adapter's vouching covers every part of the memory it vouched for).
+Workspace workspace_part(const Workspace& ws, std::size_t offset, std::size_t bytes);
+
 }  // namespace tessera::detail

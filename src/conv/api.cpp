@@ -235,16 +235,15 @@ void conv2d(const TensorView& x, const ConvWeight& weight, const TensorView& y, 
   if (need > 0) {
     check.workspace(workspace, need, " (conv2d_workspace_bytes)");
     // The workspace is written (x rewritten, y staged, partials): it may overlap no argument.
-    const TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, x.device);
+    const TensorView ws = ::tessera::detail::workspace_view(workspace, need, x.device);
     check.no_overlap(ws, "workspace", x, "x");
     check.no_overlap(ws, "workspace", y, "y");
     check.no_overlap(ws, "workspace", weight.w.codes, "w.codes");
     check.no_overlap(ws, "workspace", weight.w.params, "w.params");
     if (epilogue.bias.data != nullptr) check.no_overlap(ws, "workspace", epilogue.bias, "epilogue.bias");
-    // A raw pointer: device memory of this GPU, asked of the driver (the workspace is written by every path).
-    TensorView ws_on_device = ws;
-    ws_on_device.device_verified = false;
-    check.on_current_device(ws_on_device, "workspace");
+    // Device memory of this GPU (the workspace is written by every path): a raw pointer is asked of the driver, an
+    // adapter's label trusted.
+    check.on_current_device(ws, "workspace");
   }
   ::tessera::detail::require_hopper(check.op());
   detail::ConvProblem pb;

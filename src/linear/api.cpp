@@ -152,9 +152,9 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   if (need > 0) {
     check.workspace(workspace, need, " for M = " + std::to_string(m) + " (linear_workspace_bytes)");
     // Written (the prepared x, the split partials) while x, the weight and the bias are read and y is written: it
-    // may share memory with none of them, and must be device memory of this GPU (a raw pointer: asked of the driver).
-    TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, x.device);
-    ws.device_verified = false;
+    // may share memory with none of them, and must be device memory of this GPU (a raw pointer: asked of the driver;
+    // an adapter's label trusted).
+    const TensorView ws = ::tessera::detail::workspace_view(workspace, need, x.device);
     check.no_overlap(ws, "workspace", x, "x");
     check.no_overlap(ws, "workspace", y, "y");
     check.no_overlap(ws, "workspace", w.codes, "w.codes");

@@ -80,6 +80,34 @@ TEST(ArgCheckOverlap, NegativeStridesCoverTheWholeSpan) {
 
 const char* kGate = "tessera::moe::fused_gate";
 
+// A workspace an adapter labelled (the PyTorch operators: a CUDA tensor's storage) keeps its label in the view the
+// checks use and in the parts an op hands on; a raw one takes the op's device and stays unverified (the driver is
+// asked about it).
+TEST(WorkspaceView, LabelsTravelWithTheWorkspaceAndItsParts) {
+  alignas(16) unsigned char bytes[256];
+  Workspace raw;
+  raw.data = bytes;
+  raw.bytes = sizeof(bytes);
+  const TensorView rv = tessera::detail::workspace_view(raw, 128, 3);
+  EXPECT_EQ(rv.device, 3);
+  EXPECT_FALSE(rv.device_verified);
+  EXPECT_EQ(rv.numel(), 128);
+  EXPECT_EQ(rv.dtype, DType::kUInt8);
+  EXPECT_EQ(rv.data, static_cast<void*>(bytes));
+  Workspace labelled = raw;
+  labelled.device_verified = true;
+  labelled.device = 1;
+  const TensorView lv = tessera::detail::workspace_view(labelled, 64, 3);
+  EXPECT_EQ(lv.device, 1);  // the label, not the op's device: a workspace on another GPU is still named as such
+  EXPECT_TRUE(lv.device_verified);
+  const Workspace part = tessera::detail::workspace_part(labelled, 32, 96);
+  EXPECT_EQ(part.data, static_cast<void*>(bytes + 32));
+  EXPECT_EQ(part.bytes, 96u);
+  EXPECT_TRUE(part.device_verified);
+  EXPECT_EQ(part.device, 1);
+  EXPECT_FALSE(tessera::detail::workspace_part(raw, 16, 16).device_verified);
+}
+
 TEST(FusedGateValidation, EachRuleNamesItsArgument) {
   struct Case {
     const char* name;

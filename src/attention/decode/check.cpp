@@ -409,7 +409,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
     if (needed == 0) return needed;
     if (reinterpret_cast<std::uintptr_t>(workspace.data) % kVectorBytes != 0)
       check.fail("workspace", "must be 16-byte aligned");
-    ws_view = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(needed)}, q.device);
+    ws_view = ::tessera::detail::workspace_view(workspace, needed, q.device);
     std::vector<Named> all = outputs;
     all.push_back({&ws_view, "workspace"});
     check_outputs_apart(check, inputs, all);

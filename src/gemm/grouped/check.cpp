@@ -198,8 +198,7 @@ GroupedProblem check_grouped_gemm(const char* op, Operand operand, Layout layout
     check.on_current_device(*w_scale, "w_scale");
   }
   if (workspace_needed > 0) {
-    TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(workspace_needed)},
-                                           w.device);
+    const TensorView ws = ::tessera::detail::workspace_view(workspace, workspace_needed, w.device);
     check.on_current_device(ws, "workspace");
   }
 

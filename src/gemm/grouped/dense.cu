@@ -55,16 +55,15 @@ void gemm_fp8(const TensorView& x, const TensorView& w, const FP8Scales& scales,
   check.workspace(workspace, need, " (gemm_fp8_workspace_bytes)");
   const int device = x.device;
   // The workspace is written (the one group's offsets) while every operand is read: it may share memory with none
-  // of them, and is a raw pointer whose device is asked of the driver (after the operands' own checks).
-  TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, device);
-  ws.device_verified = false;
+  // of them; its device is checked after the operands' own checks (a raw pointer asked of the driver).
+  const TensorView ws = ::tessera::detail::workspace_view(workspace, need, device);
   check.no_overlap(ws, "workspace", x, "x");
   check.no_overlap(ws, "workspace", w, "w");
   check.no_overlap(ws, "workspace", scales.x_scale, "scales.x_scale");
   check.no_overlap(ws, "workspace", scales.w_scale, "scales.w_scale");
   TensorView offsets = TensorView::contiguous(workspace.data, DType::kInt32, {2}, device);
   offsets.device_verified = true;  // the workspace, checked below under its own name
-  const Workspace rest{static_cast<unsigned char*>(workspace.data) + kOffsetsBytes, workspace.bytes - kOffsetsBytes};
+  const Workspace rest = ::tessera::detail::workspace_part(workspace, kOffsetsBytes, workspace.bytes - kOffsetsBytes);
   const detail::GroupedProblem problem =
       detail::check_grouped_gemm(kOp, detail::Operand::kFP8, detail::Layout::kContiguous, x, with_unit_group(w),
                                  offsets, grouped, y, rest, GroupedGemmOptions{});

@@ -87,8 +87,7 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   if (need > 0) {
     check.workspace(workspace, need, " for M = " + std::to_string(m) + " (gemm_w8a8_workspace_bytes)");
     // The split partials are written there while the inputs are read: it must be device memory apart from them all.
-    TensorView ws = TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(need)}, y.device);
-    ws.device_verified = false;
+    const TensorView ws = ::tessera::detail::workspace_view(workspace, need, y.device);
     views.add(ws, "workspace", /*output=*/true);
     w8a8::check_disjoint(check, views);
     w8a8::ArgViews ws_only;

@@ -263,8 +263,7 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   check.no_self_overlap(y, "y");
   check_weights(check, c, weights);
   check.workspace(workspace, L.total, " (moe_layer_plan for max_tokens " + std::to_string(plan.max_tokens) + ")");
-  const TensorView ws_all =
-      TensorView::contiguous(workspace.data, DType::kUInt8, {static_cast<int64_t>(L.total)}, in.x.device);
+  const TensorView ws_all = tessera::detail::workspace_view(workspace, L.total, in.x.device);
   // y and the workspace are written: neither may overlap anything the call reads or the other.
   const std::pair<const TensorView*, const char*> inputs[] = {
       {&in.x, "x"}, {&in.router_logits, "router_logits"}, {&weights.w13, "w13"}, {&weights.w2, "w2"}};
@@ -298,8 +297,8 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   const TensorView act = ws_view(workspace, L.act, code, {R, I}, dev);
   const TensorView act_scales = ws_view(workspace, L.act_scales, DType::kFP32, {R, I / 128}, dev);
   const TensorView y_perm = ws_view(workspace, L.y_perm, DType::kBF16, {R, H}, dev);
-  const Workspace gemm_ws{static_cast<char*>(workspace.data) + L.gemm_ws, L.gemm_ws_bytes};
-  const Workspace permute_ws{static_cast<char*>(workspace.data) + L.permute_ws, L.permute_ws_bytes};
+  const Workspace gemm_ws = tessera::detail::workspace_part(workspace, L.gemm_ws, L.gemm_ws_bytes);
+  const Workspace permute_ws = tessera::detail::workspace_part(workspace, L.permute_ws, L.permute_ws_bytes);
 
   std::optional<gemm::FP8Scales> s1, s2;
   if (blockwise) {
