@@ -62,7 +62,8 @@ struct Workspace {
   std::size_t bytes = 0;
   // As TensorView::device_verified: set by an adapter whose framework guarantees that `data` is device memory of
   // `device` (the PyTorch operators: a CUDA tensor's storage), so that the ops trust the label instead of asking the
-  // driver about the pointer. Leave false (and device -1) for raw pointers.
+  // driver about the pointer. Leave false (and device -1) for raw pointers; set both or neither (verified with device
+  // -1 reads as host memory and is refused).
   bool device_verified = false;
   int device = -1;
 };

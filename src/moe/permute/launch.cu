@@ -155,9 +155,10 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   check.on_current_device(out.row_index, "row_index");
   if (out.row_token) check.on_current_device(*out.row_token, "row_token");
   if (num_tokens) check.on_current_device(*num_tokens, "num_tokens");
-  // x is on the current device (checked above): a raw workspace pointer is asked of the driver for the same one, an
-  // adapter's label trusted.
-  check.on_current_device(tessera::detail::workspace_view(workspace, cfg.workspace_bytes, x.device), "workspace");
+  // expert_offsets (E + 1 >= 2 elements, so never skipped as empty) is on the current device (checked above): a raw
+  // workspace pointer is asked of the driver for that one, an adapter's label trusted.
+  check.on_current_device(tessera::detail::workspace_view(workspace, cfg.workspace_bytes, out.expert_offsets.device),
+                          "workspace");
 
   if (T == 0) {  // no copies: every segment is empty
     TESSERA_CUDA_CHECK(cudaMemsetAsync(out.expert_offsets.data, 0, sizeof(int32_t) * (E + 1), stream));
