@@ -37,8 +37,8 @@ import dataclasses
 
 from . import _C
 from . import linear as _linear
-from ._dlpack import (SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager, launch, stream_arg,
-                      to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, fast_entry, launch,
+                      stream_arg, to_capsule, torch_module, torch_ops)
 from .attention import _on_device
 from .linear import ACTIVATIONS, ZERO_MODES, PackedLinearWeight
 from .moe import _choice, _int, _rank
@@ -374,11 +374,20 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, a
     lo, hi = (-_INF, _INF) if activation is None and clamp is None else _linear._bounds(op, activation, clamp)
     p, kh, kw, _ = _checked_weight(op, weight)
     geometry = _geometry(op, kh, kw, stride, padding, dilation, groups)
-    # The eager fast path (_dlpack.eager): one crossing into C++, which checks x and out, allocates y and launches.
-    y = eager(stream, "conv2d_eager", x, p.codes, p.params, bias, out, workspace, p.n, p.k, p.bits, p.block,
-              p.zero_mode, kh, kw, *geometry, lo, hi)
-    if y is not SKIPPED:
-        return y
+    entry = fast_entry(stream)
+    if entry is not None:
+        try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++ (checks x and out, allocates y, launches)
+            return entry.conv2d_eager(x, p.codes, p.params, bias, out, workspace, p.n, p.k, p.bits, p.block,
+                                      p.zero_mode, kh, kw, *geometry, lo, hi)
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _conv2d_checked(op, x, p, kh, kw, geometry, bias, lo, hi, out, workspace, stream)
+
+
+def _conv2d_checked(op, x, p, kh, kw, geometry, bias, lo, hi, out, workspace, stream):
+    """conv2d's checked path: the arguments checked here, then torch_ops()' operator (the registered one under
+    torch.compile or a dispatch mode)."""
     torch = torch_module()
     ops = torch_ops()
     x = as_tensor(x, op, "x")

@@ -33,8 +33,8 @@ import math
 import typing
 
 from . import _C
-from ._dlpack import (FALLBACK, SKIPPED, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, eager,
-                      fast_entry, launch, stream_arg, to_capsule, torch_module, torch_ops)
+from ._dlpack import (FALLBACK, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, fast_entry, launch,
+                      stream_arg, to_capsule, torch_module, torch_ops)
 from .attention import _float, _on_device
 from .linear import _bounds, _float_array
 from .moe import _int, _rank
@@ -278,12 +278,21 @@ def quantize_per_block(x, block=128, symmetric=False, *, sums=True, out=None, st
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     The planes' padding columns (rows..ld-1) are left as allocated. Returns the Int8Blocks.
     """
-    # The eager fast path (_dlpack.eager): one crossing into C++, which allocates. It takes -1 for "one block per row",
-    # so a block it could misread (not a positive int) goes to the checked path, which names it.
-    if out is None and (block is None or (type(block) is int and block > 0)):
-        res = eager(stream, "w8a8_quantize_eager", x, -1 if block is None else block, symmetric, sums)
-        if res is not SKIPPED:
-            return Int8Blocks(*res)
+    # The eager fast path (_dlpack.fast_entry): one crossing into C++, which allocates. It takes -1 for "one block per
+    # row", so a block it could misread (not a positive int) goes to the checked path, which names it.
+    entry = fast_entry(stream)
+    if entry is not None and out is None and (block is None or (type(block) is int and block > 0)):
+        try:
+            return Int8Blocks(*entry.w8a8_quantize_eager(x, -1 if block is None else block, symmetric, sums))
+        except TypeError as e:
+            if FALLBACK not in str(e):
+                raise
+    return _quantize_per_block_checked(x, block, symmetric, sums, out, stream)
+
+
+def _quantize_per_block_checked(x, block, symmetric, sums, out, stream):
+    """quantize_per_block's checked path: the arguments checked here, then torch_ops()' operator (the registered one
+    under torch.compile or a dispatch mode)."""
     op = "tessera.quantize_per_block"
     torch = torch_module()
     ops = torch_ops()

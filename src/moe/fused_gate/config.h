@@ -5,8 +5,8 @@
 
 namespace tessera::moe::detail {
 
-// Shared memory of one token slot starts with the ids selected in each round, then the scores (the logits under
-// sigmoid scoring: kernel.cuh, token_scores_and_keys), then the arrays of the shared-memory group path.
+// Shared memory of one token slot starts with the ids selected in each round, then the scores, then the arrays of
+// the shared-memory group path.
 inline constexpr int kGateIdSlots = 32;
 
 struct GateProblem {
