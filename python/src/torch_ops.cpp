@@ -20,6 +20,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -156,11 +158,16 @@ std::optional<at::Tensor> workspace_or_new(const std::optional<at::Tensor>& give
   return at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
 }
 
-// Runs body(stream) with the device current, on PyTorch's current stream of that device.
+// Runs body(stream) with the device current, on PyTorch's current stream of that device. The usual call finds it
+// current already and takes no guard: c10's guard asks the runtime for the device twice more and sets it back on
+// exit (~0.3 us of an eager call, measured with py-spy on an H200 machine; docs/perf/host_overhead.md).
 template <typename Body>
 void run_on(c10::Device device, Body&& body) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  int current = -1;
+  if (cudaGetDevice(&current) == cudaSuccess && current == device.index()) return body(stream);
   const c10::DeviceGuard guard(device);
-  body(c10::cuda::getCurrentCUDAStream(device.index()).stream());
+  body(stream);
 }
 
 // ---- MoE routing ---------------------------------------------------------------------------------------------
@@ -569,8 +576,8 @@ void w8a8_quantize(const at::Tensor& x, const at::Tensor& codes, const at::Tenso
 // The GEMM reads a parameter plane [K / block, rows] by TMA in whole rows of its row stride ld: its storage must
 // reach the end of the last row's ld, not only of its rows (a strided view of a tight buffer would be read past
 // its end). The C++ API cannot see an allocation's size and documents the rule (include/tessera/w8a8.h).
-void check_plane_storage(const std::optional<at::Tensor>& t, const char* op, const char* arg) {
-  if (!t.has_value() || t->dim() != 2 || !t->has_storage() || t->is_meta() || t->size(0) == 0 || t->stride(0) <= 0)
+void check_plane_storage(const at::Tensor* t, const char* op, const char* arg) {
+  if (t == nullptr || t->dim() != 2 || !t->has_storage() || t->is_meta() || t->size(0) == 0 || t->stride(0) <= 0)
     return;
   const int64_t need = (t->storage_offset() + t->size(0) * t->stride(0)) * t->element_size();
   const auto have = static_cast<int64_t>(t->storage().nbytes());
@@ -587,9 +594,10 @@ void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::
                const std::optional<at::Tensor>& bias, const at::Tensor& y, const std::optional<at::Tensor>& workspace,
                int64_t block, double clamp_min, double clamp_max, double out_scale) {
   constexpr const char* op = "tessera.gemm_w8a8";
-  const std::pair<const std::optional<at::Tensor>, const char*> planes[] = {
-      {a_scale, "a_scale"}, {a_zero, "a_zero"}, {a_sums, "a_sums"},
-      {w_scale, "w_scale"}, {w_zero, "w_zero"}, {w_sums, "w_sums"}};
+  const auto ptr = [](const std::optional<at::Tensor>& t) { return t.has_value() ? &*t : nullptr; };
+  const std::pair<const at::Tensor*, const char*> planes[] = {  // pointers: no tensor copied
+      {&a_scale, "a_scale"}, {ptr(a_zero), "a_zero"}, {ptr(a_sums), "a_sums"},
+      {&w_scale, "w_scale"}, {ptr(w_zero), "w_zero"}, {ptr(w_sums), "w_sums"}};
   for (const auto& [t, name] : planes) check_plane_storage(t, op, name);
   const c10::Device device = device_of(a_codes, op, "a_codes");
   const tl::Int8BlockTensor a =
@@ -1088,23 +1096,61 @@ Int8BlocksOut w8a8_quantize_eager(const at::Tensor& x, int64_t block, bool symme
   return {codes, scale, zero, sums, block};
 }
 
-// tessera.gemm_w8a8's eager call in one crossing: a and w as their Int8Blocks tuples (codes, scale, zero, sums, block;
-// one conversion each, cheaper than eight tensor arguments), y [M, N] allocated here (dtype: "bfloat16", "float16",
-// "float32" or "int8", as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked
-// the epilogue, the output kind and the operands' types. Returns y.
-at::Tensor gemm_w8a8_eager(const Int8BlocksOut& a, const Int8BlocksOut& w, const std::optional<at::Tensor>& bias,
+// An Int8Blocks argument of an eager entry, read under the GIL straight from the tuple (codes, scale, zero or None,
+// sums or None, block): codes and scale borrowed from their Python objects, no copy. pybind's tuple caster fetched
+// every item through the sequence protocol and held a copy of each tensor, whose release asks the Python interpreter
+// for the GIL: ~1.5 us of gemm_w8a8's eager call (py-spy on an H200 machine, docs/perf/host_overhead.md). Anything
+// else is pybind's TypeError with its phrase for an argument it cannot convert: nothing ran, and the torch layer takes
+// its checked path, which names the argument.
+struct Int8BlocksArg {
+  const at::Tensor& codes;
+  const at::Tensor& scale;
+  std::optional<at::Tensor> zero, sums;
+  int64_t block;
+};
+
+Int8BlocksArg int8_blocks_arg(pybind11::handle obj) {
+  PyObject* t = obj.ptr();
+  const auto mismatch = [] {
+    return pybind11::type_error("tessera: incompatible function arguments (an Int8Blocks tuple was expected)");
+  };
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) throw mismatch();
+  const auto tensor = [&](Py_ssize_t i) -> const at::Tensor& {
+    PyObject* item = PyTuple_GET_ITEM(t, i);
+    if (!THPVariable_Check(item)) throw mismatch();
+    return THPVariable_Unpack(item);
+  };
+  const auto optional = [&](Py_ssize_t i) -> std::optional<at::Tensor> {
+    if (PyTuple_GET_ITEM(t, i) == Py_None) return std::nullopt;
+    return tensor(i);
+  };
+  PyObject* b = PyTuple_GET_ITEM(t, 4);
+  if (!PyLong_Check(b) || PyBool_Check(b)) throw mismatch();
+  const long long block = PyLong_AsLongLong(b);
+  if (block == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw mismatch();
+  }
+  return {tensor(0), tensor(1), optional(2), optional(3), block};
+}
+
+// tessera.gemm_w8a8's eager call in one crossing: a and w as their Int8Blocks tuples (int8_blocks_arg, under the GIL,
+// which is then released for the rest), y [M, N] allocated here (dtype: "bfloat16", "float16", "float32" or "int8",
+// as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked the epilogue, the
+// output kind and the operands' types. Returns y.
+at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const std::optional<at::Tensor>& bias,
                            const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
                            double clamp_min, double clamp_max, double out_scale, std::string_view y_dtype) {
   constexpr const char* op = "tessera.gemm_w8a8";
-  const auto& [a_codes, a_scale, a_zero, a_sums, block] = a;
-  const auto& [w_codes, w_scale, w_zero, w_sums, w_block] = w;
-  if (block != w_block)
-    fail(op, "w", "must have a's block (" + std::to_string(block) + "), got block " + std::to_string(w_block));
-  no_symbolic_sizes({&a_codes, &w_codes});
-  if (!needs_dispatcher(a_codes)) (void)device_of(a_codes, op, "a.codes");
-  rank_is(a_codes, 2, "[M, K]", op, "a.codes");
-  rank_is(w_codes, 2, "[N, K]", op, "w.codes");
-  const std::vector<int64_t> sizes = {a_codes.size(0), w_codes.size(0)};
+  const Int8BlocksArg a = int8_blocks_arg(a_obj), w = int8_blocks_arg(w_obj);
+  const pybind11::gil_scoped_release no_gil;  // ends before a and w: their copies are dropped with the GIL held
+  if (a.block != w.block)
+    fail(op, "w", "must have a's block (" + std::to_string(a.block) + "), got block " + std::to_string(w.block));
+  no_symbolic_sizes({&a.codes, &w.codes});
+  if (!needs_dispatcher(a.codes)) (void)device_of(a.codes, op, "a.codes");
+  rank_is(a.codes, 2, "[M, K]", op, "a.codes");
+  rank_is(w.codes, 2, "[N, K]", op, "w.codes");
+  const std::vector<int64_t> sizes = {a.codes.size(0), w.codes.size(0)};
   at::Tensor y;
   if (out.has_value()) {
     if (!out->sizes().equals(sizes))
@@ -1113,9 +1159,9 @@ at::Tensor gemm_w8a8_eager(const Int8BlocksOut& a, const Int8BlocksOut& w, const
   } else {
     static constexpr tessera::python::Choice<at::ScalarType> kDtypes[] = {
         {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float32", at::kFloat}, {"int8", at::kChar}};
-    y = at::empty(sizes, a_codes.options().dtype(tessera::python::parse_choice(y_dtype, op, "out_dtype", kDtypes)));
+    y = at::empty(sizes, a.codes.options().dtype(tessera::python::parse_choice(y_dtype, op, "out_dtype", kDtypes)));
   }
-  gemm_w8a8_dispatch(a_codes, a_scale, a_zero, a_sums, w_codes, w_scale, w_zero, w_sums, bias, y, workspace, block,
+  gemm_w8a8_dispatch(a.codes, a.scale, a.zero, a.sums, w.codes, w.scale, w.zero, w.sums, bias, y, workspace, a.block,
                      clamp_min, clamp_max, out_scale);
   return y;
 }
@@ -1481,7 +1527,8 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("w8a8_quantize_eager", &w8a8_quantize_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("gemm_w8a8_eager", &gemm_w8a8_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  // Its Int8Blocks arguments are read under the GIL, which it then releases itself (int8_blocks_arg).
+  m.def("gemm_w8a8_eager", &gemm_w8a8_eager);
   m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("moe_layer_eager", &moe_layer_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }
