@@ -154,7 +154,10 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
 
 // The cache's tensors, by name, as they are present.
 std::vector<Named> cache_tensors(const KVCache& cache) {
-  std::vector<Named> v = {{&cache.k, "cache.k"}, {&cache.v, "cache.v"}};
+  std::vector<Named> v;
+  v.reserve(7);  // these five and the two a caller may add (q and cache_seqlens): one allocation
+  v.push_back({&cache.k, "cache.k"});
+  v.push_back({&cache.v, "cache.v"});
   if (cache.k_scale) v.push_back({&*cache.k_scale, "cache.k_scale"});
   if (cache.v_scale) v.push_back({&*cache.v_scale, "cache.v_scale"});
   if (cache.block_table) v.push_back({&*cache.block_table, "cache.block_table"});
@@ -410,9 +413,9 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
     if (reinterpret_cast<std::uintptr_t>(workspace.data) % kVectorBytes != 0)
       check.fail("workspace", "must be 16-byte aligned");
     ws_view = ::tessera::detail::workspace_view(workspace, needed, q.device);
-    std::vector<Named> all = outputs;
-    all.push_back({&ws_view, "workspace"});
-    check_outputs_apart(check, inputs, all);
+    // Only its own pairs: the outputs were checked against the inputs and each other above.
+    for (const std::vector<Named>* list : {&inputs, &outputs})
+      for (const Named& t : *list) check.no_overlap(*t.t, t.name, ws_view, "workspace");
     return needed;
   };
   // An explicit split count needs no device query: its workspace is checked with the other rules.
