@@ -1067,35 +1067,6 @@ void gemm_w8a8_dispatch(const at::Tensor& a_codes, const at::Tensor& a_scale, co
 using Int8BlocksOut =
     std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, std::optional<at::Tensor>, int64_t>;
 
-// tessera.quantize_per_block's eager call (no out=) in one crossing: x [..., K] taken as [M, K] (as torch.reshape),
-// codes int8 [M, K] and the planes fp32 [K / block, ld] (ld: M rounded up to a multiple of 4, at least 4) allocated
-// on x's device and current stream, then the op. block -1: K. Returns the Int8Blocks fields.
-Int8BlocksOut w8a8_quantize_eager(const at::Tensor& x, int64_t block, bool symmetric, bool with_sums) {
-  constexpr const char* op = "tessera.quantize_per_block";
-  no_symbolic_sizes({&x});
-  // Checks before anything is allocated, with the torch layer's messages.
-  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
-  if (x.dim() < 1) fail(op, "x", "must be [..., K], got a scalar");
-  const int64_t k = x.size(-1);
-  if (k <= 0 || k % 16 != 0)
-    fail(op, "x", "must have K (its last dim) a positive multiple of 16, got shape " + sizes_str(x.sizes()));
-  if (block == -1) block = k;
-  if (block != 32 && block != 64 && block != 128 && block != k)
-    fail(op, "block", "must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
-  if (k % block != 0)
-    fail(op, "block", "must divide K (" + std::to_string(k) + "), got " + std::to_string(block));
-  const at::Tensor x2 = x.reshape({-1, k});
-  const int64_t m = x2.size(0), ld = (std::max<int64_t>(m, 1) + 3) / 4 * 4;
-  const auto f32 = x.options().dtype(at::kFloat);
-  const at::Tensor codes = at::empty({m, k}, x.options().dtype(at::kChar));
-  const at::Tensor scale = at::empty({k / block, ld}, f32);
-  std::optional<at::Tensor> zero, sums;
-  if (!symmetric) zero = at::empty({k / block, ld}, f32);
-  if (with_sums) sums = at::empty({k / block, ld}, f32);
-  w8a8_quantize_dispatch(x2, codes, scale, zero, sums, block);
-  return {codes, scale, zero, sums, block};
-}
-
 // An Int8Blocks argument of an eager entry, read under the GIL straight from the tuple (codes, scale, zero or None,
 // sums or None, block): codes and scale borrowed from their Python objects, no copy. pybind's tuple caster fetched
 // every item through the sequence protocol and held a copy of each tensor, whose release asks the Python interpreter
@@ -1132,6 +1103,52 @@ Int8BlocksArg int8_blocks_arg(pybind11::handle obj) {
     throw mismatch();
   }
   return {tensor(0), tensor(1), optional(2), optional(3), block};
+}
+
+// tessera.quantize_per_block's eager call in one crossing: x [..., K] taken as [M, K] (as torch.reshape), then the op
+// into out (an Int8Blocks tuple, read under the GIL as int8_blocks_arg reads one; returns None) or into codes int8
+// [M, K] and planes fp32 [K / block, ld] (ld: M rounded up to a multiple of 4, at least 4) allocated on x's device and
+// current stream (returns the Int8Blocks fields). block -1: K. The checks before anything is allocated carry the
+// torch layer's messages.
+std::optional<Int8BlocksOut> w8a8_quantize_eager(const at::Tensor& x, int64_t block, bool symmetric, bool with_sums,
+                                                 pybind11::handle out_obj) {
+  constexpr const char* op = "tessera.quantize_per_block";
+  std::optional<Int8BlocksArg> out;
+  if (!out_obj.is_none()) out.emplace(int8_blocks_arg(out_obj));
+  const pybind11::gil_scoped_release no_gil;  // ends before out: its copies are dropped with the GIL held
+  no_symbolic_sizes({&x});
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  if (x.dim() < 1) fail(op, "x", "must be [..., K], got a scalar");
+  const int64_t k = x.size(-1);
+  if (k <= 0 || k % 16 != 0)
+    fail(op, "x", "must have K (its last dim) a positive multiple of 16, got shape " + sizes_str(x.sizes()));
+  if (block == -1) block = k;
+  if (block != 32 && block != 64 && block != 128 && block != k)
+    fail(op, "block", "must be 32, 64, 128 or K (" + std::to_string(k) + "), got " + std::to_string(block));
+  if (k % block != 0)
+    fail(op, "block", "must divide K (" + std::to_string(k) + "), got " + std::to_string(block));
+  const at::Tensor x2 = x.reshape({-1, k});
+  if (out.has_value()) {
+    const char* const flag[] = {"False", "True"};
+    if (out->block != block)
+      fail(op, "out", "must have block " + std::to_string(block) + ", got " + std::to_string(out->block));
+    if (out->zero.has_value() == symmetric)
+      fail(op, "out", std::string("must ") + (symmetric ? "not " : "") + "hold zero points (symmetric=" +
+                          flag[symmetric] + ")");
+    if (out->sums.has_value() != with_sums)
+      fail(op, "out", std::string("must ") + (with_sums ? "" : "not ") + "hold sums (sums=" + flag[with_sums] + ")");
+    w8a8_quantize_dispatch(x2, out->codes, out->scale, out->zero, out->sums, block);
+    return std::nullopt;
+  }
+  const int64_t m = x2.size(0), ld = (std::max<int64_t>(m, 1) + 3) / 4 * 4;
+  const auto f32 = x.options().dtype(at::kFloat);
+  const at::Tensor codes = at::empty({m, k}, x.options().dtype(at::kChar));
+  const at::Tensor scale = at::empty({k / block, ld}, f32);
+  std::optional<at::Tensor> zero, sums;
+  if (!symmetric) zero = at::empty({k / block, ld}, f32);
+  if (with_sums) sums = at::empty({k / block, ld}, f32);
+  w8a8_quantize_dispatch(x2, codes, scale, zero, sums, block);
+  return Int8BlocksOut{codes, scale, zero, sums, block};
 }
 
 // tessera.gemm_w8a8's eager call in one crossing: a and w as their Int8Blocks tuples (int8_blocks_arg, under the GIL,
@@ -1526,7 +1543,7 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("w8a8_quantize_eager", &w8a8_quantize_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("w8a8_quantize_eager", &w8a8_quantize_eager);  // releases the GIL itself (int8_blocks_arg)
   // Its Int8Blocks arguments are read under the GIL, which it then releases itself (int8_blocks_arg).
   m.def("gemm_w8a8_eager", &gemm_w8a8_eager);
   m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());

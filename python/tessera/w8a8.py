@@ -278,12 +278,14 @@ def quantize_per_block(x, block=128, symmetric=False, *, sums=True, out=None, st
     stream     None (the current stream), a torch.cuda.Stream or a raw cudaStream_t int.
     The planes' padding columns (rows..ld-1) are left as allocated. Returns the Int8Blocks.
     """
-    # The eager fast path (_dlpack.fast_entry): one crossing into C++, which allocates. It takes -1 for "one block per
-    # row", so a block it could misread (not a positive int) goes to the checked path, which names it.
+    # The eager fast path (_dlpack.fast_entry): one crossing into C++, which checks out= or allocates. It takes -1 for
+    # "one block per row", so a block it could misread (not a positive int) goes to the checked path, which names it.
     entry = fast_entry(stream)
-    if entry is not None and out is None and (block is None or (type(block) is int and block > 0)):
+    if entry is not None and (out is None or type(out) is Int8Blocks) and \
+            (block is None or (type(block) is int and block > 0)):
         try:
-            return Int8Blocks(*entry.w8a8_quantize_eager(x, -1 if block is None else block, symmetric, sums))
+            res = entry.w8a8_quantize_eager(x, -1 if block is None else block, bool(symmetric), bool(sums), out)
+            return out if res is None else Int8Blocks(*res)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise
