@@ -396,6 +396,12 @@ def test_argument_errors_without_a_gpu(seed):
         tw.quantize_per_block(x, 128, out=(a.codes, a.scale, None, None, 128))
     with pytest.raises(ValueError, match="'a' must be a tessera.w8a8.Int8Blocks"):
         tw.gemm_w8a8(x, w)
+    # A field the eager entry does not read (a bool block): its TypeError sends the call to
+    # the checked path, which names the argument.
+    with pytest.raises(ValueError, match="'w' must have a's block"):
+        tw.gemm_w8a8(a._replace(block=True), w)
+    with pytest.raises(ValueError, match="'out' must have block 128"):
+        tw.quantize_per_block(x, 128, out=a._replace(block=True))
     with pytest.raises(ValueError, match="'w' must be a tessera.w8a8.Int8Blocks"):
         tw.gemm_w8a8(a, w.codes)
     with pytest.raises(ValueError, match="'w' must have a's block \\(128\\), got block 256"):
