@@ -160,7 +160,7 @@ std::optional<at::Tensor> workspace_or_new(const std::optional<at::Tensor>& give
 
 // Runs body(stream) with the device current, on PyTorch's current stream of that device. The usual call finds it
 // current already and takes no guard: c10's guard asks the runtime for the device twice more and sets it back on
-// exit (~0.3 us of an eager call, measured with py-spy on an H200 machine; docs/perf/host_overhead.md).
+// exit (3-6 % of the samples of an eager call in a py-spy profile on an H200 machine; docs/perf/host_overhead.md).
 template <typename Body>
 void run_on(c10::Device device, Body&& body) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -1070,7 +1070,8 @@ using Int8BlocksOut =
 // An Int8Blocks argument of an eager entry, read under the GIL straight from the tuple (codes, scale, zero or None,
 // sums or None, block): codes and scale borrowed from their Python objects, no copy. pybind's tuple caster fetched
 // every item through the sequence protocol and held a copy of each tensor, whose release asks the Python interpreter
-// for the GIL: ~1.5 us of gemm_w8a8's eager call (py-spy on an H200 machine, docs/perf/host_overhead.md). Anything
+// for the GIL: ~13 % of the samples of gemm_w8a8's eager call in a py-spy profile on an H200 machine; the call fell
+// by 2-4 us with these changes (v2d in docs/perf/host_overhead.md, session 23). Anything
 // else is pybind's TypeError with its phrase for an argument it cannot convert: nothing ran, and the torch layer takes
 // its checked path, which names the argument.
 struct Int8BlocksArg {

@@ -155,7 +155,7 @@ void check_scales(const ArgCheck& check, const KVCache& cache, const TensorView&
 // The cache's tensors, by name, as they are present.
 std::vector<Named> cache_tensors(const KVCache& cache) {
   std::vector<Named> v;
-  v.reserve(7);  // these five and the two a caller may add (q and cache_seqlens): one allocation
+  v.reserve(8);  // these five and what the callers add (decode two, prefill three): one allocation
   v.push_back({&cache.k, "cache.k"});
   v.push_back({&cache.v, "cache.v"});
   if (cache.k_scale) v.push_back({&*cache.k_scale, "cache.k_scale"});
