@@ -261,10 +261,17 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
 constexpr int kHostCalls = 40, kHostReps = 9;
 
 // --host: the CPU's time per call of each case (C++ only), and its excess over as many bare launches as fit in it.
-void print_host(const std::vector<Row>& rows, double floor_us) {
+struct HostFloor {
+  double launch_us = NAN;            // a bare launch (8 bytes of parameters)
+  double kilobyte_launch_us = NAN;   // the same with 1,024 bytes of parameters
+  double get_device_us = NAN;        // one cudaGetDevice
+};
+
+void print_host(const std::vector<Row>& rows, const HostFloor& floor) {
+  const double floor_us = floor.launch_us;
   std::printf("\nhost time per call (C++, no Python; the stream held busy, median of %d x %d calls); a bare launch: "
-              "%.2f us\n",
-              kHostReps, kHostCalls, floor_us);
+              "%.2f us (with 1 KiB of kernel parameters: %.2f us); cudaGetDevice: %.3f us\n",
+              kHostReps, kHostCalls, floor_us, floor.kilobyte_launch_us, floor.get_device_us);
   int op_w = 18, name_w = 40;
   for (const Row& r : rows) {
     op_w = std::max(op_w, static_cast<int>(r.spec->op.size()));
@@ -627,10 +634,18 @@ int main_impl(int argc, char** argv) {
               o.all ? "of all" : "headline / selected");
   std::fflush(stdout);
 
-  double host_floor_us = NAN;  // --host: one bare launch, timed as the cases are
+  HostFloor host_floor;  // --host: a bare launch and its neighbours, timed as the cases are
   if (o.host) {
     try {
-      host_floor_us = time_host(nullptr, stream, kHostCalls, kHostReps);
+      host_floor.launch_us = time_host(nullptr, stream, kHostCalls, kHostReps);
+      host_floor.kilobyte_launch_us = time_host_calls([&](int) { launch_with_kilobyte_params(stream); }, stream,
+                                                      kHostCalls, kHostReps);
+      host_floor.get_device_us = time_host_calls(
+          [&](int) {
+            int d = 0;
+            TESSERA_CUDA_CHECK(cudaGetDevice(&d));
+          },
+          stream, kHostCalls * 25, kHostReps);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tessera-bench: host timing of a bare launch failed: %s\n", e.what());
       settle(stream);
@@ -662,7 +677,7 @@ int main_impl(int argc, char** argv) {
   }
 
   print_table(rows, dev);
-  if (o.host) print_host(rows, host_floor_us);
+  if (o.host) print_host(rows, host_floor);
   print_details(rows, o.check);
   int rc = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.failed(); }) ? 1 : 0;
   if (!o.json.empty()) {

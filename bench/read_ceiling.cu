@@ -47,6 +47,23 @@ void launch_spin(uint64_t ns, cudaStream_t stream) {
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+// 1,024 bytes of kernel parameters: what a kernel taking eight CUtensorMaps (128 bytes each) passes, as the W8A8 GEMM
+// with zero points and sums does.
+struct KiloParams {
+  unsigned char bytes[1024];
+};
+__global__ void take_params(KiloParams p) {
+  if (p.bytes[threadIdx.x] == 0xAB && p.bytes[1023] == 0xCD) asm volatile("trap;");
+}
+}  // namespace
+
+void launch_with_kilobyte_params(cudaStream_t stream) {
+  KiloParams p{};
+  take_params<<<1, 1, 0, stream>>>(p);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
 void launch_read_stream(const void* data, std::size_t bytes, uint32_t* sink, int num_sms, cudaStream_t stream) {
   read_stream<<<num_sms * kBlocksPerSm, kThreads, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16,
                                                               0xFFFFFFFFu, sink);

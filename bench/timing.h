@@ -55,6 +55,9 @@ void launch_read_stream(const void* data, std::size_t bytes, uint32_t* sink, int
 double time_host(CaseInstance* c, cudaStream_t stream, int calls, int reps);
 // The same timing of any call sequence: one(i) is the i-th call.
 double time_host_calls(const std::function<void(int)>& one, cudaStream_t stream, int calls, int reps);
+// An empty launch of a kernel taking 1,024 bytes of parameters (read_ceiling.cu): a bare launch's cost at the
+// parameter size of the ops whose kernels take several tensor maps.
+void launch_with_kilobyte_params(cudaStream_t stream);
 // A kernel of one thread that returns after `ns` nanoseconds of GPU time (read_ceiling.cu).
 void launch_spin(uint64_t ns, cudaStream_t stream);
 

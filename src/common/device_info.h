@@ -10,6 +10,22 @@ struct DeviceInfo {
   int cc_minor = 0;
 };
 
+// The current CUDA device. Inside an op call (while an OpCallScope is open on this thread: every ArgCheck opens one)
+// the runtime is asked once and the answer reused by every later question of the same call, nested ops included;
+// outside one it is asked every time. An op never changes the current device, so the answer cannot go stale within
+// a call (cudaGetDevice costs 0.1-0.2 us on the H200 machines, and an op asked it several times a call: its checks, the
+// device properties, the occupancy cache, and again in each step of the MoE layer).
+int current_device();
+
+// Opens (or nests into) this thread's op call; the outermost scope's end forgets the device.
+class OpCallScope {
+ public:
+  OpCallScope() noexcept;
+  ~OpCallScope();
+  OpCallScope(const OpCallScope&) = delete;
+  OpCallScope& operator=(const OpCallScope&) = delete;
+};
+
 // Properties of the current device. Thread-safe. Throws CudaError when there is no usable device.
 const DeviceInfo& current_device_info();
 

@@ -21,8 +21,7 @@ struct Entry {
 int resident_blocks_per_sm(const void* kernel, int threads, int smem) {
   static std::mutex mutex;
   static std::vector<Entry> cache;
-  int device = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  const int device = current_device();
   std::lock_guard<std::mutex> lock(mutex);
   for (const Entry& e : cache)
     if (e.kernel == kernel && e.threads == threads && e.smem == smem && e.device == device) return e.blocks;

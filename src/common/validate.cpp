@@ -111,7 +111,7 @@ void ArgCheck::no_self_overlap(const TensorView& t, const char* arg) const {
                 strides + "]");
 }
 
-void ArgCheck::workspace(const Workspace& ws, std::size_t need, const std::string& sizing) const {
+void ArgCheck::workspace(const Workspace& ws, std::size_t need, const char* sizing) const {
   if (ws.data == nullptr || ws.bytes < need)
     fail("workspace", "must hold " + std::to_string(need) + " bytes" + sizing + ", got " + std::to_string(ws.bytes));
   if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0) fail("workspace", "must be 16-byte aligned");
@@ -123,8 +123,7 @@ void ArgCheck::on_current_device(const TensorView& t, const char* arg) const {
   // Host memory is an argument error whatever the machine: said before asking CUDA anything (with no driver,
   // that question is itself a CUDA error).
   if (t.device == TensorView::kHostDevice) fail(arg, "must be in device memory, got a host pointer");
-  if (current_device_ < 0) TESSERA_CUDA_CHECK(cudaGetDevice(&current_device_));
-  const int current = current_device_;
+  const int current = current_device();
   if (t.device != current)
     fail(arg, "must be on the current CUDA device " + std::to_string(current) + ", got " +
                   (t.device == TensorView::kHostDevice ? std::string("host memory")

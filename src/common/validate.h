@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/device_info.h"
 #include "tessera/error.h"
 #include "tessera/tensor.h"
 
@@ -40,7 +41,14 @@ class ArgCheck {
   void no_self_overlap(const TensorView& t, const char* arg) const;
   // The caller's workspace holds `need` bytes (> 0) and is 16-byte aligned; `sizing` follows "must hold N bytes" in the
   // message and names the size query (" for M = 5 (linear_workspace_bytes)").
-  void workspace(const Workspace& ws, std::size_t need, const std::string& sizing) const;
+  void workspace(const Workspace& ws, std::size_t need, const char* sizing) const;
+  // The same, with the sizing part of the message built by sizing() only when the check fails (no string is built
+  // on the launch path).
+  template <typename Sizing>
+  void workspace(const Workspace& ws, std::size_t need, Sizing&& sizing) const {
+    if (ws.data == nullptr || ws.bytes < need || reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
+      workspace(ws, need, std::string(sizing()).c_str());
+  }
   void same_dtype(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const;
   // Two tensors must not overlap in memory (outputs vs inputs).
   void no_overlap(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const;
@@ -49,7 +57,8 @@ class ArgCheck {
 
  private:
   const char* op_;
-  mutable int current_device_ = -1;  // asked once per check object (one op call), not once per tensor
+  // An op's checks live as long as its call: the device is asked of the runtime once per call (device_info.h).
+  OpCallScope call_;
 };
 
 using ByteDims = std::vector<std::pair<int64_t, int64_t>>;  // (stride in bytes, size)

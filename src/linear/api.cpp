@@ -150,7 +150,7 @@ void linear(const TensorView& x, const LinearWeight& w, const TensorView& y, con
   pb.config = detail::select_config(pb.shape);
   const std::size_t need = detail::call_workspace_bytes(pb.shape, pb.config, prepare);
   if (need > 0) {
-    check.workspace(workspace, need, " for M = " + std::to_string(m) + " (linear_workspace_bytes)");
+    check.workspace(workspace, need, [&] { return " for M = " + std::to_string(m) + " (linear_workspace_bytes)"; });
     // Written (the prepared x, the split partials) while x, the weight and the bias are read and y is written: it
     // may share memory with none of them, and must be device memory of this GPU (a raw pointer: asked of the driver;
     // an adapter's label trusted).

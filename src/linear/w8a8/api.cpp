@@ -85,7 +85,7 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
   pb.config = w8a8::select_config(pb.shape);
   const std::size_t need = w8a8::partial_bytes(pb.shape, pb.config);
   if (need > 0) {
-    check.workspace(workspace, need, " for M = " + std::to_string(m) + " (gemm_w8a8_workspace_bytes)");
+    check.workspace(workspace, need, [&] { return " for M = " + std::to_string(m) + " (gemm_w8a8_workspace_bytes)"; });
     // The split partials are written there while the inputs are read: it must be device memory apart from them all.
     const TensorView ws = ::tessera::detail::workspace_view(workspace, need, y.device);
     views.add(ws, "workspace", /*output=*/true);

@@ -10,6 +10,7 @@
 #include "moe/fused_gate/check.h"
 #include "moe/fused_gate/config.h"
 #include "moe/fused_gate/kernel.cuh"
+#include "moe/launch.h"
 #include "tessera/moe.h"
 
 namespace tessera::moe {
@@ -139,8 +140,6 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
                 const TensorView& ids, const GateParams& p, cudaStream_t stream) {
   const tessera::detail::ArgCheck check("tessera::moe::fused_gate");
   const int64_t T = detail::check_gate_inputs(check, logits, bias, p);
-  const int64_t E = logits.shape[1];
-  const int64_t group_size = E / p.num_groups;
   const int width = p.topk + p.num_shared_experts;
   check.contiguous_matrix(weights, "weights", {DType::kFP32}, T, "num_tokens", width, "topk + num_shared_experts");
   check.contiguous_matrix(ids, "ids", {DType::kInt32}, T, "num_tokens", width, "topk + num_shared_experts");
@@ -152,7 +151,17 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   check.on_current_device(weights, "weights");
   check.on_current_device(ids, "ids");
   if (T == 0) return;
+  tessera::detail::require_hopper("tessera::moe::fused_gate");
+  detail::launch_fused_gate(logits, bias, weights, ids, p, stream);
+}
 
+namespace detail {
+
+void launch_fused_gate(const TensorView& logits, const std::optional<TensorView>& bias, const TensorView& weights,
+                       const TensorView& ids, const GateParams& p, cudaStream_t stream) {
+  const int64_t T = logits.shape[0];
+  const int64_t E = logits.shape[1];
+  const int64_t group_size = E / p.num_groups;
   const int elem_bytes = static_cast<int>(dtype_size(logits.dtype));
   const auto base = reinterpret_cast<std::uintptr_t>(logits.data);
   const bool aligned = base % 16 == 0 && (T == 1 || (logits.strides[0] * elem_bytes) % 16 == 0);
@@ -187,9 +196,10 @@ void fused_gate(const TensorView& logits, const std::optional<TensorView>& bias,
   kp.vector_loads = cfg.vector_loads;
   kp.smem_floats_per_token = cfg.smem_bytes_per_token / 4;
 
-  tessera::detail::require_hopper("tessera::moe::fused_gate");
   const int num_sms = tessera::detail::current_device_info().num_sms;
   TESSERA_DISPATCH_FLOAT(logits.dtype, Elem, [&] { launch_gate_shape<Elem>(kp, cfg, num_sms, stream); });
 }
+
+}  // namespace detail
 
 }  // namespace tessera::moe

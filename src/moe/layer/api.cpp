@@ -9,6 +9,7 @@
 #include "common/validate.h"
 #include "gemm/grouped/problem.h"
 #include "moe/fused_gate/check.h"
+#include "moe/launch.h"
 #include "moe/layer/problem.h"
 #include "moe/permute/config.h"
 #include "tessera/grouped_gemm.h"
@@ -140,12 +141,13 @@ void check_weights(const ArgCheck& check, const MoeLayerConfig& c, const MoeLaye
   const int64_t G = int64_t{c.num_experts} + c.gate.num_shared_experts;
   const int64_t H = c.hidden, I = c.intermediate;
   const bool fp8 = c.format != WeightFormat::kBF16;
-  const std::string fmt = std::string(" (format ") + weight_format_name(c.format) + ")";
+  // The message's format note, built only when a check fails.
+  const auto fmt = [&c] { return std::string(" (format ") + weight_format_name(c.format) + ")"; };
   const DType wt = fp8 ? DType::kFP8E4M3 : DType::kBF16;
   if (w.w13.dtype != wt)
-    check.fail("w13", std::string("must be ") + dtype_name(wt) + fmt + ", got " + dtype_name(w.w13.dtype));
+    check.fail("w13", std::string("must be ") + dtype_name(wt) + fmt() + ", got " + dtype_name(w.w13.dtype));
   if (w.w2.dtype != wt)
-    check.fail("w2", std::string("must be ") + dtype_name(wt) + fmt + ", got " + dtype_name(w.w2.dtype));
+    check.fail("w2", std::string("must be ") + dtype_name(wt) + fmt() + ", got " + dtype_name(w.w2.dtype));
   check.rank(w.w13, "w13", 3);
   check.dim(w.w13, "w13", 0, G, "num_experts + num_shared_experts");
   check.dim(w.w13, "w13", 1, 2 * I, "2 * intermediate");
@@ -155,7 +157,7 @@ void check_weights(const ArgCheck& check, const MoeLayerConfig& c, const MoeLaye
   check.dim(w.w2, "w2", 1, H, "hidden");
   check.dim(w.w2, "w2", 2, I, "intermediate");
   auto scale_3d = [&](const std::optional<TensorView>& s, const char* arg, int64_t n, int64_t k) {
-    if (!s) check.fail(arg, "is required" + fmt);
+    if (!s) check.fail(arg, "is required" + fmt());
     check.dtype(*s, arg, {DType::kFP32});
     check.rank(*s, arg, 3);
     check.dim(*s, arg, 0, G, "num_experts + num_shared_experts");
@@ -163,13 +165,13 @@ void check_weights(const ArgCheck& check, const MoeLayerConfig& c, const MoeLaye
     check.dim(*s, arg, 2, k / 128, "columns / 128");
   };
   auto scale_1d = [&](const std::optional<TensorView>& s, const char* arg, int64_t n, const char* what) {
-    if (!s) check.fail(arg, "is required" + fmt);
+    if (!s) check.fail(arg, "is required" + fmt());
     check.dtype(*s, arg, {DType::kFP32});
     check.rank(*s, arg, 1);
     check.dim(*s, arg, 0, n, what);
   };
   auto absent = [&](const std::optional<TensorView>& s, const char* arg) {
-    if (s) check.fail(arg, "must be absent" + fmt);
+    if (s) check.fail(arg, "must be absent" + fmt());
   };
   switch (c.format) {
     case WeightFormat::kFP8Blockwise:
@@ -262,7 +264,8 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   check.aligned(y, "y", 16);
   check.no_self_overlap(y, "y");
   check_weights(check, c, weights);
-  check.workspace(workspace, L.total, " (moe_layer_plan for max_tokens " + std::to_string(plan.max_tokens) + ")");
+  check.workspace(workspace, L.total,
+                  [&] { return " (moe_layer_plan for max_tokens " + std::to_string(plan.max_tokens) + ")"; });
   const TensorView ws_all = tessera::detail::workspace_view(workspace, L.total, in.x.device);
   // y and the workspace are written: neither may overlap anything the call reads or the other.
   const std::pair<const TensorView*, const char*> inputs[] = {
@@ -330,9 +333,7 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   if (mark(0)) return;
   // 1. routing
   GateParams gp = c.gate;
-  fused_gate(verified(in.router_logits),
-             in.correction_bias ? std::optional(verified(*in.correction_bias)) : std::nullopt, gate_w, gate_ids, gp,
-             stream);
+  launch_fused_gate(in.router_logits, in.correction_bias, gate_w, gate_ids, gp, stream);
   if (mark(1)) return;
   // 2. permute (+ quantize)
   PermuteParams pp;
@@ -346,9 +347,8 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   po.expert_counts = counts;
   po.row_index = row_index;
   const std::optional<TensorView> a13 =
-      c.format == WeightFormat::kFP8PerTensor ? std::optional(verified(*weights.a13_scale)) : std::nullopt;
-  permute(verified(in.x), gate_ids, a13, po, permute_ws, pp, stream,
-          in.num_tokens ? std::optional(verified(*in.num_tokens)) : std::nullopt);
+      c.format == WeightFormat::kFP8PerTensor ? weights.a13_scale : std::nullopt;
+  launch_permute(in.x, gate_ids, a13, po, permute_ws, pp, stream, in.num_tokens);
   if (mark(2)) return;
   // 3. h = x_perm · w13ᵀ
   gemm::detail::launch_grouped_gemm(gemm1, stream);
@@ -370,8 +370,7 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   gemm::detail::launch_grouped_gemm(gemm2, stream);
   if (mark(5)) return;
   // 6. y = Σ_j weight · y_perm (+ residual)
-  unpermute_reduce(y_perm, row_index, gate_w, in.residual ? std::optional(verified(*in.residual)) : std::nullopt,
-                   verified(y), 1.0f, stream);
+  launch_unpermute_reduce(y_perm, row_index, gate_w, in.residual, y, 1.0f, stream);
   mark(6);
 }
 

@@ -6,6 +6,7 @@
 #include "common/dispatch.h"
 #include "common/validate.h"
 #include "moe/permute/config.h"
+#include "moe/launch.h"
 #include "moe/permute/kernel.cuh"
 #include "tessera/moe.h"
 
@@ -160,13 +161,26 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
   check.on_current_device(tessera::detail::workspace_view(workspace, cfg.workspace_bytes, out.expert_offsets.device),
                           "workspace");
 
+  if (T > 0) tessera::detail::require_hopper("tessera::moe::permute");
+  detail::launch_permute(x, ids, input_scale, out, workspace, p, stream, num_tokens);
+}
+
+namespace detail {
+
+void launch_permute(const TensorView& x, const TensorView& ids, const std::optional<TensorView>& input_scale,
+                    const PermuteOutputs& out, const Workspace& workspace, const PermuteParams& p,
+                    cudaStream_t stream, const std::optional<TensorView>& num_tokens) {
+  const int64_t T = x.shape[0], H = x.shape[1];
+  const int k = static_cast<int>(ids.shape[1]);
+  const int E = p.num_experts;
+  const PermuteConfig cfg = config_for(T, k, p);
+  const TensorView& xp = out.x_perm;
   if (T == 0) {  // no copies: every segment is empty
     TESSERA_CUDA_CHECK(cudaMemsetAsync(out.expert_offsets.data, 0, sizeof(int32_t) * (E + 1), stream));
     TESSERA_CUDA_CHECK(cudaMemsetAsync(out.expert_counts.data, 0, sizeof(int32_t) * E, stream));
     return;
   }
 
-  tessera::detail::require_hopper("tessera::moe::permute");
   auto* ws_bytes = static_cast<char*>(workspace.data);
   PermuteKernelParams kp{};
   kp.x = x.data;
@@ -212,5 +226,7 @@ void permute(const TensorView& x, const TensorView& ids, const std::optional<Ten
     }
   });
 }
+
+}  // namespace detail
 
 }  // namespace tessera::moe

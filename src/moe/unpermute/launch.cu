@@ -5,6 +5,7 @@
 #include "common/check.h"
 #include "common/dispatch.h"
 #include "common/validate.h"
+#include "moe/launch.h"
 #include "moe/unpermute/kernel.cuh"
 #include "tessera/moe.h"
 
@@ -50,7 +51,17 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
   check.on_current_device(out, "out");
   if (T == 0 || H == 0) return;
   tessera::detail::require_hopper("tessera::moe::unpermute_reduce");
+  detail::launch_unpermute_reduce(y_perm, row_index, weights, residual, out, routed_scale, stream);
+}
 
+namespace detail {
+
+void launch_unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, const TensorView& weights,
+                             const std::optional<TensorView>& residual, const TensorView& out, float routed_scale,
+                             cudaStream_t stream) {
+  const int64_t H = y_perm.shape[1];
+  const int64_t T = row_index.shape[0];
+  const int64_t k = row_index.shape[1];
   detail::UnpermuteKernelParams kp{};
   kp.y = y_perm.data;
   kp.y_row_stride = y_perm.shape[0] > 1 ? y_perm.strides[0] : H;
@@ -72,5 +83,7 @@ void unpermute_reduce(const TensorView& y_perm, const TensorView& row_index, con
     TESSERA_CHECK_LAUNCH();
   });
 }
+
+}  // namespace detail
 
 }  // namespace tessera::moe
