@@ -635,6 +635,16 @@ void gemm_w8a8(const at::Tensor& a_codes, const at::Tensor& a_scale, const std::
 
 namespace tm = tessera::moe;
 
+// The op on a plan: views of the tensors, the workspace (allocated here when not given), the launches on stream s of
+// the current device.
+void run_moe_layer(const tm::MoeLayerPlan& plan, const at::Tensor& x, const at::Tensor& router_logits,
+                   const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                   const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                   const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                   const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                   const at::Tensor& y, const std::optional<at::Tensor>& workspace, c10::Device device,
+                   cudaStream_t s);
+
 void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::optional<at::Tensor>& correction_bias,
                const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& num_tokens,
                const at::Tensor& w13, const at::Tensor& w2, const std::optional<at::Tensor>& w13_scale,
@@ -650,7 +660,21 @@ void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::
       routed_scaling_factor, num_shared_experts, shared_expert_weight, format);
   const c10::Device device = device_of(x, op, "x");
   run_on(device, [&](cudaStream_t s) {
-    const tm::MoeLayerPlan plan = tm::moe_layer_plan(config, max_tokens);
+    run_moe_layer(tm::moe_layer_plan(config, max_tokens), x, router_logits, correction_bias, residual, num_tokens,
+                  w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, y, workspace, device, s);
+  });
+}
+
+void run_moe_layer(const tm::MoeLayerPlan& plan, const at::Tensor& x, const at::Tensor& router_logits,
+                   const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                   const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                   const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                   const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                   const at::Tensor& y, const std::optional<at::Tensor>& workspace, c10::Device device,
+                   cudaStream_t s) {
+  constexpr const char* op = "tessera.moe_layer";
+  const tm::MoeLayerConfig& config = plan.config;
+  {
     tm::MoeLayerInputs in;
     in.x = view_of(x, op, "x");
     in.router_logits = view_of(router_logits, op, "router_logits");
@@ -668,7 +692,7 @@ void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::
     const TensorView yv = view_of(y, op, "y");
     const auto ws = workspace_or_new(workspace, plan.workspace_bytes, device);
     tm::moe_layer(plan, in, w, yv, workspace_of(ws, op), s);
-  });
+  }
 }
 
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
@@ -1276,48 +1300,37 @@ at::Tensor conv2d_eager(const at::Tensor& x, const at::Tensor& codes, const at::
   return y_nhwc ? y_store.permute({0, 3, 1, 2}) : y_store;
 }
 
-void moe_layer_dispatch(const at::Tensor& x, const at::Tensor& router_logits,
-                        const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
-                        const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
-                        const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
-                        const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
-                        const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t hidden,
-                        int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
-                        int64_t topk_groups, std::string_view scoring, std::string_view group_score, bool renormalize,
-                        double routed_scaling_factor, int64_t num_shared_experts, double shared_expert_weight,
-                        std::string_view format, int64_t max_tokens);
+// moe_layer's constants, checked and planned once (tessera.moe_layer.MoeLayerPlan builds one per plan, the first
+// time its eager path runs), so that an eager call converts one argument instead of fourteen and plans nothing. The
+// constants are kept as given for the dispatcher's schema (a call it has to take: fake or meta tensors, a dispatch
+// mode). Immutable once built.
+struct MoeLayerEagerPlan {
+  int64_t hidden, intermediate, num_experts, topk, num_groups, topk_groups;
+  std::string scoring, group_score;
+  bool renormalize;
+  double routed_scaling_factor;
+  int64_t num_shared_experts;
+  double shared_expert_weight;
+  std::string format;
+  int64_t max_tokens;
+  tm::MoeLayerPlan plan;
 
-// tessera.moe_layer.moe_layer's eager call in one crossing: y [T, H] bf16 is allocated on x's device and current
-// stream unless out= (that shape) is given, then the op, which allocates the workspace when none is given. The torch
-// layer has checked the plan and the weights' container; the names, x's rank and out's shape are checked here with
-// its messages, before anything is allocated. Returns y.
-at::Tensor moe_layer_eager(const at::Tensor& x, const at::Tensor& router_logits,
-                           const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
-                           const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
-                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
-                           const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
-                           const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
-                           int64_t hidden, int64_t intermediate, int64_t num_experts, int64_t topk, int64_t num_groups,
-                           int64_t topk_groups, std::string_view scoring, std::string_view group_score,
-                           bool renormalize, double routed_scaling_factor, int64_t num_shared_experts,
-                           double shared_expert_weight, std::string_view format, int64_t max_tokens) {
-  constexpr const char* op = "tessera.moe_layer";
-  no_symbolic_sizes({&x});
-  (void)tessera::python::moe_layer_config(op, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring,
-                                          group_score, renormalize, routed_scaling_factor, num_shared_experts,
-                                          shared_expert_weight, format);
-  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
-  rank_is(x, 2, "[T, H]", op, "x");
-  const std::vector<int64_t> sizes = {x.size(0), x.size(1)};
-  if (out.has_value() && !out->sizes().equals(sizes))
-    fail(op, "out", "must be [T, H] = " + sizes_str(sizes) + " (x's shape), got shape " + sizes_str(out->sizes()));
-  const at::Tensor y = out.has_value() ? *out : at::empty(sizes, x.options().dtype(at::kBFloat16));
-  moe_layer_dispatch(x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale, a13_scale,
-                     a2_scale, y, workspace, hidden, intermediate, num_experts, topk, num_groups, topk_groups, scoring,
-                     group_score, renormalize, routed_scaling_factor, num_shared_experts, shared_expert_weight, format,
-                     max_tokens);
-  return y;
-}
+  MoeLayerEagerPlan(int64_t hidden_, int64_t intermediate_, int64_t num_experts_, int64_t topk_, int64_t num_groups_,
+                    int64_t topk_groups_, std::string scoring_, std::string group_score_, bool renormalize_,
+                    double routed_scaling_factor_, int64_t num_shared_experts_, double shared_expert_weight_,
+                    std::string format_, int64_t max_tokens_)
+      : hidden(hidden_), intermediate(intermediate_), num_experts(num_experts_), topk(topk_), num_groups(num_groups_),
+        topk_groups(topk_groups_), scoring(std::move(scoring_)), group_score(std::move(group_score_)),
+        renormalize(renormalize_), routed_scaling_factor(routed_scaling_factor_),
+        num_shared_experts(num_shared_experts_), shared_expert_weight(shared_expert_weight_),
+        format(std::move(format_)), max_tokens(max_tokens_),
+        plan(tm::moe_layer_plan(tessera::python::moe_layer_config("tessera.moe_layer", hidden, intermediate,
+                                                                  num_experts, topk, num_groups, topk_groups, scoring,
+                                                                  group_score, renormalize, routed_scaling_factor,
+                                                                  num_shared_experts, shared_expert_weight, format),
+                                max_tokens)) {}
+};
+
 
 // ---- the two entry points of every op -------------------------------------------------------------------------
 // Entry<op>::dispatcher is the kernel registered with PyTorch's dispatcher (what torch.compile and
@@ -1502,6 +1515,42 @@ void moe_layer_dispatch(const at::Tensor& x, const at::Tensor& router_logits,
                             shared_expert_weight, format, max_tokens);
 }
 
+// tessera.moe_layer's eager call in one crossing: x checked, y [T, H] bf16 allocated on x's device and current stream
+// unless out= is given, then the op on the prebuilt plan (or, for the tensors and modes only the dispatcher can
+// take, torch.ops.tessera.moe_layer with the plan's constants). Returns y.
+at::Tensor moe_layer_eager(const MoeLayerEagerPlan& p, const at::Tensor& x, const at::Tensor& router_logits,
+                           const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
+                           const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
+                           const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
+                           const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
+                           const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace) {
+  constexpr const char* op = "tessera.moe_layer";
+  no_symbolic_sizes({&x});
+  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  rank_is(x, 2, "[T, H]", op, "x");
+  const int64_t sizes[2] = {x.size(0), x.size(1)};
+  if (out.has_value() && !out->sizes().equals(sizes))
+    fail(op, "out", "must be [T, H] = " + sizes_str(sizes) + " (x's shape), got shape " + sizes_str(out->sizes()));
+  const at::Tensor y = out.has_value() ? *out : at::empty(sizes, x.options().dtype(at::kBFloat16));
+  using E = Entry<&moe_layer>;
+  const auto dispatcher_call = [&](auto&& call) {
+    return call(x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale, a13_scale,
+                a2_scale, y, workspace, p.hidden, p.intermediate, p.num_experts, p.topk, p.num_groups, p.topk_groups,
+                p.scoring, p.group_score, p.renormalize, p.routed_scaling_factor, p.num_shared_experts,
+                p.shared_expert_weight, p.format, p.max_tokens);
+  };
+  if (dispatcher_call([](const auto&... a) { return E::through_dispatcher(a...); })) {
+    dispatcher_call([](const auto&... a) { E::call_dispatcher(a...); });
+    return y;
+  }
+  const c10::Device device = device_of(x, op, "x");
+  run_on(device, [&](cudaStream_t s) {
+    run_moe_layer(p.plan, x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale,
+                  a13_scale, a2_scale, y, workspace, device, s);
+  });
+  return y;
+}
+
 }  // namespace
 
 // The schemas are defined by python/tessera/_torch_ops.py (torch.library); an implementation registered before
@@ -1548,5 +1597,8 @@ PYBIND11_MODULE(_torch_C, m) {
   // Its Int8Blocks arguments are read under the GIL, which it then releases itself (int8_blocks_arg).
   m.def("gemm_w8a8_eager", &gemm_w8a8_eager);
   m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  pybind11::class_<MoeLayerEagerPlan>(m, "MoeLayerEagerPlan")
+      .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::string, std::string, bool, double,
+                          int64_t, double, std::string, int64_t>());
   m.def("moe_layer_eager", &moe_layer_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -47,7 +47,7 @@ import collections.abc
 import dataclasses
 import functools
 
-from . import _C
+from . import _C, _dlpack
 from ._dlpack import (E4M3, FALLBACK, FP8_DTYPES, as_optional_tensor, as_tensor, cuda_device, cuda_device_of, fast_entry,
                       launch, stream_arg, torch_module, torch_ops)
 from .moe import GROUP_SCORES, SCORINGS, _choice, _int, _rank
@@ -117,16 +117,22 @@ class MoeLayerPlan:
     workspace_bytes: int
 
     @functools.cached_property
-    def _eager_constants(self):
-        """The constants of moe_layer's eager entry (the config's fields in its order, then max_tokens), read once
-        per plan (both classes are frozen); None where config is not a MoeLayerConfig (the checked path names it).
-        The C++ entry checks their values on every call."""
+    def _eager_plan(self):
+        """moe_layer's eager plan (tessera._torch_C.MoeLayerEagerPlan: the config's fields and max_tokens, checked and
+        planned in C++), built the first time the eager path runs and kept (both classes are frozen); None where
+        config is not a MoeLayerConfig, C++ refuses a field (the checked path then names it) or the operators are
+        not built."""
         c = self.config
-        if type(c) is not MoeLayerConfig:
+        torch_module()  # loads the operators, if built
+        if type(c) is not MoeLayerConfig or _dlpack._eager is None:
             return None
-        return (c.hidden, c.intermediate, c.num_experts, c.topk, c.num_groups, c.topk_groups, c.scoring,
+        try:
+            return _dlpack._eager.MoeLayerEagerPlan(
+                c.hidden, c.intermediate, c.num_experts, c.topk, c.num_groups, c.topk_groups, c.scoring,
                 c.group_score, c.renormalize, c.routed_scaling_factor, c.num_shared_experts, c.shared_expert_weight,
                 c.format, self.max_tokens)
+        except (TypeError, ValueError, OverflowError):
+            return None
 
 
 @dataclasses.dataclass(eq=False)
@@ -710,15 +716,15 @@ def moe_layer(x, router_logits, weights, plan, *, correction_bias=None, residual
     """
     entry = fast_entry(stream)  # first: under torch.compile it is None, and Dynamo never sees the cached property
     if entry is not None and type(plan) is MoeLayerPlan and type(weights) is MoeLayerWeights:
-        constants = plan._eager_constants
-        if constants is not None:
-            # The eager fast path (_dlpack.fast_entry): one crossing into C++, which checks the constants, x and
-            # out, allocates y and launches.
+        eager_plan = plan._eager_plan
+        if eager_plan is not None:
+            # The eager fast path (_dlpack.fast_entry): one crossing into C++, which checks x and out, allocates y
+            # and launches on the plan built once (its constants checked then).
             w = weights
             try:
-                return entry.moe_layer_eager(x, router_logits, correction_bias, residual, num_tokens, w.w13, w.w2,
-                                             w.w13_scale, w.w2_scale, w.a13_scale, w.a2_scale, out, workspace,
-                                             *constants)
+                return entry.moe_layer_eager(eager_plan, x, router_logits, correction_bias, residual, num_tokens,
+                                             w.w13, w.w2, w.w13_scale, w.w2_scale, w.a13_scale, w.a2_scale, out,
+                                             workspace)
             except TypeError as e:
                 if FALLBACK not in str(e):
                     raise

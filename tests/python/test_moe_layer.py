@@ -695,6 +695,36 @@ def test_cuda_kernel_and_direct_entry_are_registered():
     assert hasattr(tessera._torch_C, "moe_layer") and hasattr(tessera._torch_C, "moe_layer_eager")
 
 
+@needs_torch
+def test_eager_plan_is_built_once_per_plan_and_absent_where_cpp_refuses_the_config():
+    """The eager path's C++ plan (constants checked and planned once): one object per plan, reused by every call;
+    None for a config C++ refuses, so that the checked path names the argument."""
+    _needs_kernels()
+    plan, _ = _meta_layer("fp8_blockwise")
+    ep = plan._eager_plan
+    assert isinstance(ep, tessera._torch_C.MoeLayerEagerPlan) and plan._eager_plan is ep
+    for field, value in (("hidden", 100), ("topk", 0), ("format", "int8")):
+        bad = dataclasses.replace(plan, config=dataclasses.replace(plan.config, **{field: value}))
+        assert bad._eager_plan is None, field
+
+
+@needs_torch
+def test_eager_calls_take_the_cpp_entry_not_the_checked_path(monkeypatch):
+    """A valid call goes through moe_layer_eager (here routing meta tensors to the operator) and never falls back to
+    the checked path (a fallback would hide a broken entry: the results are the same)."""
+    _needs_kernels()
+
+    def checked(*args, **kwargs):
+        raise AssertionError("the checked path ran")
+
+    monkeypatch.setattr(ml, "_moe_layer_checked", checked)
+    plan, w = _meta_layer("fp8_blockwise")
+    x = torch.empty((5, 256), dtype=torch.bfloat16, device="meta")
+    with _operator_args_mode() as mode:
+        y = ml.moe_layer(x, torch.empty((5, 16), device="meta"), w, plan)
+    assert y.shape == (5, 256) and len(mode.calls) == 1
+
+
 @pytest.fixture(params=["eager", "checked"])
 def way(request, monkeypatch):
     """Each meta-tensor test runs through both ways into the operator: the C++ eager entry (tessera._torch_C
