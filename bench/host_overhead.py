@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Host time per eager call of each tessera op from Python (what the CPU spends before the GPU sees the work).
 
-    PYTHONPATH=build/python python3 bench/host_overhead.py [--calls 200] [--reps 9] [--json PATH]
+    PYTHONPATH=build/python python3 bench/host_overhead.py [--calls 200] [--reps 7] [--json PATH]
 
 Method: the stream is first held busy by torch.cuda._sleep (longer than the timed loop), then `calls` calls are
 issued back to back and timed with the host clock; no call waits for the GPU, so the time per call is the host
@@ -9,9 +9,8 @@ cost alone (argument checks, allocation of outputs, the operator dispatch and th
 `reps` rounds. An op of n launches runs at most 480 / n calls a round: the driver queues ~1,000 pending launches,
 and a launch past that waits for the sleeping GPU (a 200-call round of the MoE layer's 8 launches read 261 us a
 call that way). "above" = the call minus n bare launches, timed in a round just before each of the op's rounds
-(median of the per-round differences); "best" = the fastest round of the call, and "above" it the fastest round's
-excess over n bare launches of the fastest bare round (the call's own cost, without the noise of a shared host).
-Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
+(median of the per-round differences); "paired" = the median over every call of that call's time minus the n bare
+launches issued right after it (each timed alone: a host that drifts between rounds moves both alike). Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
 (out=, workspace=: nothing allocated) and, where it can allocate, without. For reference the same decode call
 through the DLPack entry point (tessera.dlpack, one capsule per tensor) and a bare torch op (torch.add with out=)
 are measured in the same run.
@@ -49,26 +48,46 @@ def _bare_launch():
     torch.cuda._sleep(1)
 
 
+def _paired_round(fn, launches, calls):
+    """One round of pairs: the stream held busy, then `calls` times: one call of fn timed alone, then `launches` bare
+    launches timed together; the differences (us), one per pair. Neighbouring pairs share the host's state, so a
+    drift between rounds or passes moves both sides of each difference alike."""
+    _busy(0.05)
+    clock = time.perf_counter_ns
+    diffs = []
+    for _ in range(calls):
+        t0 = clock()
+        fn()
+        t1 = clock()
+        for _ in range(launches):
+            _bare_launch()
+        t2 = clock()
+        diffs.append(((t1 - t0) - (t2 - t1)) / 1e3)
+    torch.cuda.synchronize()
+    return diffs
+
+
 def host_us(fn, calls, reps, launches=None):
-    """(median us per call, median us above its launches or None, best us per call, best us above its launches or
-    None). With `launches`, each round of fn follows a round of as many bare launches (calls x launches), and "above"
-    is the median over the rounds of fn's time minus `launches` bare launches of the round just before: a drift of the
-    host between rounds (seen: a bare launch 3.9-5.2 us from one pass to the next) then moves both sides of the
-    difference alike. "best" takes the fastest round of each instead (fn's, and the bare launches'): the call's own
-    cost on a quiet host, which the median figures exceed by whatever the machine's neighbours took in those rounds
-    (the same row moved by 2-4 us between passes of one call on the H200 machines here)."""
+    """(median us per call, median us above its launches or None, paired us above its launches or None). With
+    `launches`, each round of fn follows a round of as many bare launches (calls x launches), and "above" is the median
+    over the rounds of fn's time minus `launches` bare launches of the round just before. "paired" is the median over
+    every call of `reps` rounds of pairs (_paired_round: each call against the bare launches right after it): the
+    rounds' figures moved by 2-4 us between passes of one call on the H200 machines here (a host shared with others),
+    far more than the differences they were meant to show; a pair spans microseconds, not milliseconds."""
     for _ in range(10):
         fn()
     torch.cuda.synchronize()
-    samples, above, bare_rounds = [], [], []
+    samples, above, pairs = [], [], []
     for _ in range(reps):
         if launches:  # at most 480 launches a round, as for the ops (the driver's queue, see the top)
-            bare_rounds.append(_round_us(_bare_launch, min(calls * launches, 480)))
+            bare = _round_us(_bare_launch, min(calls * launches, 480)) * launches
         samples.append(_round_us(fn, calls))
         if launches:
-            above.append(samples[-1] - bare_rounds[-1] * launches)
-    best_above = min(samples) - min(bare_rounds) * launches if launches else None
-    return statistics.median(samples), (statistics.median(above) if launches else None), min(samples), best_above
+            above.append(samples[-1] - bare)
+            pairs += _paired_round(fn, launches, max(10, min(calls, 480 // (2 * launches))))
+    if not launches:
+        return statistics.median(samples), None, None
+    return statistics.median(samples), statistics.median(above), statistics.median(pairs)
 
 
 def cases():
@@ -251,7 +270,7 @@ def later_ops():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=200)
-    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     rows = []
@@ -261,22 +280,22 @@ def main(argv=None):
     for name, outputs, fn, launches in cases() + later:
         calls = args.calls if not launches else max(20, min(args.calls, 480 // launches))
         bare_row = name.startswith("torch.cuda._sleep")
-        us, above, best, best_above = host_us(fn, calls, args.reps, None if bare_row else launches)
+        us, above, paired = host_us(fn, calls, args.reps, None if bare_row else launches)
         rows.append(dict(op=name, outputs=outputs, host_us=round(us, 2), launches=launches, calls=calls,
-                         above_launches_us=None if above is None else round(above, 2), best_us=round(best, 2),
-                         best_above_launches_us=None if best_above is None else round(best_above, 2)))
+                         above_launches_us=None if above is None else round(above, 2),
+                         paired_above_launches_us=None if paired is None else round(paired, 2)))
     gpu = torch.cuda.get_device_name()
     print(f"host time per eager call ({gpu}, torch {torch.__version__}, median of {args.reps} rounds of up to "
           f"{args.calls} calls, at most 480 launches a round; above = the call minus its launches as bare launches "
-          f"timed in the round before each of its rounds; best = the fastest round of the call, and above it the "
-          f"fastest round of bare launches)")
-    print(f"{'op':<44} {'outputs':<11} {'host us':>8} {'launches':>8} {'above':>7} {'best':>7} {'above':>7}")
+          f"timed in the round before each of its rounds; paired = the median over every call of the call minus the "
+          f"bare launches issued right after it)")
+    print(f"{'op':<44} {'outputs':<11} {'host us':>8} {'launches':>8} {'above':>7} {'paired':>7}")
     for r in rows:
         def cell(v):
             return "" if v is None else f"{v:.2f}"
         launches = "" if not r["launches"] else str(r["launches"])
         print(f"{r['op']:<44} {r['outputs']:<11} {r['host_us']:>8.2f} {launches:>8} {cell(r['above_launches_us']):>7} "
-              f"{r['best_us']:>7.2f} {cell(r['best_above_launches_us']):>7}")
+              f"{cell(r['paired_above_launches_us']):>7}")
     for f in failed:
         print(f"not measured (setup failed): {f}")
     if args.json:
