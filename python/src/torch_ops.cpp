@@ -1192,7 +1192,7 @@ at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const
   if (!needs_dispatcher(a.codes)) (void)device_of(a.codes, op, "a.codes");
   rank_is(a.codes, 2, "[M, K]", op, "a.codes");
   rank_is(w.codes, 2, "[N, K]", op, "w.codes");
-  const std::vector<int64_t> sizes = {a.codes.size(0), w.codes.size(0)};
+  const int64_t sizes[2] = {a.codes.size(0), w.codes.size(0)};
   at::Tensor y;
   if (out.has_value()) {
     if (!out->sizes().equals(sizes))
