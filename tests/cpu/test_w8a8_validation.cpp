@@ -814,7 +814,11 @@ TEST(W8A8Validation, GemmWorkspaceTooSmall) {
   expect_error([&] { run(Workspace{}); }, kGemm, "workspace", {"must hold " + std::to_string(need)});
   expect_error([&] { run(Workspace{ws.data(), need - 1}); }, kGemm, "workspace", {"got " + std::to_string(need - 1)});
   expect_error([&] { run(Workspace{ws.data() + 8, need}); }, kGemm, "workspace", {"16-byte aligned"});
-  EXPECT_TRUE(y.untouched() && ws.untouched()) << "a buffer was written";
+  // The split partials are written there while everything else is read or written: no shared memory with any of it.
+  expect_error([&] { run(Workspace{w_codes.data(), need}); }, kGemm, "workspace", {"must not overlap 'w.codes'"});
+  expect_error([&] { run(Workspace{params.data() + 1024, need}); }, kGemm, "workspace", {"must not overlap 'w.scale'"});
+  expect_error([&] { run(Workspace{y.data(), need}); }, kGemm, "workspace", {"must not overlap 'y'"});
+  EXPECT_TRUE(y.untouched() && ws.untouched() && w_codes.untouched() && params.untouched()) << "a buffer was written";
 }
 
 }  // namespace gemm_validation
