@@ -938,21 +938,12 @@ void moe_layer(const py::object& x, const py::object& router_logits, const py::o
   const tm::MoeLayerPlan plan = moe_layer_plan_of(op, hidden, intermediate, num_experts, topk, num_groups, topk_groups,
                                                   scoring, group_score, renormalize, routed_scaling_factor,
                                                   num_shared_experts, shared_expert_weight, format, max_tokens);
-  const bool fp8 = plan.config.format != tm::WeightFormat::kBF16;
   tm::MoeLayerInputs in;
-  in.x = view_of(x, op, "x");
-  in.router_logits = view_of(router_logits, op, "router_logits");
-  in.correction_bias = optional_view_of(correction_bias, op, "correction_bias");
-  in.residual = optional_view_of(residual, op, "residual");
-  in.num_tokens = optional_view_of(num_tokens, op, "num_tokens");
   tm::MoeLayerWeights w;
   // fp8 weights arrive as uint8 views (see the note at the top of this file).
-  w.w13 = fp8 ? fp8_view_of(w13, op, "w13") : view_of(w13, op, "w13");
-  w.w2 = fp8 ? fp8_view_of(w2, op, "w2") : view_of(w2, op, "w2");
-  w.w13_scale = optional_view_of(w13_scale, op, "w13_scale");
-  w.w2_scale = optional_view_of(w2_scale, op, "w2_scale");
-  w.a13_scale = optional_view_of(a13_scale, op, "a13_scale");
-  w.a2_scale = optional_view_of(a2_scale, op, "a2_scale");
+  tessera::python::moe_layer_views(op, plan.config.format, x, router_logits, correction_bias, residual, num_tokens,
+                                   w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, view_of, optional_view_of,
+                                   fp8_view_of, in, w);
   const TensorView y_v = view_of(y, op, "y");
   const tessera::Workspace ws = workspace_of(workspace, op);
 

@@ -205,6 +205,29 @@ linear::Int8BlockTensor int8_blocks_of(const char* op, const std::string& prefix
   return t;
 }
 
+// The MoE layer's tensors as the op takes them, through each module's converters (as int8_blocks_of):
+// view_of, optional_view_of, and fp8_view_of for the fp8 formats' weights (float8_e4m3fn or their uint8 bytes).
+template <typename T, typename OptionalT, typename ViewOf, typename OptionalViewOf, typename Fp8ViewOf>
+void moe_layer_views(const char* op, moe::WeightFormat format, const T& x, const T& router_logits,
+                     const OptionalT& correction_bias, const OptionalT& residual, const OptionalT& num_tokens,
+                     const T& w13, const T& w2, const OptionalT& w13_scale, const OptionalT& w2_scale,
+                     const OptionalT& a13_scale, const OptionalT& a2_scale, ViewOf view_of,
+                     OptionalViewOf optional_view_of, Fp8ViewOf fp8_view_of, moe::MoeLayerInputs& in,
+                     moe::MoeLayerWeights& w) {
+  in.x = view_of(x, op, "x");
+  in.router_logits = view_of(router_logits, op, "router_logits");
+  in.correction_bias = optional_view_of(correction_bias, op, "correction_bias");
+  in.residual = optional_view_of(residual, op, "residual");
+  in.num_tokens = optional_view_of(num_tokens, op, "num_tokens");
+  const bool fp8 = format != moe::WeightFormat::kBF16;
+  w.w13 = fp8 ? fp8_view_of(w13, op, "w13") : view_of(w13, op, "w13");
+  w.w2 = fp8 ? fp8_view_of(w2, op, "w2") : view_of(w2, op, "w2");
+  w.w13_scale = optional_view_of(w13_scale, op, "w13_scale");
+  w.w2_scale = optional_view_of(w2_scale, op, "w2_scale");
+  w.a13_scale = optional_view_of(a13_scale, op, "a13_scale");
+  w.a2_scale = optional_view_of(a2_scale, op, "a2_scale");
+}
+
 // The exception translator of both modules: tessera::CudaError (CUDA or device failure) -> RuntimeError, any other
 // tessera::Error (an argument error) -> ValueError, with tessera's message. Include after pybind11.
 inline void translate_errors(std::exception_ptr p) {

@@ -643,7 +643,17 @@ void run_moe_layer(const tm::MoeLayerPlan& plan, const at::Tensor& x, const at::
                    const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
                    const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
                    const at::Tensor& y, const std::optional<at::Tensor>& workspace, c10::Device device,
-                   cudaStream_t s);
+                   cudaStream_t s) {
+  constexpr const char* op = "tessera.moe_layer";
+  tm::MoeLayerInputs in;
+  tm::MoeLayerWeights w;
+  tessera::python::moe_layer_views(op, plan.config.format, x, router_logits, correction_bias, residual, num_tokens,
+                                   w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, view_of, optional_view_of,
+                                   fp8_view_of, in, w);
+  const TensorView yv = view_of(y, op, "y");
+  const auto ws = workspace_or_new(workspace, plan.workspace_bytes, device);
+  tm::moe_layer(plan, in, w, yv, workspace_of(ws, op), s);
+}
 
 void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::optional<at::Tensor>& correction_bias,
                const std::optional<at::Tensor>& residual, const std::optional<at::Tensor>& num_tokens,
@@ -663,36 +673,6 @@ void moe_layer(const at::Tensor& x, const at::Tensor& router_logits, const std::
     run_moe_layer(tm::moe_layer_plan(config, max_tokens), x, router_logits, correction_bias, residual, num_tokens,
                   w13, w2, w13_scale, w2_scale, a13_scale, a2_scale, y, workspace, device, s);
   });
-}
-
-void run_moe_layer(const tm::MoeLayerPlan& plan, const at::Tensor& x, const at::Tensor& router_logits,
-                   const std::optional<at::Tensor>& correction_bias, const std::optional<at::Tensor>& residual,
-                   const std::optional<at::Tensor>& num_tokens, const at::Tensor& w13, const at::Tensor& w2,
-                   const std::optional<at::Tensor>& w13_scale, const std::optional<at::Tensor>& w2_scale,
-                   const std::optional<at::Tensor>& a13_scale, const std::optional<at::Tensor>& a2_scale,
-                   const at::Tensor& y, const std::optional<at::Tensor>& workspace, c10::Device device,
-                   cudaStream_t s) {
-  constexpr const char* op = "tessera.moe_layer";
-  const tm::MoeLayerConfig& config = plan.config;
-  {
-    tm::MoeLayerInputs in;
-    in.x = view_of(x, op, "x");
-    in.router_logits = view_of(router_logits, op, "router_logits");
-    in.correction_bias = optional_view_of(correction_bias, op, "correction_bias");
-    in.residual = optional_view_of(residual, op, "residual");
-    in.num_tokens = optional_view_of(num_tokens, op, "num_tokens");
-    const bool fp8 = config.format != tm::WeightFormat::kBF16;
-    tm::MoeLayerWeights w;
-    w.w13 = fp8 ? fp8_view_of(w13, op, "w13") : view_of(w13, op, "w13");
-    w.w2 = fp8 ? fp8_view_of(w2, op, "w2") : view_of(w2, op, "w2");
-    w.w13_scale = optional_view_of(w13_scale, op, "w13_scale");
-    w.w2_scale = optional_view_of(w2_scale, op, "w2_scale");
-    w.a13_scale = optional_view_of(a13_scale, op, "a13_scale");
-    w.a2_scale = optional_view_of(a2_scale, op, "a2_scale");
-    const TensorView yv = view_of(y, op, "y");
-    const auto ws = workspace_or_new(workspace, plan.workspace_bytes, device);
-    tm::moe_layer(plan, in, w, yv, workspace_of(ws, op), s);
-  }
 }
 
 // A tensor the direct entry cannot launch on, but the dispatcher can route: a fake, meta or subclass tensor (the
