@@ -28,6 +28,8 @@ OpCallScope::~OpCallScope() {
   if (--s.depth == 0) s.device = -1;
 }
 
+int remembered_call_device() { return call_state.device; }
+
 int current_device() {
   CallState& s = call_state;
   if (s.device >= 0) return s.device;

@@ -17,6 +17,9 @@ struct DeviceInfo {
 // device properties, the occupancy cache, and again in each step of the MoE layer).
 int current_device();
 
+// The device this thread's open op call has remembered, or -1 (not asked yet, or no call open). For tests.
+int remembered_call_device();
+
 // Opens (or nests into) this thread's op call; the outermost scope's end forgets the device.
 class OpCallScope {
  public:

@@ -55,5 +55,48 @@ TEST(Errors, RequireHopperNamesTheOpAndTheDevice) {
   }
 }
 
+// The current device is asked once per op call (OpCallScope, opened by every ArgCheck) and forgotten when the
+// outermost scope ends, also when it ends by an exception; outside a call nothing is remembered. Without a GPU the
+// question fails each time as a CudaError and no answer is kept.
+TEST(Errors, OpCallScopeRemembersTheDeviceForOneCallOnly) {
+  using detail::current_device;
+  using detail::OpCallScope;
+  using detail::remembered_call_device;
+  int devices = 0;
+  const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  (void)cudaGetLastError();
+  ASSERT_EQ(remembered_call_device(), -1);
+  if (!gpu) {
+    OpCallScope call;
+    EXPECT_THROW(current_device(), CudaError);
+    EXPECT_EQ(remembered_call_device(), -1);
+    EXPECT_THROW(current_device(), CudaError);
+    return;
+  }
+  int expected = -1;
+  ASSERT_EQ(cudaGetDevice(&expected), cudaSuccess);
+  EXPECT_EQ(current_device(), expected);
+  EXPECT_EQ(remembered_call_device(), -1) << "remembered outside any call";
+  {
+    OpCallScope outer;
+    EXPECT_EQ(remembered_call_device(), -1);
+    EXPECT_EQ(current_device(), expected);
+    EXPECT_EQ(remembered_call_device(), expected);
+    {
+      OpCallScope nested;  // a step of a layer op: same call, same answer
+      EXPECT_EQ(remembered_call_device(), expected);
+    }
+    EXPECT_EQ(remembered_call_device(), expected) << "a nested scope's end forgot the outer call's device";
+  }
+  EXPECT_EQ(remembered_call_device(), -1) << "kept past the call";
+  try {
+    OpCallScope call;
+    (void)current_device();
+    throw Error("an argument error");
+  } catch (const Error&) {
+  }
+  EXPECT_EQ(remembered_call_device(), -1) << "kept past a call that ended by an exception";
+}
+
 }  // namespace
 }  // namespace tessera
