@@ -10,10 +10,10 @@ cost alone (argument checks, allocation of outputs, the operator dispatch and th
 and a launch past that waits for the sleeping GPU (a 200-call round of the MoE layer's 8 launches read 261 us a
 call that way). "above" = the call minus n bare launches, timed in a round just before each of the op's rounds
 (median of the per-round differences); "paired" = the median over every call of that call's time minus the n bare
-launches issued right after it (each timed alone: a host that drifts between rounds moves both alike). Shapes are small (the cost does not depend on them). Each op is measured with its outputs given
-(out=, workspace=: nothing allocated) and, where it can allocate, without. For reference the same decode call
-through the DLPack entry point (tessera.dlpack, one capsule per tensor) and a bare torch op (torch.add with out=)
-are measured in the same run.
+launches issued right after it (each timed alone: a host that drifts between rounds moves both alike). Shapes are
+small (the cost does not depend on them). Each op is measured with its outputs given (out=, workspace=: nothing
+allocated) and, where it can allocate, without. For reference the same decode call through the DLPack entry point
+(tessera.dlpack, one capsule per tensor) and a bare torch op (torch.add with out=) are measured in the same run.
 """
 
 import argparse
@@ -84,7 +84,7 @@ def host_us(fn, calls, reps, launches=None):
         samples.append(_round_us(fn, calls))
         if launches:
             above.append(samples[-1] - bare)
-            pairs += _paired_round(fn, launches, max(10, min(calls, 480 // (2 * launches))))
+            pairs += _paired_round(fn, launches, max(1, min(calls, 480 // (2 * launches))))
     if not launches:
         return statistics.median(samples), None, None
     return statistics.median(samples), statistics.median(above), statistics.median(pairs)

@@ -123,8 +123,7 @@ class MoeLayerPlan:
         config is not a MoeLayerConfig, C++ refuses a field (the checked path then names it) or the operators are
         not built."""
         c = self.config
-        torch_module()  # loads the operators, if built
-        if type(c) is not MoeLayerConfig or _dlpack._eager is None:
+        if type(c) is not MoeLayerConfig or _dlpack._eager is None:  # _eager: bound when tessera was imported
             return None
         try:
             return _dlpack._eager.MoeLayerEagerPlan(
@@ -133,6 +132,15 @@ class MoeLayerPlan:
                 c.format, self.max_tokens)
         except (TypeError, ValueError, OverflowError):
             return None
+
+    def __getstate__(self):
+        # Copies and pickles carry the fields only: the eager plan is a C++ object (not picklable), rebuilt on use.
+        state = dict(self.__dict__)
+        state.pop("_eager_plan", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
 
 
 @dataclasses.dataclass(eq=False)

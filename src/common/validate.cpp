@@ -112,6 +112,7 @@ void ArgCheck::no_self_overlap(const TensorView& t, const char* arg) const {
 }
 
 void ArgCheck::workspace(const Workspace& ws, std::size_t need, const char* sizing) const {
+  if (workspace_fits(ws, need)) return;
   if (ws.data == nullptr || ws.bytes < need)
     fail("workspace", "must hold " + std::to_string(need) + " bytes" + sizing + ", got " + std::to_string(ws.bytes));
   if (reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0) fail("workspace", "must be 16-byte aligned");

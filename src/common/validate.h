@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,10 +45,13 @@ class ArgCheck {
   void workspace(const Workspace& ws, std::size_t need, const char* sizing) const;
   // The same, with the sizing part of the message built by sizing() only when the check fails (no string is built
   // on the launch path).
-  template <typename Sizing>
+  template <typename Sizing, typename = std::enable_if_t<std::is_invocable_v<Sizing&>>>
   void workspace(const Workspace& ws, std::size_t need, Sizing&& sizing) const {
-    if (ws.data == nullptr || ws.bytes < need || reinterpret_cast<std::uintptr_t>(ws.data) % 16 != 0)
-      workspace(ws, need, std::string(sizing()).c_str());
+    if (!workspace_fits(ws, need)) workspace(ws, need, std::string(sizing()).c_str());
+  }
+  // What workspace() accepts: at least `need` bytes, 16-byte aligned.
+  static bool workspace_fits(const Workspace& ws, std::size_t need) {
+    return ws.data != nullptr && ws.bytes >= need && reinterpret_cast<std::uintptr_t>(ws.data) % 16 == 0;
   }
   void same_dtype(const TensorView& a, const char* arg_a, const TensorView& b, const char* arg_b) const;
   // Two tensors must not overlap in memory (outputs vs inputs).

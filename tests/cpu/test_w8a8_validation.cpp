@@ -776,7 +776,9 @@ TEST(W8A8Validation, GemmWorkspaceTooSmall) {
   constexpr int64_t m = 1, n = 256, k = 8192;
   const int device = test::gpu_available() ? test::current_device() : 0;
   constexpr std::size_t kWorkspaceBytes = 64 * 1024;
-  HostBuffer a_codes(k, 1), w_codes(n * k, 2), params(4 * 1024, 3), y(m * n * 2, 0xAB), ws(kWorkspaceBytes, 0xCD);
+  // y's buffer as large as the workspace: a workspace placed at y stays within it.
+  HostBuffer a_codes(k, 1), w_codes(n * k, 2), params(4 * 1024, 3), y(kWorkspaceBytes, 0xAB),
+      ws(kWorkspaceBytes, 0xCD);
   const auto on_device = [device](void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld) {
     TensorView t = view2(data, dtype, rows, cols, ld);
     t.device = device;

@@ -21,8 +21,10 @@ modeled), split at the first GEMM as the C++ tests do (_check_layer): h from tes
 row is an O(1) error.
 """
 
+import copy
 import dataclasses
 import inspect
+import pickle
 
 import pytest
 
@@ -706,6 +708,10 @@ def test_eager_plan_is_built_once_per_plan_and_absent_where_cpp_refuses_the_conf
     for field, value in (("hidden", 100), ("topk", 0), ("format", "int8")):
         bad = dataclasses.replace(plan, config=dataclasses.replace(plan.config, **{field: value}))
         assert bad._eager_plan is None, field
+    # A plan that has run eagerly still copies and pickles (its fields only; the copy builds its own eager plan).
+    for copied in (copy.copy(plan), copy.deepcopy(plan), pickle.loads(pickle.dumps(plan))):
+        assert copied == plan and "_eager_plan" not in copied.__dict__
+        assert isinstance(copied._eager_plan, tessera._torch_C.MoeLayerEagerPlan)
 
 
 @needs_torch

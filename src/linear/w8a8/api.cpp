@@ -88,8 +88,11 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
     check.workspace(workspace, need, [&] { return " for M = " + std::to_string(m) + " (gemm_w8a8_workspace_bytes)"; });
     // The split partials are written there while the inputs are read: it must be device memory apart from them all.
     const TensorView ws = ::tessera::detail::workspace_view(workspace, need, y.device);
-    // Only its own pairs: the others were checked against each other above.
-    for (const w8a8::ArgViews::Entry& e : views) check.no_overlap(*e.view, e.arg.c_str(), ws, "workspace");
+    // Only its own pairs (the others were checked against each other above), in check_disjoint's order: the inputs,
+    // then the outputs.
+    for (const bool outputs : {false, true})
+      for (const w8a8::ArgViews::Entry& e : views)
+        if (e.output == outputs) check.no_overlap(*e.view, e.arg.c_str(), ws, "workspace");
     w8a8::ArgViews ws_only;
     ws_only.add(ws, "workspace", /*output=*/true);
     w8a8::check_on_device(check, ws_only);

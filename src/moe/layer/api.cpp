@@ -21,6 +21,10 @@ namespace {
 using tessera::detail::ArgCheck;
 
 constexpr std::size_t kAlign = 256;
+// The steps launched without their own checks (moe/launch.h) rely on these: the layer's expert and slot limits are
+// within permute's, and unpermute_reduce takes up to 32 slots.
+static_assert(gemm::kGroupedGemmMaxGroups <= detail::kPermuteMaxExperts, "permute must take every expert");
+static_assert(detail::kPermuteMaxTopk <= 32, "unpermute_reduce takes at most 32 slots");
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 void check_config(const ArgCheck& check, const MoeLayerConfig& c, int64_t max_tokens) {
