@@ -48,8 +48,8 @@ void launch_spin(uint64_t ns, cudaStream_t stream) {
 }
 
 namespace {
-// 1,024 bytes of kernel parameters: what a kernel taking eight CUtensorMaps (128 bytes each) passes, as the W8A8 GEMM
-// with zero points and sums does.
+// 1,024 bytes of kernel parameters: eight CUtensorMaps of 128 bytes, the size of the W8A8 GEMM's map argument (it
+// holds room for every plane map whether the operands have zero points and sums or not).
 struct KiloParams {
   unsigned char bytes[1024];
 };

@@ -1506,7 +1506,9 @@ at::Tensor moe_layer_eager(const MoeLayerEagerPlan& p, const at::Tensor& x, cons
                            const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace) {
   constexpr const char* op = "tessera.moe_layer";
   no_symbolic_sizes({&x});
-  if (!needs_dispatcher(x)) (void)device_of(x, op, "x");
+  // x's device, checked before anything is allocated (a tensor only the dispatcher can take is routed there below).
+  const std::optional<c10::Device> device =
+      needs_dispatcher(x) ? std::nullopt : std::optional<c10::Device>(device_of(x, op, "x"));
   rank_is(x, 2, "[T, H]", op, "x");
   const int64_t sizes[2] = {x.size(0), x.size(1)};
   if (out.has_value() && !out->sizes().equals(sizes))
@@ -1523,10 +1525,9 @@ at::Tensor moe_layer_eager(const MoeLayerEagerPlan& p, const at::Tensor& x, cons
     dispatcher_call([](const auto&... a) { E::call_dispatcher(a...); });
     return y;
   }
-  const c10::Device device = device_of(x, op, "x");
-  run_on(device, [&](cudaStream_t s) {
+  run_on(*device, [&](cudaStream_t s) {  // not routed: x needs no dispatcher, so its device was checked above
     run_moe_layer(p.plan, x, router_logits, correction_bias, residual, num_tokens, w13, w2, w13_scale, w2_scale,
-                  a13_scale, a2_scale, y, workspace, device, s);
+                  a13_scale, a2_scale, y, workspace, *device, s);
   });
   return y;
 }

@@ -1,7 +1,8 @@
 // Internal: the launches of fused_gate, permute and unpermute_reduce without their argument checks, for a caller that
 // has established every rule of the op already (the MoE layer checks its own arguments once and builds the rest
-// from its workspace, so the steps' checks would only repeat it on every call). Each public entry is its checks followed by the same call, so both run one code
-// path. The current device must be a Hopper GPU (require_hopper was called).
+// from its workspace, so the steps' checks would only repeat it on every call). Each public entry is its checks
+// followed by the same call, so both run one code path. The current device must be a Hopper GPU (require_hopper was
+// called).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -93,9 +93,7 @@ void gemm_w8a8(const Int8BlockTensor& a, const Int8BlockTensor& w, const TensorV
     for (const bool outputs : {false, true})
       for (const w8a8::ArgViews::Entry& e : views)
         if (e.output == outputs) check.no_overlap(*e.view, e.arg.c_str(), ws, "workspace");
-    w8a8::ArgViews ws_only;
-    ws_only.add(ws, "workspace", /*output=*/true);
-    w8a8::check_on_device(check, ws_only);
+    check.on_current_device(ws, "workspace");
   }
   ::tessera::detail::require_hopper(check.op());
   auto operand = [](const Int8BlockTensor& t) {

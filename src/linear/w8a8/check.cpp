@@ -71,8 +71,9 @@ int64_t check_int8_blocks(const ArgCheck& check, const Int8BlockTensor& t, const
 }
 
 void ArgViews::add(const TensorView& view, std::string arg, bool output) {
-  // A library bug, not a bad call: the capacity covers the ops' largest list (gemm_w8a8's ten views and its workspace).
-  if (size_ == entries_.size()) throw std::logic_error("tessera: ArgViews holds at most 11 views");
+  // A library bug, not a bad call: the capacity covers the ops' largest list (gemm_w8a8's ten views; its workspace
+  // is checked apart).
+  if (size_ == entries_.size()) throw std::logic_error("tessera: ArgViews holds at most 10 views");
   entries_[size_++] = Entry{&view, std::move(arg), output};
 }
 

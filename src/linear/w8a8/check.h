@@ -45,7 +45,7 @@ class ArgViews {
   const Entry* end() const { return entries_.data() + size_; }
 
  private:
-  std::array<Entry, 11> entries_;
+  std::array<Entry, 10> entries_;
   std::size_t size_ = 0;
 };
 
