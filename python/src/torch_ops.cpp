@@ -37,6 +37,7 @@
 #include <string_view>
 #include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "tessera/attention.h"
@@ -50,6 +51,7 @@
 #include "tessera/w8a8.h"
 
 #include "options.h"
+#include "fastcall.h"
 
 namespace {
 
@@ -868,9 +870,16 @@ at::Tensor grouped_gemm_eager(const at::Tensor& x, const at::Tensor& w, const at
   return y;
 }
 
+// What an attention op returns to Python: out, or (out, lse) when return_lse (lse then always holds a tensor).
+using AttentionOut = std::variant<at::Tensor, std::pair<at::Tensor, at::Tensor>>;
+AttentionOut attention_out(const at::Tensor& o, const std::optional<at::Tensor>& m, bool return_lse) {
+  if (return_lse) return std::pair<at::Tensor, at::Tensor>(o, *m);
+  return o;
+}
+
 // tessera.attention_decode's eager call in one crossing: out (shaped like q) and lse ([..., HQ] fp32, when
 // return_lse) are allocated here when not given, on q's device and current stream, as the torch layer's traced path
-// allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Returns (out, lse or None).
+// allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Returns what the op returns (attention_out).
 void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
                                const std::optional<at::Tensor>& block_table, const at::Tensor& cache_seqlens,
@@ -879,7 +888,7 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                double softmax_scale, double softcap, int64_t window, int64_t num_splits,
                                const std::optional<at::Tensor>& k_residual);
 
-std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
+AttentionOut attention_decode_eager(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
     const std::optional<at::Tensor>& k_scale, const std::optional<at::Tensor>& v_scale,
     const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& out,
@@ -909,13 +918,13 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_decode_eager(
   }
   attention_decode_dispatch(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, o, m, workspace,
                             format, softmax_scale.value_or(0.0), softcap, window, num_splits, k_residual);
-  return {o, m};
+  return attention_out(o, m, return_lse);
 }
 
 // tessera.prefill / tessera.prefill_varlen's eager calls in one crossing: out (shaped like q) and lse (q's shape
 // without D, fp32, when return_lse) are allocated here when not given, on q's device and current stream, as the
-// torch layer's traced path allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Return (out, lse
-// or None).
+// torch layer's traced path allocates them with torch.empty. softmax_scale None means 1/sqrt(D). Return what
+// the op returns (attention_out).
 void attention_prefill_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                                 const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
                                 int64_t window, bool causal);
@@ -939,7 +948,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> prefill_outputs(const at::Tenso
   return {o, m};
 }
 
-std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_eager(
+AttentionOut attention_prefill_eager(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& out,
     const std::optional<at::Tensor>& lse, bool return_lse, std::optional<double> softmax_scale, double softcap,
     int64_t window, bool causal) {
@@ -951,10 +960,10 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_eager(
   rank_is(q, 4, "[B, Sq, HQ, D]", op, "q");
   auto [o, m] = prefill_outputs(q, out, lse, return_lse);
   attention_prefill_dispatch(q, k, v, o, m, softmax_scale.value_or(0.0), softcap, window, causal);
-  return {o, m};
+  return attention_out(o, m, return_lse);
 }
 
-std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_varlen_eager(
+AttentionOut attention_prefill_varlen_eager(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
     const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, const std::optional<at::Tensor>& out,
     const std::optional<at::Tensor>& lse, bool return_lse, std::optional<double> softmax_scale, double softcap,
@@ -968,7 +977,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_varlen_eager(
   auto [o, m] = prefill_outputs(q, out, lse, return_lse);
   attention_prefill_varlen_dispatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, o, m,
                                     softmax_scale.value_or(0.0), softcap, window, causal);
-  return {o, m};
+  return attention_out(o, m, return_lse);
 }
 
 void attention_prefill_with_cache_dispatch(const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q,
@@ -983,7 +992,7 @@ void attention_prefill_with_cache_dispatch(const at::Tensor& q, const at::Tensor
 
 // tessera.prefill_with_cache: the torch layer's argument order (the cache's tensors as attention_decode_eager takes
 // them, the rest as attention_prefill_varlen_eager's).
-std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_with_cache_eager(
+AttentionOut attention_prefill_with_cache_eager(
     const at::Tensor& q, const at::Tensor& cu_seqlens_q, int64_t max_seqlen_q, const at::Tensor& k_cache,
     const at::Tensor& v_cache, const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& k_scale,
     const std::optional<at::Tensor>& v_scale, const std::optional<at::Tensor>& block_table,
@@ -1002,7 +1011,7 @@ std::pair<at::Tensor, std::optional<at::Tensor>> attention_prefill_with_cache_ea
   attention_prefill_with_cache_dispatch(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, k_scale, v_scale,
                                         block_table, cache_seqlens, o, m, format, softmax_scale.value_or(0.0),
                                         softcap, window, causal, k_residual);
-  return {o, m};
+  return attention_out(o, m, return_lse);
 }
 
 // tessera.linear's eager call in one crossing: x [..., K] is taken as [M, K] (a view where its strides allow, else a
@@ -1158,8 +1167,10 @@ std::optional<Int8BlocksOut> w8a8_quantize_eager(const at::Tensor& x, int64_t bl
 
 // tessera.gemm_w8a8's eager call in one crossing: a and w as their Int8Blocks tuples (int8_blocks_arg, under the GIL,
 // which is then released for the rest), y [M, N] allocated here (dtype: "bfloat16", "float16", "float32" or "int8",
-// as the torch layer resolved it) unless out= is given, then the op. The torch layer has checked the epilogue, the
-// output kind and the operands' types. Returns y.
+// as the torch layer resolved it) unless out= is given, then the op. y_dtype "" is the torch layer's common case
+// (no epilogue, out_dtype and out_scale None): y of out's dtype, which must then be a float one (anything else goes
+// back to the torch layer's checked path, which names the rule), or bfloat16. The torch layer has checked the
+// epilogue, the output kind and the operands' types. Returns y.
 at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const std::optional<at::Tensor>& bias,
                            const std::optional<at::Tensor>& out, const std::optional<at::Tensor>& workspace,
                            double clamp_min, double clamp_max, double out_scale, std::string_view y_dtype) {
@@ -1174,6 +1185,11 @@ at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const
   rank_is(w.codes, 2, "[N, K]", op, "w.codes");
   const int64_t sizes[2] = {a.codes.size(0), w.codes.size(0)};
   at::Tensor y;
+  if (y_dtype.empty() && out.has_value()) {
+    const at::ScalarType t = out->scalar_type();
+    if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat)
+      throw pybind11::type_error("tessera: incompatible function arguments (out's dtype: the checked path)");
+  }
   if (out.has_value()) {
     if (!out->sizes().equals(sizes))
       fail(op, "out", "must be [M, N] = " + sizes_str(sizes) + ", got shape " + sizes_str(out->sizes()));
@@ -1181,7 +1197,9 @@ at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const
   } else {
     static constexpr tessera::python::Choice<at::ScalarType> kDtypes[] = {
         {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float32", at::kFloat}, {"int8", at::kChar}};
-    y = at::empty(sizes, a.codes.options().dtype(tessera::python::parse_choice(y_dtype, op, "out_dtype", kDtypes)));
+    const at::ScalarType t =
+        y_dtype.empty() ? at::kBFloat16 : tessera::python::parse_choice(y_dtype, op, "out_dtype", kDtypes);
+    y = at::empty(sizes, a.codes.options().dtype(t));
   }
   gemm_w8a8_dispatch(a.codes, a.scale, a.zero, a.sums, w.codes, w.scale, w.zero, w.sums, bias, y, workspace, a.block,
                      clamp_min, clamp_max, out_scale);
@@ -1563,23 +1581,26 @@ PYBIND11_MODULE(_torch_C, m) {
         arg("cache_seqlens"), arg("out"), arg("lse"), arg("format"), arg("softmax_scale"), arg("softcap"),
         arg("window"), arg("causal"), arg("k_residual") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_decode_eager", &attention_decode_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_prefill_eager", &attention_prefill_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_prefill_varlen_eager", &attention_prefill_varlen_eager,
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("attention_prefill_with_cache_eager", &attention_prefill_with_cache_eager,
-        pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("fused_gate_eager", &fused_gate_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("unpermute_reduce_eager", &unpermute_reduce_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("permute_eager", &permute_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("grouped_gemm_eager", &grouped_gemm_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("linear_eager", &linear_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
-  m.def("w8a8_quantize_eager", &w8a8_quantize_eager);  // releases the GIL itself (int8_blocks_arg)
-  // Its Int8Blocks arguments are read under the GIL, which it then releases itself (int8_blocks_arg).
-  m.def("gemm_w8a8_eager", &gemm_w8a8_eager);
-  m.def("conv2d_eager", &conv2d_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<MoeLayerEagerPlan>(m, "MoeLayerEagerPlan")
       .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, std::string, std::string, bool, double,
                           int64_t, double, std::string, int64_t>());
-  m.def("moe_layer_eager", &moe_layer_eager, pybind11::call_guard<pybind11::gil_scoped_release>());
+  // The eager entries (fastcall.h): gemm_w8a8 and quantize_per_block read their Int8Blocks tuples under the GIL and
+  // then release it themselves.
+  using tessera::python::fast_method;
+  static PyMethodDef eager[] = {
+      fast_method<&attention_decode_eager>("attention_decode_eager"),
+      fast_method<&attention_prefill_eager>("attention_prefill_eager"),
+      fast_method<&attention_prefill_varlen_eager>("attention_prefill_varlen_eager"),
+      fast_method<&attention_prefill_with_cache_eager>("attention_prefill_with_cache_eager"),
+      fast_method<&fused_gate_eager>("fused_gate_eager"),
+      fast_method<&unpermute_reduce_eager>("unpermute_reduce_eager"),
+      fast_method<&permute_eager>("permute_eager"),
+      fast_method<&grouped_gemm_eager>("grouped_gemm_eager"),
+      fast_method<&linear_eager>("linear_eager"),
+      fast_method<&w8a8_quantize_eager, false>("w8a8_quantize_eager"),
+      fast_method<&gemm_w8a8_eager, false>("gemm_w8a8_eager"),
+      fast_method<&conv2d_eager>("conv2d_eager"),
+      fast_method<&moe_layer_eager>("moe_layer_eager"),
+      {nullptr, nullptr, 0, nullptr}};
+  if (PyModule_AddFunctions(m.ptr(), eager) != 0) throw pybind11::error_already_set();
 }

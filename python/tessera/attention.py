@@ -223,10 +223,9 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            return _result(entry.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale,
-                                                       block_table, out, lse, return_lse, workspace, format,
-                                                       softmax_scale, softcap, window, num_splits, k_residual),
-                           return_lse)
+            return entry.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table, out,
+                                                lse, return_lse, workspace, format, softmax_scale, softcap, window,
+                                                num_splits, k_residual)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise
@@ -336,11 +335,6 @@ def _append_kv_checked(k_new, v_new, positions, k_cache, v_cache, format, k_scal
 # ---- prefill ----------------------------------------------------------------------------------------------------
 
 
-def _result(res, return_lse):
-    """An eager entry's (out, lse) as the op returns it: out, or (out, lse) when return_lse."""
-    return res if return_lse else res[0]
-
-
 def _prefill_params(op, softmax_scale, softcap, window, causal):
     """(softmax_scale, softcap, window, causal) as the operators take them; None softmax_scale = 0 = 1/sqrt(D)."""
     scale = 0.0 if softmax_scale is None else _float(op, "softmax_scale", softmax_scale)
@@ -400,8 +394,8 @@ def prefill(q, k, v, *, causal=False, softmax_scale=0.0, softcap=0.0, window=0, 
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            return _result(entry.attention_prefill_eager(q, k, v, out, lse, return_lse, softmax_scale, softcap,
-                                                        window, causal), return_lse)
+            return entry.attention_prefill_eager(q, k, v, out, lse, return_lse, softmax_scale, softcap, window,
+                                                 causal)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise
@@ -443,9 +437,8 @@ def prefill_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, *, causal=
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            return _result(entry.attention_prefill_varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                               out, lse, return_lse, softmax_scale, softcap, window,
-                                                               causal), return_lse)
+            return entry.attention_prefill_varlen_eager(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse,
+                                                        return_lse, softmax_scale, softcap, window, causal)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise
@@ -501,11 +494,10 @@ def prefill_with_cache(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_se
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            return _result(entry.attention_prefill_with_cache_eager(q, cu_seqlens_q, max_seqlen_q, k_cache,
-                                                                   v_cache, cache_seqlens, k_scale, v_scale,
-                                                                   block_table, out, lse, return_lse, format,
-                                                                   softmax_scale, softcap, window, causal,
-                                                                   k_residual), return_lse)
+            return entry.attention_prefill_with_cache_eager(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache,
+                                                            cache_seqlens, k_scale, v_scale, block_table, out, lse,
+                                                            return_lse, format, softmax_scale, softcap, window,
+                                                            causal, k_residual)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise

@@ -357,18 +357,22 @@ def gemm_w8a8(a, w, bias=None, *, activation=None, clamp=None, out_dtype=None, o
     Returns y.
     """
     op = "tessera.gemm_w8a8"
-    lo, hi = _epilogue(op, activation, clamp)
     if type(a) is Int8Blocks and type(w) is Int8Blocks:
         entry = fast_entry(stream)
         if entry is not None:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            torch = torch_module()
-            out = as_optional_tensor(out, op, "out")
-            _, dtype_name, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
+            if activation is None and clamp is None and out_dtype is None and out_scale is None:
+                lo, hi, scale, dtype_name = -_INF, _INF, 1.0, ""  # "": y of out's float dtype, else bfloat16
+            else:
+                torch = torch_module()
+                lo, hi = _epilogue(op, activation, clamp)
+                out = as_optional_tensor(out, op, "out")
+                _, dtype_name, scale = _out_kind(op, torch, out_dtype, out_scale, out, torch.bfloat16)
             try:  # a and w cross as the tuples they are (C++ unpacks them and compares their blocks)
                 return entry.gemm_w8a8_eager(a, w, bias, out, workspace, lo, hi, scale, dtype_name)
             except TypeError as e:
                 if FALLBACK not in str(e):
                     raise
+    lo, hi = _epilogue(op, activation, clamp)
     return _gemm_w8a8_checked(a, w, bias, lo, hi, out_dtype, out_scale, out, workspace, stream)
 
 

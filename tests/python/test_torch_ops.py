@@ -210,6 +210,41 @@ def test_eager_calls_reach_the_operator_under_a_dispatch_mode_and_with_meta_tens
 
 
 @needs_torch
+def test_eager_entries_keep_the_fast_path_contract():
+    # python/src/fastcall.h: each <op>_eager entry converts its positional arguments itself. What cannot be converted
+    # is a TypeError with pybind11's phrase (the torch layer's FALLBACK to its checked path) before anything runs;
+    # tessera's argument errors stay ValueErrors; the attention entries return out, or (out, lse) with return_lse.
+    from tessera import _dlpack, _torch_ops
+
+    if not _torch_ops.available():
+        pytest.skip(_torch_ops.load_error)
+    ext = tessera._torch_C
+    names = sorted(n for n in dir(ext) if n.endswith("_eager"))
+    assert len(names) == 13, names
+    for name in names:
+        fn = getattr(ext, name)
+        for args in ((), (None,) * 40, (object(),) * 3):
+            with pytest.raises(TypeError, match=_dlpack.FALLBACK):
+                fn(*args)
+    meta = dict(device="meta")
+    q = torch.empty((3, 8, 128), dtype=torch.bfloat16, **meta)
+    kc = torch.empty((3, 16, 2, 128), dtype=torch.bfloat16, **meta)
+    lengths = torch.empty((3,), dtype=torch.int32, **meta)
+    args = [q, kc, kc, lengths, None, None, None, None, None, False, None, "native", None, 0.0, 0, 0]
+    out = ext.attention_decode_eager(*args)  # k_residual, the last, left out: None
+    assert isinstance(out, torch.Tensor) and out.shape == q.shape and out.is_meta
+    args[9] = True
+    out, lse = ext.attention_decode_eager(*args, None)
+    assert out.shape == q.shape and lse.shape == (3, 8) and lse.dtype == torch.float32
+    args[14] = -1
+    with pytest.raises(ValueError, match="'window' must be >= 0"):
+        ext.attention_decode_eager(*args)
+    args[14], args[11] = 0, 3  # an int for the format string
+    with pytest.raises(TypeError, match=_dlpack.FALLBACK):
+        ext.attention_decode_eager(*args)
+
+
+@needs_torch
 def test_symbolic_tracing_sees_the_operators():
     # make_fx with dynamic shapes (what AOT autograd and export use): the eager entries do not allocate with symbolic
     # sizes but hand the call to the torch layer's checked path, which traces the operators.

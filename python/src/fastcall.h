@@ -1,0 +1,139 @@
+// The eager entries of tessera._torch_C as plain METH_FASTCALL functions: their positional arguments arrive as an
+// array of borrowed Python objects and are converted straight into the C++ function's parameters. Why not m.def:
+// pybind11's generic dispatcher builds a call record (argument vectors, keyword handling, overload loop) for every
+// call, ~0.3 us of a 17-argument call on this repo's CPU against ~0.07 us for this (docs/perf/host_overhead.md,
+// session 25), and its at::Tensor caster holds a counted copy of each tensor argument, where a torch tensor passed
+// from Python can be borrowed for the call (the caller's argument array keeps it alive).
+//
+// The contract the torch layer relies on (python/tessera/_dlpack.py: fast_entry, FALLBACK):
+// - an argument that cannot be converted raises TypeError with pybind11's phrase "incompatible function arguments"
+//   before anything runs; the caller then takes its checked path, which converts or names the argument;
+// - positional arguments only; missing trailing ones are None (only optional parameters accept it);
+// - tessera::CudaError -> RuntimeError, other tessera::Error -> ValueError (translate_errors' mapping), pybind11's
+//   own exceptions as pybind11 raises them, c10's as torch raises them;
+// - the GIL is released around the call unless the entry reads Python objects itself (ReleaseGil false).
+//
+// Include after torch/csrc/utils/pybind.h and options.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <Python.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstddef>
+#include <exception>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "options.h"
+
+namespace tessera::python {
+
+// One argument's converter: a torch tensor borrowed from its Python object; anything else through pybind11's caster
+// for the parameter's type (with conversion, as pybind11's dispatcher allows for a function of one overload).
+template <typename T>
+struct FastArg {
+  pybind11::detail::make_caster<T> caster;
+  bool load(PyObject* obj) { return caster.load(pybind11::handle(obj), true); }
+  template <typename P>
+  decltype(auto) get() {
+    return pybind11::detail::cast_op<P>(caster);
+  }
+};
+
+template <>
+struct FastArg<at::Tensor> {
+  const at::Tensor* tensor = nullptr;
+  bool load(PyObject* obj) {
+    if (!THPVariable_Check(obj)) return false;
+    tensor = &THPVariable_Unpack(obj);
+    return true;
+  }
+  template <typename P>
+  const at::Tensor& get() {
+    return *tensor;
+  }
+};
+
+// The pending C++ exception as the matching Python error (call inside a catch block).
+inline void set_python_error() noexcept {
+  try {
+    throw;
+  } catch (pybind11::error_already_set& e) {
+    e.restore();
+  } catch (const pybind11::builtin_exception& e) {
+    e.set_error();
+  } catch (const Error&) {
+    translate_errors(std::current_exception());
+  } catch (...) {
+    torch::translate_exception_to_python(std::current_exception());
+  }
+}
+
+template <auto Fn, bool ReleaseGil>
+struct FastCall;
+
+template <typename R, typename... Args, R (*Fn)(Args...), bool ReleaseGil>
+struct FastCall<Fn, ReleaseGil> {
+  static PyObject* call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) noexcept {
+    try {
+      return invoke(args, nargs, std::index_sequence_for<Args...>{});
+    } catch (const pybind11::reference_cast_error&) {
+      // None for a class reference (pybind11's caster loads None as null, then refuses it), as pybind11 reports it.
+      PyErr_SetString(PyExc_TypeError, "tessera._torch_C: incompatible function arguments (None for an object)");
+      return nullptr;
+    } catch (...) {
+      set_python_error();
+      return nullptr;
+    }
+  }
+
+ private:
+  template <std::size_t... I>
+  static PyObject* invoke(PyObject* const* args, Py_ssize_t nargs, std::index_sequence<I...>) {
+    std::tuple<FastArg<pybind11::detail::intrinsic_t<Args>>...> in;
+    constexpr Py_ssize_t n = sizeof...(Args);
+    Py_ssize_t bad = -1;
+    if (nargs > n) bad = n;
+    // Each argument in order; the first that does not convert stops the rest.
+    else
+      (void)((std::get<I>(in).load(static_cast<Py_ssize_t>(I) < nargs ? args[I] : Py_None) ||
+              (bad = static_cast<Py_ssize_t>(I), false)) &&
+             ...);
+    if (bad >= 0)
+      throw pybind11::type_error("tessera._torch_C: incompatible function arguments (" +
+                                 (nargs > n ? std::to_string(nargs) + " given, at most " + std::to_string(n)
+                                            : "argument " + std::to_string(bad)) +
+                                 ")");
+    if constexpr (std::is_void_v<R>) {
+      {
+        std::optional<pybind11::gil_scoped_release> no_gil;
+        if constexpr (ReleaseGil) no_gil.emplace();
+        Fn(std::get<I>(in).template get<Args>()...);
+      }
+      Py_RETURN_NONE;
+    } else {
+      R result = [&]() -> R {
+        std::optional<pybind11::gil_scoped_release> no_gil;
+        if constexpr (ReleaseGil) no_gil.emplace();
+        return Fn(std::get<I>(in).template get<Args>()...);
+      }();
+      return pybind11::detail::make_caster<R>::cast(std::move(result), pybind11::return_value_policy::move,
+                                                    pybind11::handle())
+          .ptr();
+    }
+  }
+};
+
+// The PyMethodDef of an eager entry (name: a string literal).
+template <auto Fn, bool ReleaseGil = true>
+PyMethodDef fast_method(const char* name) {
+  return {name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCall<Fn, ReleaseGil>::call)),
+          METH_FASTCALL, nullptr};
+}
+
+}  // namespace tessera::python
