@@ -118,6 +118,11 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
           "'h' must be empty or have " + std::to_string(T * slots * 2 * I) +
               " elements [tokens, slots, 2 * intermediate], got " + std::to_string(in.h.size()));
   require(in.h.empty() || mode == MoeLayerRefMode::kModelStorage, "'h' is only taken in kModelStorage mode");
+  require(in.act.empty() || static_cast<int64_t>(in.act.size()) == T * slots * I,
+          "'act' must be empty or have " + std::to_string(T * slots * I) +
+              " elements [tokens, slots, intermediate], got " + std::to_string(in.act.size()));
+  require(in.act.empty() || mode == MoeLayerRefMode::kModelStorage, "'act' is only taken in kModelStorage mode");
+  require(in.act.empty() || !in.keep_h, "'keep_h' needs h, which is not computed where 'act' is given");
   if (p.format == moe::WeightFormat::kFP8PerTensor)
     require(std::isfinite(in.a13_scale) && in.a13_scale > 0.0 && std::isfinite(in.a2_scale) && in.a2_scale > 0.0,
             "kFP8PerTensor needs positive finite a13_scale and a2_scale, got " + std::to_string(in.a13_scale) +
@@ -139,7 +144,7 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
       double* y = &r.y[t * H];
       double* mag = &r.mag[t * H];
       // Q1 depends on the token only: once for all its copies (not at all where h is given).
-      if (in.h.empty()) {
+      if (in.h.empty() && in.act.empty()) {
         std::copy(in.x.begin() + t * H, in.x.begin() + (t + 1) * H, xq.begin());
         if (model) quantize_row(xq.data(), H, p.format, in.a13_scale, /*round_to_bf16=*/false);
       }
@@ -148,20 +153,24 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
         if (e < 0 || e >= G) continue;  // a dropped copy
         const double weight = in.weights[t * slots + j];
         const double* w13 = &in.w13[static_cast<int64_t>(e) * 2 * I * H];
-        if (in.h.empty()) {
-          for (int64_t row = 0; row < 2 * I; ++row) {
-            const double v = dot(xq.data(), w13 + row * H, H);
-            h[row] = model ? round_bf16(v) : v;
-          }
+        if (!in.act.empty()) {  // the GPU's activation, as stored
+          std::copy_n(in.act.begin() + (t * slots + j) * I, I, a.begin());
         } else {
-          std::copy_n(in.h.begin() + (t * slots + j) * 2 * I, 2 * I, h.begin());
+          if (in.h.empty()) {
+            for (int64_t row = 0; row < 2 * I; ++row) {
+              const double v = dot(xq.data(), w13 + row * H, H);
+              h[row] = model ? round_bf16(v) : v;
+            }
+          } else {
+            std::copy_n(in.h.begin() + (t * slots + j) * 2 * I, 2 * I, h.begin());
+          }
+          if (in.keep_h) std::copy(h.begin(), h.end(), r.h.begin() + (t * slots + j) * 2 * I);
+          for (int64_t i = 0; i < I; ++i) {
+            const double g = h[i], u = h[I + i];
+            a[i] = g / (1.0 + std::exp(-g)) * u;
+          }
+          if (model) quantize_row(a.data(), I, p.format, in.a2_scale, /*round_to_bf16=*/true);
         }
-        if (in.keep_h) std::copy(h.begin(), h.end(), r.h.begin() + (t * slots + j) * 2 * I);
-        for (int64_t i = 0; i < I; ++i) {
-          const double g = h[i], u = h[I + i];
-          a[i] = g / (1.0 + std::exp(-g)) * u;
-        }
-        if (model) quantize_row(a.data(), I, p.format, in.a2_scale, /*round_to_bf16=*/true);
         for (int64_t i = 0; i < I; ++i) a_abs[i] = std::fabs(a[i]);
         const double* w2 = &in.w2[static_cast<int64_t>(e) * H * I];
         const double weight_abs = std::fabs(weight);

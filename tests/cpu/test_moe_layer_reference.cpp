@@ -17,6 +17,7 @@
 #include "common/gpu_util.h"
 #include "common/host_numeric.h"
 #include "reference/moe_layer_reference.h"
+#include "reference/moe_reference.h"
 
 namespace tessera::reference {
 namespace {
@@ -525,6 +526,66 @@ TEST(MoeLayerReference, GivenHReplacesTheFirstGemm) {
   }
 }
 
+// The activation each copy's second GEMM reads, derived by hand from the model's h (Q2 of moe_layer.h): silu(g)·u,
+// then e4m3 codes times the block scale (block-wise: fp8_block_scale of the block's amax), the static scale, or bf16.
+std::vector<double> activation_from_h(const Layer& L, const std::vector<double>& h) {
+  const int64_t I = L.p.intermediate, copies = L.p.tokens * L.p.slots;
+  std::vector<double> a(static_cast<std::size_t>(copies * I));
+  for (int64_t c = 0; c < copies; ++c) {
+    const double* hc = &h[c * 2 * I];
+    double* ac = &a[c * I];
+    for (int64_t i = 0; i < I; ++i) ac[i] = hc[i] / (1.0 + std::exp(-hc[i])) * hc[I + i];
+    for (int64_t b0 = 0; b0 < I; b0 += 128) {
+      double amax = 0.0;
+      for (int64_t i = b0; i < b0 + 128; ++i) amax = std::max(amax, std::fabs(ac[i]));
+      for (int64_t i = b0; i < b0 + 128; ++i) {
+        if (L.p.format == WeightFormat::kBF16) {
+          ac[i] = round_bf16(ac[i]);
+        } else {
+          const double s = L.p.format == WeightFormat::kFP8Blockwise ? fp8_block_scale(amax) : L.in.a2_scale;
+          ac[i] = round_e4m3(ac[i] / s) * s;
+        }
+      }
+    }
+  }
+  return a;
+}
+
+TEST(MoeLayerReference, GivenActivationReplacesTheFirstTwoSteps) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (WeightFormat f : {WeightFormat::kFP8Blockwise, WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
+    SCOPED_TRACE(moe::weight_format_name(f));
+    Layer L = random_layer(rng, f, 5, 256, 256, 4, 3, /*residual=*/true);
+    L.in.ids[4] = -1;  // a dropped copy: its activation is never read
+    L.in.keep_h = true;
+    const MoeLayerRef model = moe_layer(L.p, L.in, MoeLayerRefMode::kModelStorage);
+    Layer given = L;
+    given.in.keep_h = false;
+    given.in.act = activation_from_h(L, model.h);
+    for (int64_t i = 0; i < 256; ++i) given.in.act[4 * 256 + i] = std::nan("");
+    // Neither x nor w13 is read: poisoned, the result keeps its bits.
+    for (double& v : given.in.x) v = std::nan("");
+    for (double& v : given.in.w13) v = std::nan("");
+    const MoeLayerRef same = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
+    expect_bitwise_equal(model.y, same.y, "y from the model's own activation");
+    expect_bitwise_equal(model.mag, same.mag, "mag from the model's own activation");
+    // Copy (t 3, slot 0): one element of its activation doubled. Other tokens keep their bits.
+    const int64_t copy = 3 * 3 + 0;
+    given.in.act[copy * 256 + 17] *= 2.0;
+    const MoeLayerRef moved = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
+    for (int64_t t = 0; t < 5; ++t) {
+      const std::vector<double> a(model.y.begin() + t * 256, model.y.begin() + (t + 1) * 256);
+      const std::vector<double> b(moved.y.begin() + t * 256, moved.y.begin() + (t + 1) * 256);
+      if (t == 3)
+        EXPECT_GT(rel_frobenius(b, a), 1e-4) << "token 3 must follow its given activation";
+      else
+        expect_bitwise_equal(a, b, "token " + std::to_string(t));
+    }
+  }
+}
+
 TEST(MoeLayerReference, RejectsInconsistentSizes) {
   std::mt19937_64 rng(1);
   const Layer good = random_layer(rng, WeightFormat::kFP8PerTensor, 2, 128, 128, 2, 2, /*residual=*/true);
@@ -549,6 +610,18 @@ TEST(MoeLayerReference, RejectsInconsistentSizes) {
   expect_rejected("a2_scale NaN", [](Layer& l) { l.in.a2_scale = std::nan(""); });
   expect_rejected("unknown format", [](Layer& l) { l.p.format = static_cast<WeightFormat>(7); });
   expect_rejected("h too short", [](Layer& l) { l.in.h.assign(2 * 2 * 2 * 128 - 1, 0.0); });
+  expect_rejected("act too long", [](Layer& l) { l.in.act.assign(2 * 2 * 128 + 1, 0.0); });
+  expect_rejected("act with keep_h", [](Layer& l) {
+    l.in.act.assign(2 * 2 * 128, 0.0);
+    l.in.keep_h = true;
+  });
+  {
+    Layer exact_act = good;
+    exact_act.in.act.assign(2 * 2 * 128, 0.0);
+    EXPECT_NO_THROW(moe_layer(exact_act.p, exact_act.in, MoeLayerRefMode::kModelStorage));
+    EXPECT_THROW(moe_layer(exact_act.p, exact_act.in, MoeLayerRefMode::kExact), std::invalid_argument)
+        << "act in kExact";
+  }
   {
     Layer exact_h = good;
     exact_h.in.h.assign(2 * 2 * 2 * 128, 0.0);
