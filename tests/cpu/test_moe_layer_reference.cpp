@@ -571,15 +571,15 @@ TEST(MoeLayerReference, GivenActivationReplacesTheFirstTwoSteps) {
     const MoeLayerRef same = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
     expect_bitwise_equal(model.y, same.y, "y from the model's own activation");
     expect_bitwise_equal(model.mag, same.mag, "mag from the model's own activation");
-    // Copy (t 3, slot 0): one element of its activation doubled. Other tokens keep their bits.
+    // Copy (t 3, slot 0): its activation doubled. Other tokens keep their bits.
     const int64_t copy = 3 * 3 + 0;
-    given.in.act[copy * 256 + 17] *= 2.0;
+    for (int64_t i = 0; i < 256; ++i) given.in.act[copy * 256 + i] *= 2.0;
     const MoeLayerRef moved = moe_layer(given.p, given.in, MoeLayerRefMode::kModelStorage);
     for (int64_t t = 0; t < 5; ++t) {
       const std::vector<double> a(model.y.begin() + t * 256, model.y.begin() + (t + 1) * 256);
       const std::vector<double> b(moved.y.begin() + t * 256, moved.y.begin() + (t + 1) * 256);
       if (t == 3)
-        EXPECT_GT(rel_frobenius(b, a), 1e-4) << "token 3 must follow its given activation";
+        EXPECT_GT(rel_frobenius(b, a), 1e-3) << "token 3 must follow its given activation";
       else
         expect_bitwise_equal(a, b, "token " + std::to_string(t));
     }
