@@ -1601,6 +1601,7 @@ PYBIND11_MODULE(_torch_C, m) {
       fast_method<&gemm_w8a8_eager, false>("gemm_w8a8_eager"),
       fast_method<&conv2d_eager>("conv2d_eager"),
       fast_method<&moe_layer_eager>("moe_layer_eager"),
+      fast_method<&Entry<&append_kv>::python>("append_kv_eager"),  // the direct entry, positional
       {nullptr, nullptr, 0, nullptr}};
   if (PyModule_AddFunctions(m.ptr(), eager) != 0) throw pybind11::error_already_set();
 }

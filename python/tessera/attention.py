@@ -296,8 +296,8 @@ def append_kv(k_new, v_new, positions, k_cache, v_cache, *, format="native", k_s
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
-            entry.append_kv(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format,
-                            k_residual)
+            entry.append_kv_eager(k_new, v_new, positions, k_cache, v_cache, k_scale, v_scale, block_table, format,
+                                  k_residual)
             return None
         except TypeError as e:
             if FALLBACK not in str(e):
