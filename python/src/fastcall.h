@@ -3,17 +3,18 @@
 // pybind11's generic dispatcher builds a call record (argument vectors, keyword handling, overload loop) for every
 // call, ~0.3 us of a 17-argument call on this repo's CPU against ~0.07 us for this (docs/perf/host_overhead.md,
 // session 25), and its at::Tensor caster holds a counted copy of each tensor argument, where a torch tensor passed
-// from Python can be borrowed for the call (the caller's argument array keeps it alive).
+// from Python can be borrowed for the call (the caller's argument array keeps it alive). Optional tensors still go
+// through pybind11's std::optional caster (a counted copy, made and dropped with the GIL held).
 //
 // The contract the torch layer relies on (python/tessera/_dlpack.py: fast_entry, FALLBACK):
 // - an argument that cannot be converted raises TypeError with pybind11's phrase "incompatible function arguments"
 //   before anything runs; the caller then takes its checked path, which converts or names the argument;
-// - positional arguments only; missing trailing ones are None (only optional parameters accept it);
+// - positional arguments only; trailing std::optional parameters may be left out (None);
 // - tessera::CudaError -> RuntimeError, other tessera::Error -> ValueError (translate_errors' mapping), pybind11's
 //   own exceptions as pybind11 raises them, c10's as torch raises them;
 // - the GIL is released around the call unless the entry reads Python objects itself (ReleaseGil false).
 //
-// Include after torch/csrc/utils/pybind.h and options.h.
+// Include after torch/csrc/utils/pybind.h.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,6 +24,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <new>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -37,8 +39,15 @@ namespace tessera::python {
 // for the parameter's type (with conversion, as pybind11's dispatcher allows for a function of one overload).
 template <typename T>
 struct FastArg {
-  pybind11::detail::make_caster<T> caster;
-  bool load(PyObject* obj) { return caster.load(pybind11::handle(obj), true); }
+  using Caster = pybind11::detail::make_caster<T>;
+  Caster caster;
+  bool load(PyObject* obj) {
+    if (!caster.load(pybind11::handle(obj), true)) return false;
+    // A bound class (taken by reference here) loads None as null, which pybind11 refuses only when the function is
+    // called: refused here instead, before anything runs.
+    if constexpr (std::is_base_of_v<pybind11::detail::type_caster_generic, Caster>) return caster.value != nullptr;
+    return true;
+  }
   template <typename P>
   decltype(auto) get() {
     return pybind11::detail::cast_op<P>(caster);
@@ -59,6 +68,11 @@ struct FastArg<at::Tensor> {
   }
 };
 
+template <typename T>
+inline constexpr bool kIsOptional = false;
+template <typename T>
+inline constexpr bool kIsOptional<std::optional<T>> = true;
+
 // The pending C++ exception as the matching Python error (call inside a catch block).
 inline void set_python_error() noexcept {
   try {
@@ -69,9 +83,14 @@ inline void set_python_error() noexcept {
     e.set_error();
   } catch (const Error&) {
     translate_errors(std::current_exception());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception&) {
+    torch::translate_exception_to_python(std::current_exception());  // c10's errors as torch raises them
   } catch (...) {
-    torch::translate_exception_to_python(std::current_exception());
+    PyErr_SetString(PyExc_RuntimeError, "tessera: an unknown C++ exception");
   }
+  if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "tessera: a C++ exception without a Python error");
 }
 
 template <auto Fn, bool ReleaseGil>
@@ -82,10 +101,6 @@ struct FastCall<Fn, ReleaseGil> {
   static PyObject* call(PyObject* /*self*/, PyObject* const* args, Py_ssize_t nargs) noexcept {
     try {
       return invoke(args, nargs, std::index_sequence_for<Args...>{});
-    } catch (const pybind11::reference_cast_error&) {
-      // None for a class reference (pybind11's caster loads None as null, then refuses it), as pybind11 reports it.
-      PyErr_SetString(PyExc_TypeError, "tessera._torch_C: incompatible function arguments (None for an object)");
-      return nullptr;
     } catch (...) {
       set_python_error();
       return nullptr;
@@ -99,15 +114,18 @@ struct FastCall<Fn, ReleaseGil> {
     constexpr Py_ssize_t n = sizeof...(Args);
     Py_ssize_t bad = -1;
     if (nargs > n) bad = n;
-    // Each argument in order; the first that does not convert stops the rest.
+    // Each argument in order (a left-out one: None where the parameter is optional); the first that does not
+    // convert stops the rest.
     else
-      (void)((std::get<I>(in).load(static_cast<Py_ssize_t>(I) < nargs ? args[I] : Py_None) ||
+      (void)(((static_cast<Py_ssize_t>(I) < nargs
+                   ? std::get<I>(in).load(args[I])
+                   : kIsOptional<pybind11::detail::intrinsic_t<Args>> && std::get<I>(in).load(Py_None)) ||
               (bad = static_cast<Py_ssize_t>(I), false)) &&
              ...);
     if (bad >= 0)
       throw pybind11::type_error("tessera._torch_C: incompatible function arguments (" +
                                  (nargs > n ? std::to_string(nargs) + " given, at most " + std::to_string(n)
-                                            : "argument " + std::to_string(bad)) +
+                                            : "argument " + std::to_string(bad + 1) + " of " + std::to_string(n)) +
                                  ")");
     if constexpr (std::is_void_v<R>) {
       {
@@ -133,7 +151,9 @@ struct FastCall<Fn, ReleaseGil> {
 template <auto Fn, bool ReleaseGil = true>
 PyMethodDef fast_method(const char* name) {
   return {name, reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&FastCall<Fn, ReleaseGil>::call)),
-          METH_FASTCALL, nullptr};
+          METH_FASTCALL,
+          "An eager entry of the torch layer: positional arguments in its order (python/src/fastcall.h); use "
+          "tessera.*"};
 }
 
 }  // namespace tessera::python

@@ -1179,17 +1179,17 @@ at::Tensor gemm_w8a8_eager(pybind11::handle a_obj, pybind11::handle w_obj, const
   const pybind11::gil_scoped_release no_gil;  // ends before a and w: their copies are dropped with the GIL held
   if (a.block != w.block)
     fail(op, "w", "must have a's block (" + std::to_string(a.block) + "), got block " + std::to_string(w.block));
+  if (y_dtype.empty() && out.has_value()) {  // the output kind next, as the torch layer's checked path orders it
+    const at::ScalarType t = out->scalar_type();
+    if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat)
+      throw pybind11::type_error("tessera: incompatible function arguments (out's dtype: the checked path)");
+  }
   no_symbolic_sizes({&a.codes, &w.codes});
   if (!needs_dispatcher(a.codes)) (void)device_of(a.codes, op, "a.codes");
   rank_is(a.codes, 2, "[M, K]", op, "a.codes");
   rank_is(w.codes, 2, "[N, K]", op, "w.codes");
   const int64_t sizes[2] = {a.codes.size(0), w.codes.size(0)};
   at::Tensor y;
-  if (y_dtype.empty() && out.has_value()) {
-    const at::ScalarType t = out->scalar_type();
-    if (t != at::kBFloat16 && t != at::kHalf && t != at::kFloat)
-      throw pybind11::type_error("tessera: incompatible function arguments (out's dtype: the checked path)");
-  }
   if (out.has_value()) {
     if (!out->sizes().equals(sizes))
       fail(op, "out", "must be [M, N] = " + sizes_str(sizes) + ", got shape " + sizes_str(out->sizes()));

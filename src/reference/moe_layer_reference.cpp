@@ -123,6 +123,7 @@ MoeLayerRef moe_layer(const MoeLayerRefProblem& p, const MoeLayerRefInputs& in, 
               " elements [tokens, slots, intermediate], got " + std::to_string(in.act.size()));
   require(in.act.empty() || mode == MoeLayerRefMode::kModelStorage, "'act' is only taken in kModelStorage mode");
   require(in.act.empty() || !in.keep_h, "'keep_h' needs h, which is not computed where 'act' is given");
+  require(in.act.empty() || in.h.empty(), "'h' and 'act' are not taken together ('act' replaces what h gives)");
   if (p.format == moe::WeightFormat::kFP8PerTensor)
     require(std::isfinite(in.a13_scale) && in.a13_scale > 0.0 && std::isfinite(in.a2_scale) && in.a2_scale > 0.0,
             "kFP8PerTensor needs positive finite a13_scale and a2_scale, got " + std::to_string(in.a13_scale) +

@@ -612,6 +612,10 @@ TEST(MoeLayerReference, RejectsInconsistentSizes) {
   expect_rejected("unknown format", [](Layer& l) { l.p.format = static_cast<WeightFormat>(7); });
   expect_rejected("h too short", [](Layer& l) { l.in.h.assign(2 * 2 * 2 * 128 - 1, 0.0); });
   expect_rejected("act too long", [](Layer& l) { l.in.act.assign(2 * 2 * 128 + 1, 0.0); });
+  expect_rejected("act with h", [](Layer& l) {
+    l.in.act.assign(2 * 2 * 128, 0.0);
+    l.in.h.assign(2 * 2 * 2 * 128, 0.0);
+  });
   expect_rejected("act with keep_h", [](Layer& l) {
     l.in.act.assign(2 * 2 * 128, 0.0);
     l.in.keep_h = true;

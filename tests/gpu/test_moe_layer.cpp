@@ -326,6 +326,7 @@ double rel(double num, double den) { return den > 0 ? std::sqrt(num / den) : std
 
 // Half the spacing of bf16 values at v (8 significant bits; below fp32's smallest normal the spacing stays 2^-133).
 double bf16_half_ulp(double v) {
+  if (v == 0.0) return 0.0;
   int e;
   std::frexp(std::fabs(v), &e);
   return std::ldexp(1.0, std::max(e - 1, -126) - 8);

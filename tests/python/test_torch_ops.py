@@ -242,6 +242,9 @@ def test_eager_entries_keep_the_fast_path_contract():
     args[14], args[11] = 0, 3  # an int for the format string
     with pytest.raises(TypeError, match=_dlpack.FALLBACK):
         ext.attention_decode_eager(*args)
+    # Only optional parameters may be left out: prefill without its last argument (causal) is refused, not run.
+    with pytest.raises(TypeError, match=_dlpack.FALLBACK):
+        ext.attention_prefill_eager(q, kc, kc, None, None, False, None, 0.0, 0)
 
 
 @needs_torch

@@ -408,6 +408,18 @@ def test_argument_errors_without_a_gpu(seed):
         tw.gemm_w8a8(a, _meta_weight(seed, block=None))
     with pytest.raises(ValueError, match="'out_scale' is required"):
         tw.gemm_w8a8(a, w, out_dtype=torch.int8)
+    # The eager entry's common case (no epilogue, out_dtype and out_scale None) takes y's dtype from out: an out it
+    # cannot take goes to the checked path and its messages, ahead of the device and rank rules.
+    for codes in (a.codes, torch.zeros((4, 256), dtype=torch.int8), torch.empty((1, 4, 256), dtype=torch.int8,
+                                                                                 device="meta")):
+        bad = a._replace(codes=codes)
+        with pytest.raises(ValueError, match="'out_scale' is required"):
+            tw.gemm_w8a8(bad, w, out=torch.empty((4, w.codes.shape[0]), dtype=torch.int8, device="meta"))
+        with pytest.raises(ValueError, match="'out_dtype' must be torch.bfloat16, .*got torch.float64"):
+            tw.gemm_w8a8(bad, w, out=torch.empty((4, w.codes.shape[0]), dtype=torch.float64, device="meta"))
+    y = tw.gemm_w8a8(a, w, out=torch.empty((4, w.codes.shape[0]), dtype=torch.float16, device="meta"))
+    assert y.dtype == torch.float16 and y.shape == (4, w.codes.shape[0])
+    assert tw.gemm_w8a8(a, w).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="'out_scale' must be positive"):
         tw.gemm_w8a8(a, w, out_dtype=torch.int8, out_scale=0.0)
     with pytest.raises(ValueError, match="'out_scale' applies to an int8 output only"):
