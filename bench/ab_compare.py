@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Compares tessera-bench --json runs of two builds (tools/ab.sh): the median over the runs of each build, per case.
+"""Compares --json runs of two builds (tools/ab.sh): the median over the runs of each build, per case.
 
     python3 bench/ab_compare.py --base 'out/json/base-*.json' --new 'out/json/new-*.json' [--key graph_us]
 
-Prints a Markdown table: op, case, base µs, new µs, new / base (< 1: the new build is faster), and the spread
-(max / min over the runs) of each side, so a difference can be read against the run-to-run noise of that row.
+Reads tessera-bench's rows (op, case) and bench/host_overhead.py's (op, outputs; --key paired_above_launches_us or
+host_us). Prints a Markdown table: op, case, base µs, new µs, new − base, new / base (< 1: the new build is faster),
+and each side's values run by run (few runs) or its spread, max / min (more than four), so a difference can be read
+against the run-to-run noise of that row.
 """
 
 import argparse
 import glob
 import json
+import math
 import statistics
 import sys
 
@@ -19,7 +22,8 @@ def load_rows(path):
         data = json.load(f)
     if isinstance(data, dict):  # a wrapper object: its list of rows
         data = next((v for v in data.values() if isinstance(v, list) and v and isinstance(v[0], dict)), [])
-    return {(r["op"], r["case"]): r for r in data if isinstance(r, dict) and "op" in r and "case" in r}
+    return {(r["op"], r.get("case", r.get("outputs"))): r for r in data
+            if isinstance(r, dict) and "op" in r and ("case" in r or "outputs" in r)}
 
 
 def per_case(paths, key):
@@ -27,7 +31,9 @@ def per_case(paths, key):
     for path in paths:
         for k, row in load_rows(path).items():
             v = row.get(key)
-            if isinstance(v, (int, float)) and v > 0:
+            # Times are positive; a difference (host_overhead's paired figure) may be at or below zero.
+            if isinstance(v, (int, float)) and math.isfinite(v) and (v > 0 or not key.endswith("us") or
+                                                                     key.startswith("paired")):
                 values.setdefault(k, []).append(float(v))
     return values
 
@@ -47,15 +53,22 @@ def main(argv=None):
     if args.title:
         print(f"A/B: {args.title}\n")
     print(f"{len(base_paths)} base and {len(new_paths)} new runs; median {args.key} per case\n")
-    print("| op | case | base µs | new µs | new / base | spread base | spread new |")
-    print("|---|---|---|---|---|---|---|")
+    few = max(len(base_paths), len(new_paths)) <= 4
+    side = "runs" if few else "spread"
+    print(f"| op | case | base µs | new µs | new − base | new / base | {side} base | {side} new |")
+    print("|---|---|---|---|---|---|---|---|")
+
+    def runs(v):
+        if few:
+            return " / ".join(f"{x:.2f}" for x in v)
+        return f"{max(v) / min(v):.3f}" if min(v) > 0 else ""
+
     for k in base:
         if k not in new:
             continue
         b, n = statistics.median(base[k]), statistics.median(new[k])
-        spread = lambda v: max(v) / min(v)  # noqa: E731
-        print(f"| {k[0]} | {k[1]} | {b:.2f} | {n:.2f} | {n / b:.3f} | {spread(base[k]):.3f} | "
-              f"{spread(new[k]):.3f} |")
+        ratio = f"{n / b:.3f}" if b > 0 and n > 0 else ""
+        print(f"| {k[0]} | {k[1]} | {b:.2f} | {n:.2f} | {n - b:+.2f} | {ratio} | {runs(base[k])} | {runs(new[k])} |")
     only = sorted(set(base) ^ set(new))
     if only:
         print(f"\ncases in one build only: {', '.join(f'{op} {case}' for op, case in only)}")
