@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor_map.h"
 #include "harness.h"
 #include "timing.h"
 
@@ -265,13 +266,34 @@ struct HostFloor {
   double launch_us = NAN;            // a bare launch (8 bytes of parameters)
   double kilobyte_launch_us = NAN;   // the same with 1,024 bytes of parameters
   double get_device_us = NAN;        // one cudaGetDevice
+  double map_hit_us = NAN;           // a tensor map of a tensor seen just before (the memo's hit)
+  double map_miss_us = NAN;          // a tensor map of a tensor not in the memo (the driver's encode)
 };
+
+// Two tensor maps of one shape over a 1 MiB device buffer, through the memo every op's maps go through: the same
+// address every call (a hit), or 4,096 addresses in turn (more than the memo holds: every call a miss).
+void time_tensor_maps(cudaStream_t stream, HostFloor& floor) {
+  const DeviceBuffer buffer(4096 * 256);
+  const int64_t dims[2] = {256, 64}, strides[1] = {256};
+  const int box[2] = {64, 8};
+  [[maybe_unused]] static volatile uint64_t sink;  // the map is used
+  const auto map_at = [&](int i) {
+    sink = detail::make_tensor_map_u8(buffer.as<uint8_t>() + 256 * (i % 4096), 2, dims, strides, box, 0,
+                                      detail::L2Promotion::kNone)
+               .opaque[0];
+  };
+  floor.map_hit_us = time_host_calls([&](int) { map_at(0); }, stream, kHostCalls * 25, kHostReps);
+  int next = 0;
+  floor.map_miss_us = time_host_calls([&](int) { map_at(++next); }, stream, kHostCalls, kHostReps);
+}
 
 void print_host(const std::vector<Row>& rows, const HostFloor& floor) {
   const double floor_us = floor.launch_us;
   std::printf("\nhost time per call (C++, no Python; the stream held busy, median of %d x %d calls); a bare launch: "
-              "%.2f us (with 1 KiB of kernel parameters: %.2f us); cudaGetDevice: %.3f us\n",
-              kHostReps, kHostCalls, floor_us, floor.kilobyte_launch_us, floor.get_device_us);
+              "%.2f us (with 1 KiB of kernel parameters: %.2f us); cudaGetDevice: %.3f us; a tensor map: %.3f us "
+              "from the memo, %.2f us encoded (a tensor not seen recently)\n",
+              kHostReps, kHostCalls, floor_us, floor.kilobyte_launch_us, floor.get_device_us, floor.map_hit_us,
+              floor.map_miss_us);
   int op_w = 18, name_w = 40;
   for (const Row& r : rows) {
     op_w = std::max(op_w, static_cast<int>(r.spec->op.size()));
@@ -646,6 +668,7 @@ int main_impl(int argc, char** argv) {
             TESSERA_CUDA_CHECK(cudaGetDevice(&d));
           },
           stream, kHostCalls * 25, kHostReps);
+      time_tensor_maps(stream, host_floor);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "tessera-bench: host timing of a bare launch failed: %s\n", e.what());
       settle(stream);

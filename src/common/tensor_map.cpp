@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/check.h"
+#include "common/map_cache.h"
 #include "tessera/error.h"
 
 namespace tessera::detail {
@@ -48,17 +49,23 @@ struct MapKey {
       if (dims[i] != o.dims[i] || box[i] != o.box[i] || (i > 0 && strides[i - 1] != o.strides[i - 1])) return false;
     return true;
   }
+
+  // Over the fields operator== compares (the ones past rank are zero in every key encode builds).
+  uint64_t hash() const {
+    uint64_t h = hash_mix(static_cast<uint64_t>(type) * 131 + static_cast<uint64_t>(rank),
+                          reinterpret_cast<uintptr_t>(data));
+    h = hash_mix(h, static_cast<uint64_t>(swizzle) * 1024 + static_cast<uint64_t>(promotion));
+    for (int i = 0; i < rank; ++i) h = hash_mix(h, dims[i] ^ (static_cast<uint64_t>(box[i]) << 48) ^
+                                                       (i > 0 ? strides[i - 1] << 20 : 0));
+    return h;
+  }
 };
 
-// The last few maps this thread encoded: an op called again on the same tensors (every decode step of an engine
-// reads the same cache) skips the driver call, which costs more host time than the rest of the launch path
-// (docs/perf/host_overhead.md). Per thread, so no lock; a miss replaces the oldest entry.
-struct MapMemo {
-  static constexpr int kEntries = 24;  // a MoE layer's two grouped GEMMs use 6 maps each
-  MapKey keys[kEntries];
-  CUtensorMap maps[kEntries];
-  int used = 0, next = 0;
-};
+// The maps this thread encoded: an op called again on the same tensors (every decode step of an engine reads the
+// same cache; every layer of a model its own) skips the driver call, which costs more host time than the rest of the
+// launch path (docs/perf/host_overhead.md). Per thread, so no lock. 2,048 entries (~0.6 MiB, allocated on the first
+// encode) hold a step of a large MoE model: DeepSeek-V3's 58 MoE layers bring ~12 maps each (map_cache.h).
+using MapMemo = SetAssociativeCache<MapKey, CUtensorMap, 256, 8>;
 
 CUtensorMap encode_uncached(const MapKey& k) {
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
@@ -90,14 +97,10 @@ CUtensorMap encode(CUtensorMapDataType type, int rank, void* data, const cuuint6
   key.swizzle = swizzle;
   key.promotion = promotion;
   thread_local MapMemo memo;
-  for (int i = 0; i < memo.used; ++i)
-    if (memo.keys[i] == key) return memo.maps[i];
+  const uint64_t hash = key.hash();
+  if (const CUtensorMap* hit = memo.find(key, hash)) return *hit;
   const CUtensorMap map = encode_uncached(key);  // throws on a rejected map: nothing is remembered
-  const int slot = memo.next;
-  memo.keys[slot] = key;
-  memo.maps[slot] = map;
-  memo.next = (slot + 1) % MapMemo::kEntries;
-  if (memo.used < MapMemo::kEntries) ++memo.used;
+  memo.insert(key, hash, map);
   return map;
 }
 
