@@ -57,7 +57,7 @@ struct MapKey {
     h = hash_mix(h, static_cast<uint64_t>(swizzle) * 1024 + static_cast<uint64_t>(promotion));
     for (int i = 0; i < rank; ++i) h = hash_mix(h, dims[i] ^ (static_cast<uint64_t>(box[i]) << 48) ^
                                                        (i > 0 ? strides[i - 1] << 20 : 0));
-    return h;
+    return hash_finish(h);
   }
 };
 
@@ -65,7 +65,7 @@ struct MapKey {
 // same cache; every layer of a model its own) skips the driver call, which costs more host time than the rest of the
 // launch path (docs/perf/host_overhead.md). Per thread, so no lock. 2,048 entries (~0.6 MiB, allocated on the first
 // encode) hold a step of a large MoE model: DeepSeek-V3's 58 MoE layers bring ~12 maps each (map_cache.h).
-using MapMemo = SetAssociativeCache<MapKey, CUtensorMap, 256, 8>;
+using MapMemo = SetAssociativeCache<MapKey, CUtensorMap, 128, 16>;
 
 CUtensorMap encode_uncached(const MapKey& k) {
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
