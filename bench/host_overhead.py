@@ -131,23 +131,22 @@ def cases():
         td.attention_decode(q, kc, vc, ks, vs, None, lengths, o_dl, lse, ws, "int8", 0.0, 0.0, 0, 4,
                             torch.cuda.current_stream().cuda_stream)
 
-    # A model's layers in turn: 48 caches (each layer its own, as in an engine), one decode call per layer. Every call
-    # brings tensor maps of another cache: the memo of encoded maps must hold a whole cycle of layers to hit.
+    # A model's layers in turn: 48 caches shaped like the row above (each layer its own K, V and scales, as in an
+    # engine), one decode call per layer. Every call brings tensor maps of another cache: the memo of encoded maps
+    # must hold a whole cycle of layers to hit.
     layers = 48
-    layer_caches = [(torch.randint(0, 256, (B, 256, HKV, D), dtype=torch.uint8, device=dev, generator=g),
-                     (torch.rand((B, 256, HKV, 2), device=dev, generator=g) * 0.05).half()) for _ in range(layers)]
-    layer_lengths = torch.full((B,), 200, dtype=torch.int32, device=dev)
-    layer_ws = torch.empty(max(1, tessera.decode_workspace_size(q, layer_caches[0][0], layer_caches[0][0], num_splits=4,
-                                                                format="int8", k_scale=layer_caches[0][1],
-                                                                v_scale=layer_caches[0][1])), dtype=torch.uint8,
-                           device=dev)
+    layer_caches = []
+    for _ in range(layers):
+        k_l = torch.randint(0, 256, (B, cap, HKV, D), dtype=torch.uint8, device=dev, generator=g)
+        s_l = (torch.rand((B, cap, HKV, 2), device=dev, generator=g) * 0.05).half()
+        layer_caches.append((k_l, k_l.clone(), s_l, s_l.clone()))
     turn = [0]
 
     def decode_next_layer():
-        c, sc = layer_caches[turn[0] % layers]
+        kc_l, vc_l, ks_l, vs_l = layer_caches[turn[0] % layers]
         turn[0] += 1
-        tessera.attention_decode(q, c, c, layer_lengths, format="int8", k_scale=sc, v_scale=sc, out=o, lse=lse,
-                                 workspace=layer_ws, num_splits=4)
+        tessera.attention_decode(q, kc_l, vc_l, lengths, format="int8", k_scale=ks_l, v_scale=vs_l, out=o, lse=lse,
+                                 workspace=ws, num_splits=4)
 
     a = torch.randn((64,), device=dev)
     b = torch.empty_like(a)

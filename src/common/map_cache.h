@@ -5,14 +5,15 @@
 // Why set-associative and this large (src/common/tensor_map.cpp): an engine calls each op once per layer per step,
 // every layer on its own tensors, so the keys come round in a cycle as long as the model has layers. A small
 // first-in-first-out memo (24 entries until session 25) misses on every call of such a cycle once it holds more keys
-// than the memo; here a cycle of up to about a third of the capacity hits after its first round (a set overflows
-// only when more than Ways of the cycle's keys hash into it: with 16 ways and ~5 keys a set on average, about once
-// in 10^5 sets).
+// than the memo; here a cycle of up to about a third of the capacity hits after its first round, but for the keys of
+// a set that overflows (more than Ways of the cycle's keys in one set: with 16 ways and ~5.4 keys a set on average,
+// about one set in 18,000; the keys of such a set then miss on every round).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace tessera::detail {
 
@@ -54,10 +55,12 @@ class SetAssociativeCache {
   // Stores value under key (which find did not return): in an empty way of its set, else in place of the set's least
   // recently used entry.
   void insert(const Key& key, uint64_t hash, const Value& value) {
-    if (!slots_) {
+    if (!slots_) {  // all three or none (find tests slots_ alone)
+      auto hashes = std::make_unique<uint64_t[]>(static_cast<std::size_t>(kCapacity));
+      auto used = std::make_unique<uint64_t[]>(static_cast<std::size_t>(kCapacity));
       slots_ = std::make_unique<Slot[]>(static_cast<std::size_t>(kCapacity));
-      hashes_ = std::make_unique<uint64_t[]>(static_cast<std::size_t>(kCapacity));
-      used_ = std::make_unique<uint64_t[]>(static_cast<std::size_t>(kCapacity));
+      hashes_ = std::move(hashes);
+      used_ = std::move(used);
     }
     const std::size_t first = set_of(hash);
     std::size_t victim = first;

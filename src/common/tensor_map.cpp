@@ -63,8 +63,9 @@ struct MapKey {
 
 // The maps this thread encoded: an op called again on the same tensors (every decode step of an engine reads the
 // same cache; every layer of a model its own) skips the driver call, which costs more host time than the rest of the
-// launch path (docs/perf/host_overhead.md). Per thread, so no lock. 2,048 entries (~0.6 MiB, allocated on the first
-// encode) hold a step of a large MoE model: DeepSeek-V3's 58 MoE layers bring ~12 maps each (map_cache.h).
+// launch path (docs/perf/host_overhead.md). Per thread, so no lock. 2,048 entries (~0.55 MiB, allocated on the first
+// encode) hold a step of a large MoE model: DeepSeek-V3's 58 MoE layers bring ~12 maps each, x and w of the two
+// grouped GEMMs at three box sizes (map_cache.h).
 using MapMemo = SetAssociativeCache<MapKey, CUtensorMap, 128, 16>;
 
 CUtensorMap encode_uncached(const MapKey& k) {
