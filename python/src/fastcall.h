@@ -54,14 +54,15 @@ struct FastArg {
   }
 };
 
+// The torch tensor a Python object holds, borrowed (valid while the object lives), or null for anything else.
+inline const at::Tensor* borrowed_tensor(PyObject* obj) {
+  return THPVariable_Check(obj) ? &THPVariable_Unpack(obj) : nullptr;
+}
+
 template <>
 struct FastArg<at::Tensor> {
   const at::Tensor* tensor = nullptr;
-  bool load(PyObject* obj) {
-    if (!THPVariable_Check(obj)) return false;
-    tensor = &THPVariable_Unpack(obj);
-    return true;
-  }
+  bool load(PyObject* obj) { return (tensor = borrowed_tensor(obj)) != nullptr; }
   template <typename P>
   const at::Tensor& get() {
     return *tensor;

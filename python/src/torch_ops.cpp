@@ -695,8 +695,9 @@ bool needs_dispatcher(const T&) {
 // ---- eager conveniences (bound for Python only) ----------------------------------------------------------------
 // Each takes the torch layer's arguments in its order, checks what it needs before allocating (with the torch
 // layer's messages), allocates the outputs that were not given on the first tensor's device and current stream, and
-// calls the op's entry (which routes to the dispatcher where needed). A pybind TypeError means an argument could not
-// be converted and nothing ran: the torch layer then takes its checked path.
+// calls the op's entry (which routes to the dispatcher where needed). They are bound as METH_FASTCALL functions
+// (fastcall.h): a TypeError with pybind11's phrase means an argument could not be converted and nothing ran, and the
+// torch layer then takes its checked path.
 
 // The eager entries read concrete sizes to allocate; symbolic ones (make_fx / AOT tracing with dynamic shapes)
 // belong on the torch layer's checked path, which allocates with torch. The message carries pybind's own phrase for
@@ -712,12 +713,17 @@ void at_least(int64_t v, int64_t minimum, const char* op, const char* arg) {
   if (v < minimum) fail(op, arg, "must be >= " + std::to_string(minimum) + ", got " + std::to_string(v));
 }
 
+// A shape as the torch layer's messages print it: "[2, 3]".
+std::string sizes_str(c10::IntArrayRef sizes) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < sizes.size(); ++d) s += (d ? ", " : "") + std::to_string(sizes[d]);
+  return s + "]";
+}
+
 // The torch layer's rank rule, with its message.
 void rank_is(const at::Tensor& t, int64_t rank, const char* what, const char* op, const char* arg) {
   if (t.dim() == rank) return;
-  std::string shape = "[";
-  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
-  fail(op, arg, "must have rank " + std::to_string(rank) + " " + what + ", got shape " + shape + "]");
+  fail(op, arg, "must have rank " + std::to_string(rank) + " " + what + ", got shape " + sizes_str(t.sizes()));
 }
 
 void fused_gate_dispatch(const at::Tensor& logits, const std::optional<at::Tensor>& bias, const at::Tensor& weights,
@@ -870,6 +876,21 @@ at::Tensor grouped_gemm_eager(const at::Tensor& x, const at::Tensor& w, const at
   return y;
 }
 
+// The outputs of an attention call (decode, the prefills): the given ones, else out like q and (return_lse) an fp32
+// lse of q's leading dims.
+std::pair<at::Tensor, std::optional<at::Tensor>> attention_outputs(const at::Tensor& q,
+                                                                   const std::optional<at::Tensor>& out,
+                                                                   const std::optional<at::Tensor>& lse,
+                                                                   bool return_lse) {
+  const at::Tensor o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
+  std::optional<at::Tensor> m = lse;
+  if (!m.has_value() && return_lse) {
+    const auto sizes = q.sizes();
+    m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
+  }
+  return {o, m};
+}
+
 // What an attention op returns to Python: out, or (out, lse) when return_lse (lse then always holds a tensor).
 using AttentionOut = std::variant<at::Tensor, std::pair<at::Tensor, at::Tensor>>;
 AttentionOut attention_out(const at::Tensor& o, const std::optional<at::Tensor>& m, bool return_lse) {
@@ -896,26 +917,17 @@ AttentionOut attention_decode_eager(
     std::string_view format, std::optional<double> softmax_scale, double softcap, int64_t window,
     int64_t num_splits, const std::optional<at::Tensor>& k_residual) {
   constexpr const char* op = "tessera.attention_decode";
-  at::Tensor o;
-  std::optional<at::Tensor> m = lse;
   no_symbolic_sizes({&q});
-  // The scalar arguments first, as the torch layer checks them, then q's device and rank before anything is
-  // allocated.
-  // Checks before anything is allocated.
+  // Checks before anything is allocated: the scalar arguments first, as the torch layer checks them, then q's device
+  // and rank.
   (void)parse_kv_format(format, op);
   at_least(window, 0, op, "window");
   at_least(num_splits, 0, op, "num_splits");
   if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
-  if (q.dim() != 3 && q.dim() != 4) {
-    std::string shape = "[";
-    for (int64_t d = 0; d < q.dim(); ++d) shape += (d ? ", " : "") + std::to_string(q.size(d));
-    fail(op, "q", "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + shape + "]");
-  }
-  o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
-  if (!m.has_value() && return_lse) {
-    const auto sizes = q.sizes();
-    m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
-  }
+  if (q.dim() != 3 && q.dim() != 4)
+    fail(op, "q",
+         "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + sizes_str(q.sizes()));
+  auto [o, m] = attention_outputs(q, out, lse, return_lse);
   attention_decode_dispatch(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, o, m, workspace,
                             format, softmax_scale.value_or(0.0), softcap, window, num_splits, k_residual);
   return attention_out(o, m, return_lse);
@@ -934,20 +946,6 @@ void attention_prefill_varlen_dispatch(const at::Tensor& q, const at::Tensor& k,
                                        const std::optional<at::Tensor>& lse, double softmax_scale, double softcap,
                                        int64_t window, bool causal);
 
-// The outputs of a prefill call: the given ones, else out like q and (return_lse) an fp32 lse of q's leading dims.
-std::pair<at::Tensor, std::optional<at::Tensor>> prefill_outputs(const at::Tensor& q,
-                                                                 const std::optional<at::Tensor>& out,
-                                                                 const std::optional<at::Tensor>& lse,
-                                                                 bool return_lse) {
-  const at::Tensor o = out.has_value() ? *out : at::empty(q.sizes(), q.options());
-  std::optional<at::Tensor> m = lse;
-  if (!m.has_value() && return_lse) {
-    const auto sizes = q.sizes();
-    m = at::empty(sizes.slice(0, sizes.size() - 1), q.options().dtype(at::kFloat));
-  }
-  return {o, m};
-}
-
 AttentionOut attention_prefill_eager(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& out,
     const std::optional<at::Tensor>& lse, bool return_lse, std::optional<double> softmax_scale, double softcap,
@@ -958,7 +956,7 @@ AttentionOut attention_prefill_eager(
   at_least(window, 0, op, "window");
   if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
   rank_is(q, 4, "[B, Sq, HQ, D]", op, "q");
-  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  auto [o, m] = attention_outputs(q, out, lse, return_lse);
   attention_prefill_dispatch(q, k, v, o, m, softmax_scale.value_or(0.0), softcap, window, causal);
   return attention_out(o, m, return_lse);
 }
@@ -974,7 +972,7 @@ AttentionOut attention_prefill_varlen_eager(
   at_least(window, 0, op, "window");
   if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
   rank_is(q, 3, "[total_q, HQ, D]", op, "q");
-  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  auto [o, m] = attention_outputs(q, out, lse, return_lse);
   attention_prefill_varlen_dispatch(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, o, m,
                                     softmax_scale.value_or(0.0), softcap, window, causal);
   return attention_out(o, m, return_lse);
@@ -1007,7 +1005,7 @@ AttentionOut attention_prefill_with_cache_eager(
   at_least(window, 0, op, "window");
   if (!needs_dispatcher(q)) (void)device_of(q, op, "q");
   rank_is(q, 3, "[total_q, HQ, D]", op, "q");
-  auto [o, m] = prefill_outputs(q, out, lse, return_lse);
+  auto [o, m] = attention_outputs(q, out, lse, return_lse);
   attention_prefill_with_cache_dispatch(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, k_scale, v_scale,
                                         block_table, cache_seqlens, o, m, format, softmax_scale.value_or(0.0),
                                         softcap, window, causal, k_residual);
@@ -1021,12 +1019,6 @@ void linear_dispatch(const at::Tensor& x, const at::Tensor& codes, const at::Ten
                      const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias,
                      const at::Tensor& y, const std::optional<at::Tensor>& workspace, int64_t n, int64_t k,
                      int64_t bits, int64_t block, std::string_view zero_mode, double clamp_min, double clamp_max);
-
-std::string sizes_str(c10::IntArrayRef sizes) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < sizes.size(); ++d) s += (d ? ", " : "") + std::to_string(sizes[d]);
-  return s + "]";
-}
 
 at::Tensor linear_eager(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& params,
                         const std::optional<at::Tensor>& k_perm, const std::optional<at::Tensor>& bias,
@@ -1084,9 +1076,9 @@ using Int8BlocksOut =
 // sums or None, block): codes and scale borrowed from their Python objects, no copy. pybind's tuple caster fetched
 // every item through the sequence protocol and held a copy of each tensor, whose release asks the Python interpreter
 // for the GIL: ~13 % of the samples of gemm_w8a8's eager call in a py-spy profile on an H200 machine; the call fell
-// by 2-4 us with these changes (v2d in docs/perf/host_overhead.md, session 23). Anything
-// else is pybind's TypeError with its phrase for an argument it cannot convert: nothing ran, and the torch layer takes
-// its checked path, which names the argument.
+// by 2-4 us with these changes (v2d in docs/perf/host_overhead.md, session 23). Anything else is a TypeError with
+// pybind11's phrase for an argument it cannot convert: nothing ran, and the torch layer takes its checked path, which
+// names the argument.
 struct Int8BlocksArg {
   const at::Tensor& codes;
   const at::Tensor& scale;
@@ -1101,9 +1093,9 @@ Int8BlocksArg int8_blocks_arg(pybind11::handle obj) {
   };
   if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5) throw mismatch();
   const auto tensor = [&](Py_ssize_t i) -> const at::Tensor& {
-    PyObject* item = PyTuple_GET_ITEM(t, i);
-    if (!THPVariable_Check(item)) throw mismatch();
-    return THPVariable_Unpack(item);
+    const at::Tensor* v = tessera::python::borrowed_tensor(PyTuple_GET_ITEM(t, i));
+    if (v == nullptr) throw mismatch();
+    return *v;
   };
   const auto optional = [&](Py_ssize_t i) -> std::optional<at::Tensor> {
     if (PyTuple_GET_ITEM(t, i) == Py_None) return std::nullopt;

@@ -135,8 +135,8 @@ FALLBACK = "incompatible function arguments"
 def fast_entry(stream):
     """tessera._torch_C where an op's eager fast path applies, else None (stream= given, under torch.compile, the
     operators not built). The fast path is one crossing into C++ (its <op>_eager entry) that checks, allocates the
-    outputs and launches; on pybind's TypeError for an argument it cannot convert (FALLBACK: nothing ran) the caller
-    takes its checked path. The entries route fake, meta and subclass tensors, and calls under a dispatch mode, to
+    outputs and launches; on its TypeError for an argument it cannot convert (pybind11's phrase, FALLBACK: nothing
+    ran; python/src/fastcall.h) the caller takes its checked path. The entries route fake, meta and subclass tensors, and calls under a dispatch mode, to
     torch.ops.tessera themselves. Every op calls it inline (no helper frame, *args tuple or getattr: ~0.3 us a call):
 
         entry = fast_entry(stream)

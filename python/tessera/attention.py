@@ -219,7 +219,6 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """
-    # The eager fast path; the checked path converts DLPack producers or names the argument.
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
@@ -390,7 +389,6 @@ def prefill(q, k, v, *, causal=False, softmax_scale=0.0, softcap=0.0, window=0, 
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse. Allocates nothing else (no workspace) and never synchronizes.
     """
-    # The eager fast path; the checked path converts DLPack producers or names the argument.
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
@@ -506,9 +504,9 @@ def prefill_with_cache(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_se
                                        window, out, lse, return_lse, stream)
 
 
-def _prefill_with_cache_checked(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale,
-                                block_table, k_residual, causal, softmax_scale, softcap, window, out, lse, return_lse,
-                                stream):
+def _prefill_with_cache_checked(q, cu_seqlens_q, max_seqlen_q, k_cache, v_cache, cache_seqlens, format, k_scale,
+                                v_scale, block_table, k_residual, causal, softmax_scale, softcap, window, out, lse,
+                                return_lse, stream):
     """prefill_with_cache's checked path: the arguments checked here, then torch_ops()' operator (the registered one
     under torch.compile or a dispatch mode)."""
     op = "tessera.prefill_with_cache"
