@@ -6,7 +6,8 @@
 Reads tessera-bench's rows (op, case) and bench/host_overhead.py's (op, outputs; --key paired_above_launches_us or
 host_us). Prints a Markdown table: op, case, base µs, new µs, new − base, new / base (< 1: the new build is faster),
 and each side's values run by run (few runs) or its spread, max / min (more than four), so a difference can be read
-against the run-to-run noise of that row.
+against the run-to-run noise of that row; and, where the rows carry it (tessera-bench with NVML), each side's median
+SM clock in MHz, so that a difference can be read against the clocks the two builds ran at.
 """
 
 import argparse
@@ -50,13 +51,19 @@ def main(argv=None):
         print(f"ab_compare: no files for {args.base if not base_paths else args.new}", file=sys.stderr)
         return 2
     base, new = per_case(base_paths, args.key), per_case(new_paths, args.key)
+    base_mhz, new_mhz = per_case(base_paths, "sm_mhz"), per_case(new_paths, "sm_mhz")
+    clocks = bool(base_mhz or new_mhz)
     if args.title:
         print(f"A/B: {args.title}\n")
     print(f"{len(base_paths)} base and {len(new_paths)} new runs; median {args.key} per case\n")
     few = max(len(base_paths), len(new_paths)) <= 4
     side = "runs" if few else "spread"
-    print(f"| op | case | base µs | new µs | new − base | new / base | {side} base | {side} new |")
-    print("|---|---|---|---|---|---|---|---|")
+    mhz_head, mhz_rule = (" MHz base / new |", "---|") if clocks else ("", "")
+    print(f"| op | case | base µs | new µs | new − base | new / base | {side} base | {side} new |{mhz_head}")
+    print("|---|---|---|---|---|---|---|---|" + mhz_rule)
+
+    def mhz(table, k):
+        return f"{statistics.median(table[k]):.0f}" if k in table else "-"
 
     def runs(v):
         if few:
@@ -68,7 +75,9 @@ def main(argv=None):
             continue
         b, n = statistics.median(base[k]), statistics.median(new[k])
         ratio = f"{n / b:.3f}" if b > 0 and n > 0 else ""
-        print(f"| {k[0]} | {k[1]} | {b:.2f} | {n:.2f} | {n - b:+.2f} | {ratio} | {runs(base[k])} | {runs(new[k])} |")
+        cell = f" {mhz(base_mhz, k)} / {mhz(new_mhz, k)} |" if clocks else ""
+        print(f"| {k[0]} | {k[1]} | {b:.2f} | {n:.2f} | {n - b:+.2f} | {ratio} | {runs(base[k])} | {runs(new[k])} |"
+              + cell)
     only = sorted(set(base) ^ set(new))
     if only:
         print(f"\ncases in one build only: {', '.join(f'{op} {case}' for op, case in only)}")

@@ -17,6 +17,7 @@
 //   dsv3_gate_up       32 x {8, 128, 1024}, 4096, 7168      dsv3_down   32 x 1024, 7168, 2048
 //   qwen3_gate_up     128 x 256, 1536, 2048                 qwen3_down_decode   128 x 4, 2048, 768
 //   mixtral_down_decode  2 x 1, 4096, 14336                 dsv3_gate_up_t1   9 x 1, 4096, 7168
+//   dense               1 x 8192, 8192, 8192 (the cuBLASLt row: the run's measured tensor ceiling)
 //   skewed_zipf       128 groups, Zipf-like sizes with 16 empty groups, 32768 rows in all, 1536, 2048
 //   skew_one_big      256 groups, 250 empty; group 37 has 1000 rows, five others 3, 1, 12, 6, 2 (M 1024), 2048, 7168
 //   dsv3_gate_up_routed  T 4096 tokens routed by tessera's DeepSeek-V3 gate (E 256, top-8): 32768 rows over the
@@ -618,6 +619,9 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
       uniform("mixtral_down_decode", 2, 1, 4096, 14336, true),
       // DeepSeek-V3's gate_up at T 1 (8 routed experts and the shared one, one row each): 288 tiles of 128 weights.
       uniform("dsv3_gate_up_t1", 9, 1, 4096, 7168, true),
+      // One dense 8192³ GEMM: its cuBLASLt row is the run's measured FP8 (and bf16) tensor ceiling, the figure the
+      // compute-bound rows are quoted against (docs/perf/grouped_gemm.md, "Clocks and power").
+      uniform("dense", 1, 8192, 8192, 8192, false),
   };
   GemmShape skewed;
   skewed.groups = 128;
@@ -653,6 +657,7 @@ void add_gemm_cases(std::vector<CaseSpec>& cases) {
         {"grouped_gemm_fp8", "dsv3_decode_routed/T64/tensor"},
         {"grouped_gemm_fp8_masked", "dsv3_decode_routed/T64/tensor"},
         {"cublaslt_fp8_loop", "dsv3_decode_routed/T64/tensor"},
+        {"grouped_gemm_fp8", "dense/m8192/tensor"},           {"cublaslt_fp8_loop", "dense/m8192/tensor"},
     };
     return std::find(rows.begin(), rows.end(), std::pair{op, name}) != rows.end();
   };

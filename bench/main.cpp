@@ -19,6 +19,7 @@
 
 #include "common/tensor_map.h"
 #include "harness.h"
+#include "gpu_clock.h"
 #include "timing.h"
 
 namespace tessera::bench {
@@ -146,6 +147,8 @@ struct Row {
   std::string error;        // setup threw, or a timing mode threw
   std::string unsupported;  // a peer that does not support the case (not a failure)
   double setup_s = 0, check_s = 0, timing_s = 0;  // host wall time of each phase
+  ClockReading clock;         // SM clock and board power while graph mode was timed (gpu_clock.h)
+  ClockReading stream_clock;  // the same for stream mode (timed first, right after setup and --check)
   double host_us = NAN;  // --host: the CPU's time per call (time_host)
   std::string host_detail;  // --host: where that time goes (CaseInstance::host_detail), where the case says
 
@@ -160,6 +163,7 @@ struct Device {
   DeviceContext ctx;
   StreamCeiling copy;  // read + write
   StreamCeiling read;  // read only
+  ClockSampler* clocks = nullptr;  // NVML, where the driver has it
 };
 
 double gbps(const Row& r) {
@@ -209,6 +213,9 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   const bool peer_column = any_peers(rows);
   std::vector<std::string> head = {"op", "case", "graph µs", "stream µs", "GB/s", "% copy BW", "% read BW", "TFLOP/s",
                                    "check"};
+  // The SM clock and power of graph mode appear where NVML gave them.
+  const bool clock_columns = std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.clock.ok(); });
+  if (clock_columns) head.insert(head.end() - 1, {"SM MHz", "W"});
   if (peer_column) head.insert(head.end() - 1, "tessera/peer");
   std::vector<std::vector<std::string>> cells;
   for (const Row& r : rows) {
@@ -218,6 +225,12 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
                      fmt("%.1f", 100.0 * bw * 1e9 / dev.copy.bytes_per_s),
                      fmt("%.1f", 100.0 * bw * 1e9 / dev.read.bytes_per_s), fmt("%.3f", tflops(r)),
                      !r.unsupported.empty() ? "n/a" : r.error.empty() ? r.check : (r.check == "FAIL" ? "FAIL" : "ERROR")});
+    if (clock_columns) {
+      const bool capped = !reason_names(r.clock.reasons).empty();
+      cells.back().insert(cells.back().end() - 1,
+                          {r.clock.ok() ? fmt("%.0f", r.clock.sm_mhz) + (capped ? "*" : "") : "-",
+                           r.clock.ok() && std::isfinite(r.clock.power_w) ? fmt("%.0f", r.clock.power_w) : "-"});
+    }
     if (peer_column) {
       std::string ratios;
       for (const Row* p : peers_of(r, rows)) ratios += (ratios.empty() ? "" : ", ") + fmt("%.2f", peer_ratio(r, *p));
@@ -245,6 +258,9 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   for (const auto& row : cells) line(row);
   std::printf("(GB/s, %% copy BW, %% read BW and TFLOP/s from the graph time, or the stream time where graph mode "
               "failed)\n");
+  if (clock_columns)
+    std::printf("(SM MHz: median SM clock while graph mode was timed, sampled by NVML every ~1 ms; *: the clock was held "
+                "down (power cap, thermal) during it; W: mean board power over the same samples)\n");
   if (peer_column) {
     std::vector<std::string> peer_ops;
     for (const Row& r : rows)
@@ -420,6 +436,12 @@ std::vector<Field> row_fields(const Row& r, const std::vector<Row>& rows, const 
   num("pct_copy_bw", 100.0 * bw * 1e9 / dev.copy.bytes_per_s);
   num("pct_read_bw", 100.0 * bw * 1e9 / dev.read.bytes_per_s);
   num("tflops", tflops(r));
+  num("sm_mhz", r.clock.sm_mhz);
+  num("min_sm_mhz", r.clock.min_mhz);
+  num("power_w", r.clock.power_w);
+  num("stream_sm_mhz", r.stream_clock.sm_mhz);
+  num("stream_power_w", r.stream_clock.power_w);
+  str("clock_limits", reason_names(r.clock.reasons), true);
   num("host_us", r.host_us);
   timing("graph", r.graph);
   timing("stream", r.stream);
@@ -549,16 +571,22 @@ Row run_case(const CaseSpec& spec, const Device& dev, cudaStream_t stream, const
     row.check_s = seconds_since(t0);
     t0 = Clock::now();
     try {
+      if (dev.clocks) dev.clocks->start();
       row.stream = time_stream(*inst, stream, o.reps, o.warmup);
+      if (dev.clocks) row.stream_clock = dev.clocks->stop();
     } catch (const std::exception& e) {
+      if (dev.clocks) dev.clocks->stop();
       row.stream.error = e.what();
       note_error(row.error, std::string("stream mode: ") + e.what());
       settle(stream);
     }
     try {
       const int calls = graph_calls_for(row.stream.ok ? row.stream.median_us : -1.0, row.num_sets);
+      if (dev.clocks) dev.clocks->start();
       row.graph = time_graph(*inst, stream, calls, o.reps, std::min(o.warmup, 3));
+      if (dev.clocks) row.clock = dev.clocks->stop();
     } catch (const std::exception& e) {
+      if (dev.clocks) dev.clocks->stop();
       row.graph.error = e.what();
       note_error(row.error, std::string("graph mode: ") + e.what());
       settle(stream);
@@ -647,8 +675,13 @@ int main_impl(int argc, char** argv) {
     std::fprintf(stderr, "tessera-bench: cannot set up the device: %s\n", e.what());
     return 2;
   }
+  ClockSampler clocks(dev.ordinal);
+  if (clocks.available()) dev.clocks = &clocks;
   std::printf("device %d: %s, %d SMs, L2 %.1f MiB\n", dev.ordinal, dev.name.c_str(), dev.ctx.num_sms,
               dev.ctx.l2_bytes / 1048576.0);
+  std::printf("SM clock and power: %s\n",
+              clocks.available() ? "sampled by NVML while each case's graph mode is timed"
+                                 : ("not reported (" + clocks.unavailable_reason() + ")").c_str());
   std::printf("copy bandwidth: %.1f GB/s (cudaMemcpyAsync device-to-device of %.0f MiB, read + write, median %.1f us)\n",
               dev.copy.bytes_per_s / 1e9, dev.copy.buffer_bytes / 1048576.0, dev.copy.median_us);
   std::printf("read bandwidth: %.1f GB/s (16-byte streaming loads over %.0f MiB, read only, median %.1f us)\n",

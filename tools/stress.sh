@@ -60,6 +60,7 @@ default_tests=(
   'GroupedGemmGpu.CudaGraphCapture'
   'GroupedGemmGpu.EdgeShapes'
   'GroupedGemmGpu.DecodeLaunchesSplitTheirTiles'
+  'GroupedGemmGpu.OddKBlockCounts'
   'FusedGateGpu.FarNegativeLogits'
   'LinearGpu.BiasAndClamps'
   'LinearGpu.CudaGraphCapture'

@@ -633,6 +633,26 @@ TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
   });
 }
 
+// Odd k-block counts (K / 128 = 1, 3, 5) under groups of every tile height: the 128 × 256 tiles take one k-block per
+// stage, the 64-row and decode tiles two or three, so a tile's last stage is partly past K (zeros) and a tile starts
+// at any stage of the ring. Every kind and layout.
+TEST_F(GroupedGemmGpu, OddKBlockCounts) {
+  const uint64_t shape_seed = test::fresh_seed();
+  SCOPED_TRACE("shape " + test::seed_note(shape_seed));
+  std::mt19937_64 rng(shape_seed);
+  for (int64_t k : {128, 384, 640})
+    for_each_kind_and_layout([&](GemmCase c) {
+      c.n = 512;
+      c.k = k;
+      c.sizes = {129, 1, 256, 40, 7, 300, 0, 64 + static_cast<int64_t>(rng() % 200)};
+      std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
+      c.G = static_cast<int>(c.sizes.size());
+      c.tail = 3;
+      c.max_m_extra = 2;
+      check_case(c);
+    });
+}
+
 // The most groups a launch takes (kGroupedGemmMaxGroups): the tile table then leaves room for a ring of only three
 // stages (config.h: select_stages), the shallowest the three block-wise scale warps allow (kernel.cuh: kScaleWarps).
 // Decode-like group sizes (0-9 rows, every tile height of 8 and 32) and a few 40-300-row groups, every kind and layout.

@@ -109,8 +109,10 @@ TEST(Ptx, TmaSwizzledBoxWithOutOfBoundsRows) {
 
 // ---------------------------------------------------------------------------------------------------------
 // wgmma: D[64 × N] = A[64 × K] · B[N × K]ᵀ over K = 128 bytes (one swizzled row: 4 instructions), both tiles
-// loaded by TMA, then D written out row-major from the documented accumulator layout.
-template <int N, bool kFP8>
+// loaded by TMA, then D written out row-major from the documented accumulator layout. kReps > 1 adds the same
+// product kReps times into one accumulator (4 · kReps instructions in one batch): the fp8 accumulator's error over
+// kReps k-blocks, what promoting less often than every 128 of K would cost (docs/perf/grouped_gemm.md, v9).
+template <int N, bool kFP8, int kReps = 1>
 __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                   float* d_out) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -130,9 +132,12 @@ __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, con
   const uint64_t da = tessera::ptx::wgmma_desc_k_major_sw128(a), db = tessera::ptx::wgmma_desc_k_major_sw128(b);
   tessera::ptx::wgmma_fence();
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    if constexpr (kFP8) Mma::mma_e4m3(d, da + 2 * s, db + 2 * s, s > 0);
-    else Mma::mma_bf16(d, da + 2 * s, db + 2 * s, s > 0);
+  for (int r = 0; r < kReps; ++r) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      if constexpr (kFP8) Mma::mma_e4m3(d, da + 2 * s, db + 2 * s, r > 0 || s > 0);
+      else Mma::mma_bf16(d, da + 2 * s, db + 2 * s, r > 0 || s > 0);
+    }
   }
   tessera::ptx::wgmma_commit_group();
   tessera::ptx::wgmma_wait_group<0>();
@@ -149,7 +154,7 @@ __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, con
 #endif
 }
 
-template <int N, bool kFP8>
+template <int N, bool kFP8, int kReps = 1>
 void check_wgmma_tile() {
   const uint64_t seed = tessera::test::fresh_seed();
   SCOPED_TRACE(tessera::test::seed_note(seed));
@@ -180,7 +185,7 @@ void check_wgmma_tile() {
   const auto el = kFP8 ? tessera::detail::TmaElement::kU8 : tessera::detail::TmaElement::kBF16;
   const CUtensorMap ma = tessera::detail::make_tensor_map_sw128(da.get(), el, k, 64, 1, k, 64 * k, 64);
   const CUtensorMap mb = tessera::detail::make_tensor_map_sw128(db.get(), el, k, N, 1, k, N * k, N);
-  wgmma_tile_kernel<N, kFP8><<<1, 128, (64 + N) * kRowBytes + 1024>>>(ma, mb, dd.get());
+  wgmma_tile_kernel<N, kFP8, kReps><<<1, 128, (64 + N) * kRowBytes + 1024>>>(ma, mb, dd.get());
   TESSERA_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> d = dd.download();
   // bf16: fp32 accumulation of exact products. fp8: the tensor cores add a k-block's products with a
@@ -196,17 +201,20 @@ void check_wgmma_tile() {
         ref += av[i * k + kk] * bv[j * k + kk];
         mag += std::fabs(av[i * k + kk] * bv[j * k + kk]);
       }
+      ref *= kReps;
+      mag *= kReps;
       ASSERT_NEAR(d[i * N + j], ref, tol * mag + 1e-6) << "D[" << i << "][" << j << "]";
       worst = std::max(worst, std::fabs(d[i * N + j] - ref) / std::max(mag, 1e-30));
     }
   }
-  std::printf("[ wgmma   ] %s N=%d: largest |D - ref| / sum|products| = %.3g (2^%.1f)\n", kFP8 ? "e4m3" : "bf16", N,
-              worst, worst > 0 ? std::log2(worst) : -999.0);
+  std::printf("[ wgmma   ] %s N=%d, %d k-block(s): largest |D - ref| / sum|products| = %.3g (2^%.1f)\n",
+              kFP8 ? "e4m3" : "bf16", N, kReps, worst, worst > 0 ? std::log2(worst) : -999.0);
 }
 
 TEST(Ptx, WgmmaE4M3N8) { REQUIRE_SM90(); check_wgmma_tile<8, true>(); }
 TEST(Ptx, WgmmaE4M3N16) { REQUIRE_SM90(); check_wgmma_tile<16, true>(); }
 TEST(Ptx, WgmmaE4M3N128) { REQUIRE_SM90(); check_wgmma_tile<128, true>(); }
+TEST(Ptx, WgmmaE4M3N128TwoKBlocks) { REQUIRE_SM90(); check_wgmma_tile<128, true, 2>(); }
 TEST(Ptx, WgmmaBF16N32) { REQUIRE_SM90(); check_wgmma_tile<32, false>(); }
 TEST(Ptx, WgmmaBF16N64) { REQUIRE_SM90(); check_wgmma_tile<64, false>(); }
 
