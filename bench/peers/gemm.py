@@ -130,6 +130,7 @@ def shapes():
         uniform("dsv3_down", 32, 1024, 7168, 2048, False),
         uniform("qwen3_gate_up", 128, 256, 1536, 2048, False),
         uniform("qwen3_down_decode", 128, 4, 2048, 768, True),
+        uniform("dense", 1, 8192, 8192, 8192, False),
     ]
     skewed = zipf_rows(128, 32768, 16, 1.1, 0x5EED)
     out.append(dict(name=f"skewed_zipf/M{sum(skewed)}", rows=skewed, n=1536, k=2048, max_m=0))
