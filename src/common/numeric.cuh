@@ -58,6 +58,12 @@ __device__ __forceinline__ uint2 pack_fp8x8_e4m3(const float (&v)[8]) {
   return make_uint2(w[0] | (w[1] << 16), w[2] | (w[3] << 16));
 }
 
+// The MoE layer's activation of one element: silu(g) · u with an approximate exponential and division (2 ulp; a
+// correctly rounded division has a slow path that is a function call, which in the fused epilogue made ptxas save
+// registers to the stack). One definition for the activation step (moe/layer/launch.cu) and the first GEMM's fused
+// epilogue (gemm/grouped/kernel.cuh), which must give the same bits.
+__device__ __forceinline__ float silu_mul(float g, float u) { return __fdividef(g, 1.0f + __expf(-g)) * u; }
+
 inline constexpr float kFP8E4M3Max = 448.0f;
 
 // The scale of one fp8 e4m3 activation block (DeepSeek-V3's 1×128 blocks: moe::permute, the MoE layer's

@@ -269,7 +269,7 @@ struct LayerRun {
   };
   FirstGemm first_gemm(cudaStream_t stream) {
     detail::moe_layer_marked(plan, inputs(), weights(), y_view(), Workspace{ws.get(), ws.size()}, stream, nullptr,
-                             /*last_step=*/4);
+                             /*last_step=*/4, detail::ActivationPlacement::kSeparate);
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
     const detail::LayerLayout L = detail::layer_layout(plan.config, plan.max_tokens);
     const int64_t R = d.c.T * L.slots, I = d.c.I;
@@ -497,6 +497,38 @@ void print_errors(const std::string& what, const Errors& e) {
               static_cast<long long>(e.act_boundary));
 }
 
+// bf16 and per-tensor fp8 may compute the activation in the first GEMM's epilogue (moe_layer's choice from
+// kFuseMinTokens tokens on; forced here at every T), which must give the bits of the separate step: the fused call's
+// activation (act_fused, intact after the call) against the separate step's (`first`, from first_gemm), every
+// permuted row in use, and y of a fused call, of a call with the step separate and of moe_layer's own (y_auto).
+void expect_fused_activation_exact(LayerRun& r, const LayerData& d, const LayerRun::FirstGemm& first,
+                                   const std::vector<uint16_t>& y_auto, cudaStream_t stream) {
+  if (d.c.format == WeightFormat::kFP8Blockwise) return;
+  const auto full_call = [&](detail::ActivationPlacement placement) {
+    r.y.poison();
+    detail::moe_layer_marked(r.plan, r.inputs(), r.weights(), r.y_view(), Workspace{r.ws.get(), r.ws.size()}, stream,
+                             nullptr, detail::kLayerSteps, placement);
+    TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return r.y.download();
+  };
+  const std::vector<uint16_t> y_fused = full_call(detail::ActivationPlacement::kFused);
+  const detail::LayerLayout L = detail::layer_layout(r.plan.config, r.plan.max_tokens);
+  const int64_t rows = std::count_if(first.row_index.begin(), first.row_index.end(), [](int32_t v) { return v >= 0; });
+  const std::size_t row_bytes = static_cast<std::size_t>(d.c.I) * (d.c.format == WeightFormat::kBF16 ? 2 : 1);
+  std::vector<uint8_t> fused(static_cast<std::size_t>(rows) * row_bytes);
+  if (rows > 0)
+    TESSERA_CUDA_CHECK(cudaMemcpy(fused.data(), r.ws.get() + L.act_fused, fused.size(), cudaMemcpyDeviceToHost));
+  for (int64_t row = 0; row < rows; ++row)
+    if (std::memcmp(fused.data() + row * row_bytes, first.act.data() + row * row_bytes, row_bytes) != 0) {
+      ADD_FAILURE() << "the fused activation differs from the separate step's in permuted row " << row << " of "
+                    << rows;
+      break;
+    }
+  const std::vector<uint16_t> y_separate = full_call(detail::ActivationPlacement::kSeparate);
+  EXPECT_TRUE(y_fused == y_separate) << "y with the fused activation differs from y with the separate step";
+  EXPECT_TRUE(y_auto == y_separate) << "moe_layer's y differs from y with the separate step";
+}
+
 void run_and_check(const LayerCase& c) {
   const uint64_t seed = test::fresh_seed();
   SCOPED_TRACE(describe(c) + " " + test::seed_note(seed));
@@ -507,9 +539,11 @@ void run_and_check(const LayerCase& c) {
   r.y.poison();
   r.run(stream.get());
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-  const Errors e = check_layer(d, r.y.download(), first);
+  const std::vector<uint16_t> y = r.y.download();
+  const Errors e = check_layer(d, y, first);
   print_errors(describe(c), e);
   expect_within_bounds(e, c.format, describe(c));
+  expect_fused_activation_exact(r, d, first, y, stream.get());
 }
 
 TEST(MoeLayerGpu, EveryFormatAndGate) {

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 
+#include "common/numeric.cuh"
 #include "gemm/grouped/config.h"
 #include "pipeline/pipeline.cuh"
 #include "ptx/mbarrier.cuh"
@@ -74,6 +75,11 @@ struct KernelParams {
   int64_t xs_row_stride, xs_k_stride, xs_group_stride;
   const float* w_scale;
   int64_t ws_group_stride, ws_n_stride, ws_k_stride;
+  // The MoE layer's fused activation (GroupedProblem::act; contiguous layout, weights in wgmma's M side only): the
+  // weight maps interleave gate and up rows (launch.cu) and the epilogue writes act = Q(silu(gate) · up) instead of y.
+  void* act;              // nullptr: not fused; else [rows][n / 2], e4m3 codes of act / *act_scale (fp8 operands) or bf16
+  int64_t act_row_stride;
+  const float* act_scale;
 };
 
 // Where tile t lives, and its shape (its group's).
@@ -267,7 +273,7 @@ struct TileSplit {
 
 // One tile of shape (kBlockM, kHalves) by a consumer warpgroup: the mainloop over K through the ring, then the
 // epilogue. Stage st holds k-blocks kb0 .. kb0 + kblocks_per_stage - 1 of the tile, each as [weights][tokens].
-template <bool kFP8, int kBlockM, int kHalves, bool kTokensInM_ = false, bool kSplitK = false>
+template <bool kFP8, int kBlockM, int kHalves, bool kTokensInM_ = false, bool kSplitK = false, bool kFused = false>
 __device__ __forceinline__ void consume_tile(const KernelParams& p, const ConsumerCtx& x, const TileCoord& c,
                                              pipeline::PipelineState& st) {
   using Split = TileSplit<kBlockM, kHalves, kTokensInM_, kSplitK>;
@@ -485,6 +491,54 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
         }
       }
     }
+  } else if constexpr (kFused) {
+    // The fused activation. The weight maps put gate rows in tile rows 16c..16c+7 and the matching up rows in
+    // 16c+8..16c+15 (launch.cu), so a thread's registers 4q, 4q+1 (row row_lo: a gate row) and 4q+2, 4q+3 (row
+    // row_lo + 8: its up row) hold both halves of act column 8c + lane/4 for tokens 8q + col_pair and + 1. h is
+    // rounded to bf16 as the separate first GEMM stores it and silu_mul is the activation step's, so act gets the
+    // same bits either way. The 8 lanes sharing lane & 3 hold 8 adjacent columns of the same two tokens; 8 shuffles
+    // gather them, and lanes 0-3 store the first token's 8 codes (8 bytes, or 16 in bf16), lanes 4-7 the second's.
+    const float inv = kFP8 ? 1.0f / __ldg(p.act_scale) : 1.0f;
+    constexpr int kActBytes = kFP8 ? 1 : 2;
+    const auto round_bf16 = [](float v) { return __bfloat162float(__float2bfloat16_rn(v)); };
+    uint8_t* act_tile = static_cast<uint8_t*>(p.act) +
+                        ((c.row0 + c.m0) * p.act_row_stride + c.n0 / 2) * kActBytes;
+    const int pick = lane >> 2;  // 0: store token 8q + col_pair, 1: the next token, else nothing
+#pragma unroll
+    for (int h = 0; h < kPieces; ++h) {
+      const int col = (Split::a_row(wg, h) + warp * 16) / 2;  // the warp's first act column of the tile
+#pragma unroll
+      for (int q = 0; q < kBlockM / 8; ++q) {
+        const float v0 = ::tessera::detail::silu_mul(round_bf16(total[h][4 * q] * factor),
+                                                     round_bf16(total[h][4 * q + 2] * factor));
+        const float v1 = ::tessera::detail::silu_mul(round_bf16(total[h][4 * q + 1] * factor),
+                                                     round_bf16(total[h][4 * q + 3] * factor));
+        const int token = 8 * q + col_pair + pick;
+        const bool store = pick < 2 && token < c.rows;
+        uint8_t* dst = act_tile + (token * p.act_row_stride + col) * kActBytes;
+        if constexpr (kFP8) {
+          // Low byte: the first token's code, high byte: the second's.
+          const uint32_t mine = __nv_cvt_float2_to_fp8x2(make_float2(v0 * inv, v1 * inv), __NV_SATFINITE, __NV_E4M3);
+          uint32_t w[2] = {0u, 0u};
+#pragma unroll
+          for (int src = 0; src < 8; ++src) {
+            const uint32_t o = __shfl_sync(0xffffffffu, mine, (lane & 3) + 4 * src);
+            w[src >> 2] |= ((pick == 1 ? o >> 8 : o) & 0xFFu) << (8 * (src & 3));
+          }
+          if (store) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        } else {
+          // Low half: the first token's bf16, high half: the second's.
+          const uint32_t mine = ::tessera::detail::pack2<false>(v0, v1);
+          uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+          for (int src = 0; src < 8; ++src) {
+            const uint32_t o = __shfl_sync(0xffffffffu, mine, (lane & 3) + 4 * src);
+            w[src >> 1] |= ((pick == 1 ? o >> 16 : o) & 0xFFFFu) << (16 * (src & 1));
+          }
+          if (store) *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+    }
   } else {
     // Lanes l and l^4 hold weight rows r and r^1 of the same token columns; one shuffle gives each a pair of
     // adjacent weights of one token (even row: token c, odd row: token c+1).
@@ -510,7 +564,9 @@ __device__ __forceinline__ void consume_tile(const KernelParams& p, const Consum
   }
 }
 
-template <bool kFP8>
+// kFused: the MoE layer's fused activation (KernelParams::act set; its own instantiation, so that the plain GEMM's
+// code is not touched by the epilogue's).
+template <bool kFP8, bool kFused>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap tmap_x8, const __grid_constant__ CUtensorMap tmap_x64,
                         const __grid_constant__ CUtensorMap tmap_x128, const __grid_constant__ CUtensorMap tmap_w,
@@ -583,7 +639,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < per_stage; ++j) {
             uint8_t* sub = operands + st.stage * kStageBytes + j * sub_bytes;
             const int k0 = (kb0 + j) * kKElems;
-            ptx::tma_load_3d(sub, w_map, full, k0, c.n0, c.group);
+            if constexpr (kFused)  // 5-D map: [G][I/8 chunks][gate, up][8 rows][K bytes]; a tile's rows n0.. are chunks n0/16..
+              ptx::tma_load_5d(sub, w_map, full, (kb0 + j) * kTileKBytes, 0, 0, c.n0 / 16, c.group);
+            else
+              ptx::tma_load_3d(sub, w_map, full, k0, c.n0, c.group);
             for (int r = 0; r < c.block_m; r += x_box_rows)
               ptx::tma_load_3d(sub + w_bytes + r * kTileKBytes, x_map, full, k0, x_row + r, x_grp);
           }
@@ -695,20 +754,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 2-6 % faster and per-tensor / bf16 3-18 % slower.
       // The fourth template argument is kFP8, not true: the bf16 kernel never runs tokens in M, so it does not
       // instantiate those tiles.
-      const bool tokens_in_m = kFP8 && blockwise;
+      const bool tokens_in_m = kFP8 && !kFused && blockwise;
       switch (c.block_m) {
         case 8:
-          if (c.split) consume_tile<kFP8, 8, 1, false, true>(p, ctx, c, st);
-          else consume_tile<kFP8, 8, 1>(p, ctx, c, st);
+          if (c.split) consume_tile<kFP8, 8, 1, false, true, kFused>(p, ctx, c, st);
+          else consume_tile<kFP8, 8, 1, false, false, kFused>(p, ctx, c, st);
           break;
-        case 32: consume_tile<kFP8, 32, 1>(p, ctx, c, st); break;
+        case 32: consume_tile<kFP8, 32, 1, false, false, kFused>(p, ctx, c, st); break;
         case 64:
-          if (tokens_in_m) consume_tile<kFP8, 64, 1, kFP8>(p, ctx, c, st);
-          else consume_tile<kFP8, 64, 1>(p, ctx, c, st);
+          if (tokens_in_m) consume_tile<kFP8, 64, 1, kFP8 && !kFused>(p, ctx, c, st);
+          else consume_tile<kFP8, 64, 1, false, false, kFused>(p, ctx, c, st);
           break;
         default:
-          if (tokens_in_m) consume_tile<kFP8, 128, 2, kFP8>(p, ctx, c, st);
-          else consume_tile<kFP8, 128, 2>(p, ctx, c, st);
+          if (tokens_in_m) consume_tile<kFP8, 128, 2, kFP8 && !kFused>(p, ctx, c, st);
+          else consume_tile<kFP8, 128, 2, false, false, kFused>(p, ctx, c, st);
           break;
       }
     }

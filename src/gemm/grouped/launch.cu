@@ -17,7 +17,7 @@ namespace {
 
 template <bool kFP8>
 void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
-  auto kernel = grouped_gemm_kernel<kFP8>;
+  auto kernel = pb.act != nullptr ? grouped_gemm_kernel<kFP8, true> : grouped_gemm_kernel<kFP8, false>;
   const int stages = select_stages(pb.num_groups);
   const int smem = SmemLayout::make(stages, pb.num_groups).total_bytes;
   // Also raises the kernel's dynamic shared-memory limit (once per device and size).
@@ -36,17 +36,38 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 8);
   const CUtensorMap tmap_x64 =
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 64);
-  const CUtensorMap tmap_w = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
-                                                   pb.w_group_stride, kWeightBox);
+  CUtensorMap tmap_w = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
+                                             pb.w_group_stride, kWeightBox);
   const CUtensorMap tmap_x128 =
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 128);
   // 256-row weight boxes serve the 128 × 256 tiles, which exist only where N is a multiple of 256.
-  const CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w
-                                                : make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups,
-                                                                        pb.w_row_stride, pb.w_group_stride, 256);
+  CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w
+                                          : make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups,
+                                                                  pb.w_row_stride, pb.w_group_stride, 256);
   // 64-row weight boxes serve a decode launch's split tiles (config.h: split_decode_tiles).
-  const CUtensorMap tmap_w64 = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
-                                                     pb.w_group_stride, 64);
+  CUtensorMap tmap_w64 = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
+                                               pb.w_group_stride, 64);
+  const bool fused = pb.act != nullptr;
+  if (fused) {
+    // The fused activation's weights (problem.h): the same three box heights, each box [rows / 16 chunks][gate, up]
+    // [8 rows][128 bytes of K] of a 5-D byte map over w viewed as [G][I / 8][2][8][K], so that tile rows 16c..16c+7
+    // are gate rows 8c'..8c'+7 and rows 16c+8.. the up rows of the same columns (c' = the tile's chunk c).
+    if (masked || pb.scaling == Scaling::kBlockwise || pb.n % 256 != 0 || pb.act_fp8 != kFP8)
+      throw Error("tessera: internal: the fused activation takes the contiguous layout, bf16 or per-tensor fp8 (act of "
+                  "the operands' type), and N a multiple of 256");
+    const int64_t eb = kFP8 ? 1 : 2, half = pb.n / 2;
+    const auto map = [&](int rows) {
+      const int64_t dims[5] = {pb.k * eb, 8, 2, half / 8, pb.num_groups};
+      const int64_t strides[4] = {pb.w_row_stride * eb, half * pb.w_row_stride * eb, 8 * pb.w_row_stride * eb,
+                                  pb.w_group_stride * eb};
+      const int box[5] = {kTileKBytes, 8, 2, rows / 16, 1};
+      return ::tessera::detail::make_tensor_map_u8(pb.w, 5, dims, strides, box, 128,
+                                                   ::tessera::detail::L2Promotion::k256B);
+    };
+    tmap_w = map(kWeightBox);
+    tmap_w256 = map(256);
+    tmap_w64 = map(64);
+  }
 
   KernelParams kp{};
   kp.num_groups = pb.num_groups;
@@ -68,6 +89,9 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
   kp.ws_group_stride = pb.ws_group_stride;
   kp.ws_n_stride = pb.ws_n_stride;
   kp.ws_k_stride = pb.ws_k_stride;
+  kp.act = pb.act;
+  kp.act_row_stride = pb.act_row_stride;
+  kp.act_scale = pb.act_scale;
 
   // Grid size only (config.h: grid_tile_bound; the tile shapes are chosen on the device).
   const int64_t slots = int64_t{per_sm} * ::tessera::detail::current_device_info().num_sms;

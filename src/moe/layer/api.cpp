@@ -104,11 +104,14 @@ LayerLayout layer_layout(const MoeLayerConfig& c, int64_t max_tokens) {
   l.act = a_begin;
   l.act_scales = a_begin + act_bytes;
   off = a_begin + std::max(x_bytes + xs_bytes, act_bytes + as_bytes);
-  // Region B: h, later y_perm.
+  // Region B: h, later y_perm. Where the first GEMM's epilogue computes the activation (bf16, per-tensor fp8), no h
+  // is stored and the activation goes after y_perm instead (region A still holds x_perm while that GEMM writes it).
   const std::size_t b_begin = off;
   l.h = b_begin;
   l.y_perm = b_begin;
-  off = b_begin + std::max(round_up(cap * 2 * I * 2), round_up(cap * H * 2));
+  const std::size_t y_bytes = round_up(cap * H * 2);
+  l.act_fused = blockwise ? 0 : b_begin + y_bytes;
+  off = b_begin + std::max(round_up(cap * 2 * I * 2), y_bytes + (blockwise ? 0 : act_bytes));
   l.total = off;
   return l;
 }
@@ -219,7 +222,7 @@ namespace detail {
 
 void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const MoeLayerWeights& weights,
                       const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks,
-                      int last_step) {
+                      int last_step, ActivationPlacement placement) {
   // mark(i) records the event after step i; it returns true where the caller asked to stop after that step.
   auto mark = [&](int i) {
     if (marks != nullptr) TESSERA_CUDA_CHECK(cudaEventRecord(marks[i], stream));
@@ -301,7 +304,10 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   const TensorView x_perm = ws_view(workspace, L.x_perm, code, {R, H}, dev);
   const TensorView x_scales = ws_view(workspace, L.x_scales, DType::kFP32, {R, H / 128}, dev);
   const TensorView h = ws_view(workspace, L.h, DType::kBF16, {R, 2 * I}, dev);
-  const TensorView act = ws_view(workspace, L.act, code, {R, I}, dev);
+  // The activation in the first GEMM's epilogue where the format allows it (problem.h: GroupedProblem::act).
+  const bool fused = !blockwise && (placement == ActivationPlacement::kFused ||
+                                    (placement == ActivationPlacement::kAuto && T >= kFuseMinTokens));
+  const TensorView act = ws_view(workspace, fused ? L.act_fused : L.act, code, {R, I}, dev);
   const TensorView act_scales = ws_view(workspace, L.act_scales, DType::kFP32, {R, I / 128}, dev);
   const TensorView y_perm = ws_view(workspace, L.y_perm, DType::kBF16, {R, H}, dev);
   const Workspace gemm_ws = tessera::detail::workspace_part(workspace, L.gemm_ws, L.gemm_ws_bytes);
@@ -315,12 +321,18 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
     s1 = gemm::FP8Scales{gemm::ScaleMode::kPerTensor, verified(*weights.a13_scale), verified(*weights.w13_scale)};
     s2 = gemm::FP8Scales{gemm::ScaleMode::kPerTensor, verified(*weights.a2_scale), verified(*weights.w2_scale)};
   }
-  const gemm::detail::GroupedProblem gemm1 =
+  gemm::detail::GroupedProblem gemm1 =
       check_gemm("tessera::moe::moe_layer (first GEMM: w = w13, w_scale = w13_scale, x_scale = a13_scale)", fp8, x_perm,
                  verified(weights.w13), offsets, s1, h, gemm_ws);
   const gemm::detail::GroupedProblem gemm2 =
       check_gemm("tessera::moe::moe_layer (second GEMM: w = w2, w_scale = w2_scale, x_scale = a2_scale)", fp8, act,
                  verified(weights.w2), offsets, s2, y_perm, gemm_ws);
+  if (fused) {
+    gemm1.act = act.data;
+    gemm1.act_row_stride = I;
+    gemm1.act_fp8 = fp8;
+    gemm1.act_scale = fp8 ? static_cast<const float*>(weights.a2_scale->data) : nullptr;
+  }
   // Device checks last (after every shape rule), once per tensor.
   check.on_current_device(in.x, "x");
   check.on_current_device(in.router_logits, "router_logits");
@@ -354,21 +366,23 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
       c.format == WeightFormat::kFP8PerTensor ? weights.a13_scale : std::nullopt;
   launch_permute(in.x, gate_ids, a13, po, permute_ws, pp, stream, in.num_tokens);
   if (mark(2)) return;
-  // 3. h = x_perm · w13ᵀ
+  // 3. h = x_perm · w13ᵀ (fused: act = Q(silu(gate) · up) of it, h not stored)
   gemm::detail::launch_grouped_gemm(gemm1, stream);
   if (mark(3)) return;
-  // 4. act = Q(silu(gate) · up) over the rows in use (offsets[G], read on the device)
-  detail::ActivationArgs aa{};
-  aa.h = h.data;
-  aa.act = act.data;
-  aa.act_scales = blockwise ? static_cast<float*>(act_scales.data) : nullptr;
-  aa.static_scale =
-      c.format == WeightFormat::kFP8PerTensor ? static_cast<const float*>(weights.a2_scale->data) : nullptr;
-  aa.rows_end = static_cast<const int32_t*>(offsets.data) + G;
-  aa.capacity = R;
-  aa.intermediate = I;
-  aa.format = c.format;
-  detail::launch_activation(aa, stream);
+  // 4. act = Q(silu(gate) · up) over the rows in use (offsets[G], read on the device); done by step 3 where fused
+  if (!fused) {
+    detail::ActivationArgs aa{};
+    aa.h = h.data;
+    aa.act = act.data;
+    aa.act_scales = blockwise ? static_cast<float*>(act_scales.data) : nullptr;
+    aa.static_scale =
+        c.format == WeightFormat::kFP8PerTensor ? static_cast<const float*>(weights.a2_scale->data) : nullptr;
+    aa.rows_end = static_cast<const int32_t*>(offsets.data) + G;
+    aa.capacity = R;
+    aa.intermediate = I;
+    aa.format = c.format;
+    detail::launch_activation(aa, stream);
+  }
   if (mark(4)) return;
   // 5. y_perm = act · w2ᵀ
   gemm::detail::launch_grouped_gemm(gemm2, stream);

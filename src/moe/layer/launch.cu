@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_kernel(const Activati
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float gf = __bfloat162float(g[i]);
-      v[i] = gf / (1.0f + __expf(-gf)) * __bfloat162float(u[i]);
+      v[i] = tessera::detail::silu_mul(gf, __bfloat162float(u[i]));
       amax = fmaxf(amax, fabsf(v[i]));
     }
     if constexpr (kFormat == WeightFormat::kBF16) {

@@ -14,7 +14,9 @@ namespace tessera::moe::detail {
 // Byte offsets into the layer's workspace (each 256-byte aligned), for up to max_tokens tokens.
 // Lifetimes: routing and row_index live through the whole call; x_perm lives from permute to the first GEMM and
 // a (the activation) from the activation step to the second, so they share region A; h (the first GEMM's output)
-// lives to the activation step and y_perm from the second GEMM to the reduce, so they share region B.
+// lives to the activation step and y_perm from the second GEMM to the reduce, so they share region B. Where the
+// activation is fused into the first GEMM (bf16, per-tensor fp8), it is written while x_perm is read, so it goes
+// after y_perm in region B (act_fused), which h (not stored then) leaves free.
 struct LayerLayout {
   int slots = 0;                 // ids per token: topk + shared experts
   int experts = 0;               // G = routed + shared
@@ -32,6 +34,8 @@ struct LayerLayout {
   std::size_t act_scales = 0;  //           fp32 [capacity, I/128] (block-wise)
   std::size_t h = 0;           // region B: bf16 [capacity, 2I]
   std::size_t y_perm = 0;      //           bf16 [capacity, H] (after h is dead)
+  std::size_t act_fused = 0;   //           fp8 | bf16 [capacity, I] after y_perm: the activation the first GEMM's
+                               //           epilogue writes (bf16 and per-tensor fp8: no h then); 0 for block-wise
   std::size_t gemm_ws = 0;     // the grouped GEMMs' workspace (shared: they run one after the other)
   std::size_t gemm_ws_bytes = 0;
   std::size_t total = 0;
@@ -59,10 +63,20 @@ void launch_activation(const ActivationArgs& args, cudaStream_t stream);
 // 6 returns after that step (the marks up to it recorded) and leaves y unwritten (last_step 0: the checks only, no
 // launch; the benchmark's --host split of the layer's host time): with last_step 3 the workspace
 // holds the first GEMM's h (and the routing, row_index) of this call, which the tests read to check the rest of the
-// layer from the GPU's own h.
+// layer from the GPU's own h (with the activation as its own step: placement kSeparate; where bf16 and per-tensor fp8
+// compute it in the first GEMM's epilogue, step 4 launches nothing and no h is stored). The activation's bits are
+// the same either way.
 constexpr int kLayerSteps = 6;
+// Where the activation runs for bf16 and per-tensor fp8 (block-wise always runs it as its own step): kAuto is
+// moe_layer's choice (fused from kFuseMinTokens tokens on), the others force one way (tests, benchmarks).
+enum class ActivationPlacement { kAuto, kFused, kSeparate };
+// Measured on an H200 (docs/perf/moe_layer.md, session 26): fused, T 4096 layers 2.5-5 % faster and T 128 ones
+// 0.2-1.1 %, but T 1 ones 1.3-4.3 % slower (the first GEMM's weight stream through the interleaving 5-D tensor map
+// is slower than through the plain one, by more than the saved launch).
+constexpr int64_t kFuseMinTokens = 64;
 void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& inputs, const MoeLayerWeights& weights,
                       const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks,
-                      int last_step = kLayerSteps);
+                      int last_step = kLayerSteps,
+                      ActivationPlacement placement = ActivationPlacement::kAuto);
 
 }  // namespace tessera::moe::detail
