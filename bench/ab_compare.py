@@ -51,7 +51,8 @@ def main(argv=None):
         print(f"ab_compare: no files for {args.base if not base_paths else args.new}", file=sys.stderr)
         return 2
     base, new = per_case(base_paths, args.key), per_case(new_paths, args.key)
-    base_mhz, new_mhz = per_case(base_paths, "sm_mhz"), per_case(new_paths, "sm_mhz")
+    mhz_key = "stream_sm_mhz" if args.key.startswith("stream") else "sm_mhz"  # the clock of the mode compared
+    base_mhz, new_mhz = per_case(base_paths, mhz_key), per_case(new_paths, mhz_key)
     clocks = bool(base_mhz or new_mhz)
     if args.title:
         print(f"A/B: {args.title}\n")

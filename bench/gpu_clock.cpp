@@ -51,11 +51,12 @@ ClockSampler::ClockSampler(int cuda_device) {
   shutdown_ = symbol<int (*)()>(lib_, "nvmlShutdown");
   if (!init || !by_bus || !get_clock_ || !shutdown_) {
     why_ = "NVML lacks an entry point";
+    shutdown_ = nullptr;  // never initialized: nothing to shut down
     return;
   }
   if (init() != kNvmlSuccess) {
     why_ = "nvmlInit failed";
-    shutdown_ = nullptr;
+    shutdown_ = nullptr;  // nothing to shut down
     return;
   }
   char bus[32] = {};
@@ -82,7 +83,12 @@ void ClockSampler::start() {
     reasons_ = 0;
   }
   running_ = true;
-  thread_ = std::thread([this] { run(); });
+  try {
+    thread_ = std::thread([this] { run(); });
+  } catch (...) {
+    running_ = false;  // no thread: stop() has nothing to join
+    throw;
+  }
 }
 
 void ClockSampler::run() {

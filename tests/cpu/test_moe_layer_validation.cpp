@@ -90,6 +90,16 @@ TEST(MoeLayerPlan, WorkspaceRegionsFollowTheLifetimes) {
       EXPECT_GE(l.h, l.act_scales + R * 1 * 4);
     }
     EXPECT_GE(l.total, l.h + std::max<std::size_t>(R * 2 * 128 * 2, R * 256 * 2));
+    // The fused first GEMM's activation (bf16, per-tensor fp8): after y_perm in region B, inside the workspace, never
+    // over x_perm (which that GEMM reads while it writes the activation); block-wise has none.
+    if (f == WeightFormat::kFP8Blockwise) {
+      EXPECT_EQ(l.act_fused, 0u);
+    } else {
+      EXPECT_EQ(l.act_fused % 256, 0u);
+      EXPECT_GE(l.act_fused, l.y_perm + R * 256 * 2);
+      EXPECT_GE(l.act_fused, l.x_perm + R * 256 * code);
+      EXPECT_LE(l.act_fused + R * 128 * code, l.total);
+    }
     for (std::size_t off : {l.gate_weights, l.gate_ids, l.row_index, l.offsets, l.counts, l.permute_ws, l.x_perm,
                             l.x_scales, l.act, l.act_scales, l.h, l.gemm_ws})
       EXPECT_EQ(off % 256, 0u);

@@ -633,9 +633,11 @@ TEST_F(GroupedGemmGpu, TallGroupsWithEveryRemainder) {
   });
 }
 
-// Odd k-block counts (K / 128 = 1, 3, 5) under groups of every tile height: the 128 × 256 tiles take one k-block per
-// stage, the 64-row and decode tiles two or three, so a tile's last stage is partly past K (zeros) and a tile starts
-// at any stage of the ring. Every kind and layout.
+// K of 128, 384 and 640 (fp8: 1, 3 and 5 k-blocks of 128 bytes; bf16: 2, 6 and 10) under groups of 0-300 rows: the
+// decode (8-row), 32-row and 64-row tiles take two or three k-blocks per stage, so a tile's last stage is partly past
+// K (zeros) and a tile starts at any stage of the ring. (The 128 × 256 tiles, one k-block per stage, need more tiles
+// than a wave to be chosen at all: config.h, large_block_m; TallGroupsWithEveryRemainder and the layer's
+// FusedActivationOnEveryTileShape reach them.) Every kind and layout.
 TEST_F(GroupedGemmGpu, OddKBlockCounts) {
   const uint64_t shape_seed = test::fresh_seed();
   SCOPED_TRACE("shape " + test::seed_note(shape_seed));
@@ -644,7 +646,7 @@ TEST_F(GroupedGemmGpu, OddKBlockCounts) {
     for_each_kind_and_layout([&](GemmCase c) {
       c.n = 512;
       c.k = k;
-      c.sizes = {129, 1, 256, 40, 7, 300, 0, 64 + static_cast<int64_t>(rng() % 200)};
+      c.sizes = {129, 1, 256, 40, 7, 300, 0, 20, 64 + static_cast<int64_t>(rng() % 200)};
       std::shuffle(c.sizes.begin(), c.sizes.end(), rng);
       c.G = static_cast<int>(c.sizes.size());
       c.tail = 3;

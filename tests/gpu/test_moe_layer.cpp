@@ -497,8 +497,8 @@ void print_errors(const std::string& what, const Errors& e) {
               static_cast<long long>(e.act_boundary));
 }
 
-// bf16 and per-tensor fp8 may compute the activation in the first GEMM's epilogue (moe_layer's choice from
-// kFuseMinTokens tokens on; forced here at every T), which must give the bits of the separate step: the fused call's
+// bf16 and per-tensor fp8 may compute the activation in the first GEMM's epilogue (detail::ActivationPlacement;
+// forced here at every T), which must give the bits of the separate step: the fused call's
 // activation (act_fused, intact after the call) against the separate step's (`first`, from first_gemm), every
 // permuted row in use, and y of a fused call, of a call with the step separate and of moe_layer's own (y_auto).
 void expect_fused_activation_exact(LayerRun& r, const LayerData& d, const LayerRun::FirstGemm& first,
@@ -574,6 +574,30 @@ TEST(MoeLayerGpu, EveryFormatAndGate) {
     ds.format = f;
     ds.residual = true;
     run_and_check(ds);
+  }
+}
+
+// The fused activation (bf16, per-tensor fp8) on the tiles the other tests' shapes do not reach (the grouped GEMM's
+// tile choice, gemm/grouped/config.h): a decode launch small enough for the split 8 × 64 tiles (T 1, two experts, 8
+// tiles of 128 weights), and one group of 1,200 rows with 2I = 4096, whose 160 tiles of 128 × 256 fill more than a
+// wave (so large_block_m keeps 128-row tiles), with and without a device-side token count. run_and_check holds the
+// fused and the separate activation to the same bits and y to the float64 model.
+TEST(MoeLayerGpu, FusedActivationOnEveryTileShape) {
+  TESSERA_REQUIRE_GPU();
+  for (WeightFormat f : {WeightFormat::kFP8PerTensor, WeightFormat::kBF16}) {
+    LayerCase decode;
+    decode.T = 1;
+    decode.format = f;
+    run_and_check(decode);
+    LayerCase wide;
+    wide.T = 1200;
+    wide.E = 4;
+    wide.k = 1;
+    wide.I = 2048;
+    wide.routing = Routing::kOneExpert;
+    wide.format = f;
+    wide.active = f == WeightFormat::kBF16 ? std::optional<int64_t>(1100) : std::nullopt;
+    run_and_check(wide);
   }
 }
 

@@ -110,8 +110,9 @@ TEST(Ptx, TmaSwizzledBoxWithOutOfBoundsRows) {
 // ---------------------------------------------------------------------------------------------------------
 // wgmma: D[64 × N] = A[64 × K] · B[N × K]ᵀ over K = 128 bytes (one swizzled row: 4 instructions), both tiles
 // loaded by TMA, then D written out row-major from the documented accumulator layout. kReps > 1 adds the same
-// product kReps times into one accumulator (4 · kReps instructions in one batch): the fp8 accumulator's error over
-// kReps k-blocks, what promoting less often than every 128 of K would cost (docs/perf/grouped_gemm.md, v9).
+// product kReps times into one accumulator (4 · kReps instructions in one batch): a proxy (the same products again,
+// so correlated) for the fp8 accumulator's error over kReps k-blocks, what promoting less often than every 128 of K
+// would cost (docs/perf/grouped_gemm.md, v9).
 template <int N, bool kFP8, int kReps = 1>
 __global__ void wgmma_tile_kernel(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                                   float* d_out) {

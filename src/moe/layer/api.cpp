@@ -306,7 +306,8 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   const TensorView h = ws_view(workspace, L.h, DType::kBF16, {R, 2 * I}, dev);
   // The activation in the first GEMM's epilogue where the format allows it (problem.h: GroupedProblem::act).
   const bool fused = !blockwise && (placement == ActivationPlacement::kFused ||
-                                    (placement == ActivationPlacement::kAuto && T >= kFuseMinTokens));
+                                    (placement == ActivationPlacement::kAuto && kFusedActivationByDefault &&
+                                     T >= kFuseMinTokens));
   const TensorView act = ws_view(workspace, fused ? L.act_fused : L.act, code, {R, I}, dev);
   const TensorView act_scales = ws_view(workspace, L.act_scales, DType::kFP32, {R, I / 128}, dev);
   const TensorView y_perm = ws_view(workspace, L.y_perm, DType::kBF16, {R, H}, dev);
