@@ -101,6 +101,10 @@ namespace {
 using moe::WeightFormat;
 
 constexpr const char* kOp = "moe_layer";
+// The same layer with the activation forced into the first GEMM's epilogue (moe::detail::ActivationPlacement::kFused;
+// bf16 and per-tensor fp8 only), beside moe_layer's own choice under the same case names: both placements measured in
+// one run (docs/perf/moe_layer.md, session 26), and --check holds the fused path to the float64 model.
+constexpr const char* kFusedOp = "moe_layer_fused_act";
 constexpr int64_t kBlock = 128;  // fp8 block-wise scale blocks (and the H / I granularity)
 
 constexpr uint64_t kRouterSeed = 0x40E1A7E5ull;  // bench/peers/moe_layer.py's ROUTER_SEED
@@ -345,7 +349,9 @@ enum Salt : uint64_t { kW13 = 1, kW2, kW13Scale, kW2Scale, kX };
 
 class MoeLayerCase final : public CaseInstance {
  public:
-  MoeLayerCase(const DeviceContext& ctx, const Problem& p) : p_(p), device_(ctx.device) {
+  MoeLayerCase(const DeviceContext& ctx, const Problem& p,
+               moe::detail::ActivationPlacement placement = moe::detail::ActivationPlacement::kAuto)
+      : p_(p), device_(ctx.device), placement_(placement) {
     const int64_t T = p.tokens, H = p.h();
     const int E = p.experts();
     cudaStream_t stream = ctx.stream;
@@ -394,7 +400,12 @@ class MoeLayerCase final : public CaseInstance {
   int activated_experts() const { return activated_; }
 
   void run(cudaStream_t stream, int set) override {
-    moe::moe_layer(plan_, inputs(set), weights_, y_view_, Workspace{workspace_.get(), plan_.workspace_bytes}, stream);
+    const Workspace ws{workspace_.get(), plan_.workspace_bytes};
+    if (placement_ == moe::detail::ActivationPlacement::kAuto)
+      moe::moe_layer(plan_, inputs(set), weights_, y_view_, ws, stream);
+    else
+      moe::detail::moe_layer_marked(plan_, inputs(set), weights_, y_view_, ws, stream, nullptr, moe::detail::kLayerSteps,
+                                    placement_);
   }
 
   CheckResult check(cudaStream_t stream) override;
@@ -417,6 +428,7 @@ class MoeLayerCase final : public CaseInstance {
 
   Problem p_;
   int device_;
+  moe::detail::ActivationPlacement placement_;
   int sets_ = 1;
   moe::MoeLayerPlan plan_;
   DeviceBuffer w13_, w2_, w13_scale_, w2_scale_, a13_, a2_;
@@ -721,9 +733,9 @@ std::string MoeLayerCase::host_detail(cudaStream_t stream,
 // registration
 // A case's registry entry, once setup knows its activated experts: the exact bytes (harness.h: the report and the
 // JSON read the CaseSpec after the run).
-void set_registered_bytes(const std::string& name, double bytes) {
+void set_registered_bytes(const std::string& op, const std::string& name, double bytes) {
   for (CaseSpec& c : case_registry())
-    if (c.op == kOp && c.name == name) c.bytes = bytes;
+    if (c.op == op && c.name == name) c.bytes = bytes;
 }
 
 void add_moe_layer_cases(std::vector<CaseSpec>& cases) {
@@ -748,18 +760,23 @@ void add_moe_layer_cases(std::vector<CaseSpec>& cases) {
   for (const Family& f : families)
     for (int64_t T : f.tokens) {
       const Problem p{f.m, f.format, T};
-      CaseSpec c;
-      c.op = kOp;
-      c.name = p.name();
-      c.headline = std::find(f.headline.begin(), f.headline.end(), T) != f.headline.end();
-      c.bytes = p.bytes(p.activated_upper_bound());  // until setup has routed the tokens
-      c.flops = p.flops();
-      c.setup = [p](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
-        auto inst = std::make_unique<MoeLayerCase>(ctx, p);
-        set_registered_bytes(p.name(), p.bytes(inst->activated_experts()));
-        return inst;
+      const auto add = [&](const char* op, moe::detail::ActivationPlacement placement, bool headline) {
+        CaseSpec c;
+        c.op = op;
+        c.name = p.name();
+        c.headline = headline;
+        c.bytes = p.bytes(p.activated_upper_bound());  // until setup has routed the tokens
+        c.flops = p.flops();
+        c.setup = [p, op, placement](const DeviceContext& ctx) -> std::unique_ptr<CaseInstance> {
+          auto inst = std::make_unique<MoeLayerCase>(ctx, p, placement);
+          set_registered_bytes(op, p.name(), p.bytes(inst->activated_experts()));
+          return inst;
+        };
+        cases.push_back(std::move(c));
       };
-      cases.push_back(std::move(c));
+      add(kOp, moe::detail::ActivationPlacement::kAuto,
+          std::find(f.headline.begin(), f.headline.end(), T) != f.headline.end());
+      if (f.format != WeightFormat::kFP8Blockwise) add(kFusedOp, moe::detail::ActivationPlacement::kFused, false);
     }
 }
 
