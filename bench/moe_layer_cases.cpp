@@ -680,7 +680,8 @@ std::string MoeLayerCase::step_breakdown(cudaStream_t stream) {
   const moe::MoeLayerInputs in = inputs(0);
   const Workspace ws{workspace_.get(), plan_.workspace_bytes};
   for (int run = 0; run <= kBreakdownRuns; ++run)
-    moe::detail::moe_layer_marked(plan_, in, weights_, y_view_, ws, stream, &marks.e[7 * run]);
+    moe::detail::moe_layer_marked(plan_, in, weights_, y_view_, ws, stream, &marks.e[7 * run], moe::detail::kLayerSteps,
+                                  placement_);
   TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
   double sum[6] = {};
   for (int run = 1; run <= kBreakdownRuns; ++run)
@@ -691,6 +692,8 @@ std::string MoeLayerCase::step_breakdown(cudaStream_t stream) {
     }
   const double total = sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5];
   const double glue = sum[0] + sum[1] + sum[3] + sum[5];
+  // A fused call (moe_layer_fused_act, or moe_layer's own choice) runs the activation inside the first GEMM: its
+  // "SiLU·mul" step is empty and its time is in "GEMM w13".
   return "steps (stream, mean of " + std::to_string(kBreakdownRuns) + " µs): gate " + fmt("%.1f", sum[0]) +
          ", permute " + fmt("%.1f", sum[1]) + ", GEMM w13 " + fmt("%.1f", sum[2]) + ", SiLU·mul " +
          fmt("%.1f", sum[3]) + ", GEMM w2 " + fmt("%.1f", sum[4]) + ", reduce " + fmt("%.1f", sum[5]) +
@@ -705,7 +708,7 @@ std::string MoeLayerCase::host_detail(cudaStream_t stream,
   double upto[moe::detail::kLayerSteps + 1];
   for (int s = 0; s <= moe::detail::kLayerSteps; ++s)
     upto[s] = time_calls([&](int i) {
-      moe::detail::moe_layer_marked(plan_, inputs(i % sets_), weights_, y_view_, ws, stream, nullptr, s);
+      moe::detail::moe_layer_marked(plan_, inputs(i % sets_), weights_, y_view_, ws, stream, nullptr, s, placement_);
     });
   // The checks again with every view labelled device memory (device_verified, as the torch layer labels its
   // tensors): the difference is the driver's pointer queries.
