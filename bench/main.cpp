@@ -259,8 +259,8 @@ void print_table(const std::vector<Row>& rows, const Device& dev) {
   std::printf("(GB/s, %% copy BW, %% read BW and TFLOP/s from the graph time, or the stream time where graph mode "
               "failed)\n");
   if (clock_columns)
-    std::printf("(SM MHz: median SM clock while graph mode was timed, sampled by NVML every ~1 ms; *: the clock was held "
-                "down (power cap, thermal) during it; W: mean board power over the same samples)\n");
+    std::printf("(SM MHz: median SM clock while graph mode was timed, sampled by NVML every ~1 ms; *: the clock was "
+                "held down (power cap, thermal) during it; W: mean board power over the same samples)\n");
   if (peer_column) {
     std::vector<std::string> peer_ops;
     for (const Row& r : rows)

@@ -708,7 +708,8 @@ std::string MoeLayerCase::host_detail(cudaStream_t stream,
   double upto[moe::detail::kLayerSteps + 1];
   for (int s = 0; s <= moe::detail::kLayerSteps; ++s)
     upto[s] = time_calls([&](int i) {
-      moe::detail::moe_layer_marked(plan_, inputs(i % sets_), weights_, y_view_, ws, stream, nullptr, s, placement_);
+      moe::detail::moe_layer_marked(plan_, inputs(i % sets_), weights_, y_view_, ws, stream, nullptr, s,
+                                    placement_);
     });
   // The checks again with every view labelled device memory (device_verified, as the torch layer labels its
   // tensors): the difference is the driver's pointer queries.

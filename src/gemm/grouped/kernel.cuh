@@ -77,7 +77,7 @@ struct KernelParams {
   int64_t ws_group_stride, ws_n_stride, ws_k_stride;
   // The MoE layer's fused activation (GroupedProblem::act; contiguous layout, weights in wgmma's M side only): the
   // weight maps interleave gate and up rows (launch.cu) and the epilogue writes act = Q(silu(gate) · up) instead of y.
-  void* act;              // nullptr: not fused; else [rows][n / 2], e4m3 codes of act / *act_scale (fp8 operands) or bf16
+  void* act;  // nullptr: not fused; else [rows][n / 2], e4m3 codes of act / *act_scale (fp8 operands) or bf16
   int64_t act_row_stride;
   const float* act_scale;
 };
@@ -639,7 +639,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < per_stage; ++j) {
             uint8_t* sub = operands + st.stage * kStageBytes + j * sub_bytes;
             const int k0 = (kb0 + j) * kKElems;
-            if constexpr (kFused)  // 5-D map: [G][I/8 chunks][gate, up][8 rows][K bytes]; a tile's rows n0.. are chunks n0/16..
+            // Fused: a 5-D map [G][I/8 chunks][gate, up][8 rows][K bytes]; a tile's rows n0.. are chunks n0/16..
+            if constexpr (kFused)
               ptx::tma_load_5d(sub, w_map, full, (kb0 + j) * kTileKBytes, 0, 0, c.n0 / 16, c.group);
             else
               ptx::tma_load_3d(sub, w_map, full, k0, c.n0, c.group);

@@ -36,38 +36,30 @@ void launch_operand(const GroupedProblem& pb, cudaStream_t stream) {
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 8);
   const CUtensorMap tmap_x64 =
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 64);
-  CUtensorMap tmap_w = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
-                                             pb.w_group_stride, kWeightBox);
   const CUtensorMap tmap_x128 =
       make_tensor_map_sw128(pb.x, elem, pb.k, pb.rows, x_groups, pb.x_row_stride, x_group_stride, 128);
-  // 256-row weight boxes serve the 128 × 256 tiles, which exist only where N is a multiple of 256.
-  CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w
-                                          : make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups,
-                                                                  pb.w_row_stride, pb.w_group_stride, 256);
-  // 64-row weight boxes serve a decode launch's split tiles (config.h: split_decode_tiles).
-  CUtensorMap tmap_w64 = make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride,
-                                               pb.w_group_stride, 64);
+  // Weight boxes of 128 rows, 256 (the 128 × 256 tiles, which exist only where N is a multiple of 256) and 64 (a
+  // decode launch's split tiles, config.h: split_decode_tiles). The fused activation's (problem.h) have the same
+  // heights, each box [rows / 16 chunks][gate, up][8 rows][128 bytes of K] of a 5-D byte map over w viewed as
+  // [G][I / 8][2][8][K], so that tile rows 16c..16c+7 are gate rows and rows 16c+8.. the up rows of the same columns.
   const bool fused = pb.act != nullptr;
-  if (fused) {
-    // The fused activation's weights (problem.h): the same three box heights, each box [rows / 16 chunks][gate, up]
-    // [8 rows][128 bytes of K] of a 5-D byte map over w viewed as [G][I / 8][2][8][K], so that tile rows 16c..16c+7
-    // are gate rows 8c'..8c'+7 and rows 16c+8.. the up rows of the same columns (c' = the tile's chunk c).
-    if (masked || pb.scaling == Scaling::kBlockwise || pb.n % 256 != 0 || pb.act_fp8 != kFP8)
-      throw Error("tessera: internal: the fused activation takes the contiguous layout, bf16 or per-tensor fp8 (act of "
-                  "the operands' type), and N a multiple of 256");
+  if (fused && (masked || pb.scaling == Scaling::kBlockwise || pb.n % 256 != 0))
+    throw Error("tessera: internal: the fused activation takes the contiguous layout, bf16 or per-tensor fp8, and N a "
+                "multiple of 256");
+  const auto weight_map = [&](int rows) {
+    if (!fused)
+      return make_tensor_map_sw128(pb.w, elem, pb.k, pb.n, pb.num_groups, pb.w_row_stride, pb.w_group_stride, rows);
     const int64_t eb = kFP8 ? 1 : 2, half = pb.n / 2;
-    const auto map = [&](int rows) {
-      const int64_t dims[5] = {pb.k * eb, 8, 2, half / 8, pb.num_groups};
-      const int64_t strides[4] = {pb.w_row_stride * eb, half * pb.w_row_stride * eb, 8 * pb.w_row_stride * eb,
-                                  pb.w_group_stride * eb};
-      const int box[5] = {kTileKBytes, 8, 2, rows / 16, 1};
-      return ::tessera::detail::make_tensor_map_u8(pb.w, 5, dims, strides, box, 128,
-                                                   ::tessera::detail::L2Promotion::k256B);
-    };
-    tmap_w = map(kWeightBox);
-    tmap_w256 = map(256);
-    tmap_w64 = map(64);
-  }
+    const int64_t dims[5] = {pb.k * eb, 8, 2, half / 8, pb.num_groups};
+    const int64_t strides[4] = {pb.w_row_stride * eb, half * pb.w_row_stride * eb, 8 * pb.w_row_stride * eb,
+                                pb.w_group_stride * eb};
+    const int box[5] = {kTileKBytes, 8, 2, rows / 16, 1};
+    return ::tessera::detail::make_tensor_map_u8(pb.w, 5, dims, strides, box, 128,
+                                                 ::tessera::detail::L2Promotion::k256B);
+  };
+  const CUtensorMap tmap_w = weight_map(kWeightBox);
+  const CUtensorMap tmap_w256 = pb.n % 256 != 0 ? tmap_w : weight_map(256);
+  const CUtensorMap tmap_w64 = weight_map(64);
 
   KernelParams kp{};
   kp.num_groups = pb.num_groups;

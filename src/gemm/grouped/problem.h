@@ -42,13 +42,12 @@ struct GroupedProblem {
 
   // The MoE layer's fused activation (set by the layer after check_grouped_gemm; the public op never sets it): w holds
   // N = 2I rows, the gate rows [0, I) then the up rows [I, 2I); instead of y the kernel writes
-  // act[r, i] = Q(silu(h[r, i]) · h[r, I + i]) with h as y would have been (bf16-rounded), Q the e4m3 code of
-  // v / *act_scale (act_fp8, which must match fp8 operands) or bf16. Contiguous layout, bf16 or per-tensor fp8 only (their tiles keep weights in
-  // wgmma's M side, where a thread holds a gate row and its up row: kernel.cuh). y is not written.
+  // act[r, i] = Q(silu(h[r, i]) · h[r, I + i]) with h as y would have been (bf16-rounded), Q of the operands' type:
+  // the e4m3 code of v / *act_scale (fp8) or bf16. Contiguous layout, bf16 or per-tensor fp8 only (their tiles keep
+  // weights in wgmma's M side, where a thread holds a gate row and its up row: kernel.cuh). y is not written.
   void* act = nullptr;
   int64_t act_row_stride = 0;  // elements
-  bool act_fp8 = false;
-  const float* act_scale = nullptr;
+  const float* act_scale = nullptr;  // fp8: [1]
 };
 
 // Validates a call and describes it; throws tessera::Error naming `op` and the argument on any violation,

@@ -331,7 +331,6 @@ void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& in, const 
   if (fused) {
     gemm1.act = act.data;
     gemm1.act_row_stride = I;
-    gemm1.act_fp8 = fp8;
     gemm1.act_scale = fp8 ? static_cast<const float*>(weights.a2_scale->data) : nullptr;
   }
   // Device checks last (after every shape rule), once per tensor.
