@@ -70,15 +70,14 @@ constexpr int kLayerSteps = 6;
 // Where the activation runs for bf16 and per-tensor fp8 (block-wise always runs it as its own step): kAuto is
 // moe_layer's choice, the others force one way (tests, benchmarks).
 enum class ActivationPlacement { kAuto, kFused, kSeparate };
-// kAuto's rule once enabled: fused from kFuseMinTokens rows of x on (x's rows, the size a graph is captured at, not
+// kAuto's rule: fused from kFuseMinTokens rows of x on (x's rows, the size a graph is captured at, not
 // the device-side token count). Measured on an H200 (docs/perf/moe_layer.md, session 26): fused, T 4096 layers
 // 2.5-5 % faster and T 128 ones 0.2-1.1 %, but T 1 ones 1.3-4.3 % slower (the first GEMM's weight stream through the
 // interleaving 5-D tensor map is slower than through the plain one, by more than the saved launch).
 constexpr int64_t kFuseMinTokens = 64;
-// Off: the fused epilogue's 128 × 256 tiles and split decode tiles have not yet run under a GPU test (the layer
-// tests' shapes reached only the 8-, 32- and 64-row tiles; MoeLayerGpu.FusedActivationOnEveryTileShape, which forces
-// both, was written after session 26's device time was spent). kAuto runs the separate step until that test passes.
-constexpr bool kFusedActivationByDefault = false;
+// On since session 27, after MoeLayerGpu.FusedActivationOnEveryTileShape (which forces the fused epilogue onto the
+// 128 × 256 tiles and onto split decode tiles) passed on an H200 with the rest of the layer tests and their stress.
+constexpr bool kFusedActivationByDefault = true;
 void moe_layer_marked(const MoeLayerPlan& plan, const MoeLayerInputs& inputs, const MoeLayerWeights& weights,
                       const TensorView& y, const Workspace& workspace, cudaStream_t stream, const cudaEvent_t* marks,
                       int last_step = kLayerSteps,
