@@ -48,6 +48,7 @@ default_tests=(
   'AppendKvChannelGpu.RowsPastTheCapacityThenReject'
   'AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
+  'DecodeGpu.BackToBackCallsShareOneWorkspace'
   'PrefillGpu.RandomConfiguration'
   'PrefillGpu.GraphReplayWithNewLengthsAndDeterminism'
   'PrefillCacheGpu.GroupsWindowsSoftcapAndRandomConfiguration'

@@ -212,9 +212,10 @@ class DecodeFixture {
     o_dev_->poison();
     lse_dev_->poison();
   }
-  void launch(const DecodeParams& params, const DeviceBuffer<uint8_t>& ws) const {
+  void launch(const DecodeParams& params, const DeviceBuffer<uint8_t>& ws) const { launch_on(stream_, params, ws); }
+  void launch_on(cudaStream_t stream, const DecodeParams& params, const DeviceBuffer<uint8_t>& ws) const {
     decode(q_view(), dev_->view, seqlens_view(), o_view(), lse_view(), Workspace{ws.get(), ws.size()}, params,
-           stream_);
+           stream);
   }
   DecodeOut download() const {
     TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -625,6 +626,54 @@ TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
         graph.replay(fx.stream());
         const DecodeCheck r = fx.check(fx.download(), fx.reference(p, lens), grid_tolerance());
         EXPECT_TRUE(r.ok) << "splits " << splits << " lens[3]=" << lens[3] << ": " << r.message;
+      }
+    }
+  }
+}
+
+// Decode grids of at most one CTA per SM are programmatic dependents of the stream's previous kernel, and the merge
+// lets the next kernel start early (v16, docs/perf/decode.md): a call's CTAs may be resident while the previous call's
+// merge still reads the workspace they write (here 1 and 16 splits: 6 and 96 CTAs; 64 splits, 384 CTAs, launch
+// plainly). Two problems of one shape with different data alternate on one stream over ONE workspace, with no sync
+// between calls, plainly and captured in a graph: each output must be its own problem's. A kernel that touched the
+// workspace (or q, the cache, the lengths) before its griddepcontrol.wait would mix them.
+TEST_F(DecodeGpu, BackToBackCallsShareOneWorkspace) {
+  for (int fi : {0, 4, 5, 8}) {
+    DecodeCase c = shape_case(kDecodeFormats[fi], 128, 3, 2, 8, 4096, fi % 2 ? 64 : 0);
+    c.seqlens = {4096, 1500, 33};
+    const uint64_t seed = test::fresh_seed();
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+    const DecodeFixture fa(c, seed), fb(c, seed ^ 0x5bd1e995u);
+    for (int splits : {0, 1, 16, 64}) {
+      DecodeParams p;
+      p.num_splits = splits;
+      const auto ws = fa.workspace(p);
+      const DecodeRef ra = fa.reference(p, c.seqlens), rb = fb.reference(p, c.seqlens);
+      const cudaStream_t s = fa.stream();
+      auto calls = [&] {
+        for (int i = 0; i < 6; ++i) {
+          fa.launch_on(s, p, *ws);
+          fb.launch_on(s, p, *ws);
+        }
+        fa.launch_on(s, p, *ws);
+      };
+      auto expect_both = [&](const char* how) {
+        TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
+        const DecodeCheck a = fa.check(fa.download(), ra, grid_tolerance());
+        const DecodeCheck b = fb.check(fb.download(), rb, grid_tolerance());
+        EXPECT_TRUE(a.ok) << how << ", splits " << splits << ", problem a: " << a.message;
+        EXPECT_TRUE(b.ok) << how << ", splits " << splits << ", problem b: " << b.message;
+      };
+      fa.poison_outputs();
+      fb.poison_outputs();
+      calls();
+      expect_both("stream");
+      const test::CapturedGraph graph(s, calls);
+      for (int replay = 0; replay < 3; ++replay) {
+        fa.poison_outputs();
+        fb.poison_outputs();
+        graph.replay(s);
+        expect_both("graph");
       }
     }
   }

@@ -27,6 +27,14 @@ constexpr int decode_stage_rows(KVFormat format, int head_dim) {
 constexpr int decode_n_tiles(int group) { return group > 8 ? 2 : 1; }
 constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(group) - 1) / (8 * decode_n_tiles(group)); }
 
+// Whether a decode grid is launched as a programmatic dependent of the stream's previous kernel (common/pdl.h, v16 in
+// docs/perf/decode.md): only grids of at most one CTA per SM. Their CTAs then do their set-up while the previous
+// kernel finishes (H200, back-to-back calls in a graph: hq8kv1 B 1 and B 8, Llama-3-8B B 1, 0.3-0.7 us a call).
+// Larger grids, early-resident beside the previous kernel's CTAs, ran slower (hq8kv1 B 32 8- and 4-bit rows +7 to
+// +23 %; most likely cause: several of their CTAs stacked on one SM while others stayed free), and grids of one wave
+// or more gained nothing measurable.
+constexpr bool decode_launch_programmatic(long long grid, int num_sms) { return grid <= num_sms; }
+
 inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes
 inline constexpr int kDecodeConstBytes = 16;   // shared constants: one uint4
 

@@ -57,6 +57,7 @@ struct DecodeArgs {
   int rows = 0;        // query rows per KV head, S * G: row i * G + j is token i of head j
   int head_tiles = 0;  // decode_head_tiles(rows)
   int num_splits = 1;
+  bool programmatic = false;  // launched as a programmatic dependent (config.h: decode_launch_programmatic)
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
@@ -126,9 +127,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   uint2* q_frag = reinterpret_cast<uint2*>(smem);
   uint8_t* staging = smem + L::kQBytes;  // the data ring; the merge area at the end overlaps it
 
-  // The merge kernel (a programmatic dependent launch) may be scheduled once every CTA of this grid has started;
-  // it waits for this grid's completion before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  // A plainly launched grid lets the stream's next kernel (the merge, a programmatic dependent that waits for this
+  // grid's completion before it reads anything) be scheduled once every CTA has started; a programmatic one does so
+  // after its own wait, below.
+  if (!a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   int idx = blockIdx.x;
@@ -138,6 +140,32 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   idx /= a.num_splits;
   const int kvh = idx % cd.num_kv_heads;
   const int b = idx / cd.num_kv_heads;
+
+  // ---- per-warp pipeline over this warp's stages -------------------------------------------------------------
+  uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
+  uint8_t* my_pairs = smem + L::kPairRingOff + warp * kStages * T::kPairBytes;
+  uint64_t* my_bars = reinterpret_cast<uint64_t*>(smem + L::kBarOff) + warp * kStages;
+  if (lane == 0) {
+    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&my_bars[s], 1);
+    ptx::fence_mbarrier_init();
+  }
+  __syncwarp();
+  if (threadIdx.x == 0) {
+    ptx::prefetch_tensormap(&a.k_map);
+    ptx::prefetch_tensormap(&a.v_map);
+  }
+  // The kernel is launched as a programmatic dependent of the stream's previous kernel (v16, docs/perf/decode.md):
+  // its CTAs may start while that kernel runs (after it triggered, or as its last CTAs exit) and do the set-up above,
+  // which touches no global memory but the kernel's own parameters; here they wait until that kernel has completed
+  // and its writes (q, the cache, the lengths, and a previous merge's reads of the workspace) are settled. Nothing
+  // in global memory is read or written before this line. Without the launch attribute the wait returns at once.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // A programmatic grid lets the stream's next kernel (the merge, or the next call's decode) be scheduled once every
+  // CTA of this grid has got here; it waits for this grid's completion before touching anything. Triggering after the
+  // wait, not at the start, keeps the chain of early-launched grids short: with the trigger first (and the merge's),
+  // the CTAs of several calls ahead became resident, each waiting on the one before, packed onto the SMs the running
+  // grids left free, and the 8- and 4-bit rows at B <= 32 ran 10-64 % slower (v16's first form, docs/perf/decode.md).
+  if (a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
   // Query token i of the S new ones sits at position len - S + i and attends to keys [lo_i, lim_i): lim_i =
   // len - S + 1 + i (causal), lo_i = max(0, lim_i - window) (window 0: 0). Together they read keys [lo, len), in
@@ -159,15 +187,6 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   split_tiles = split_tiles < 0 ? 0 : (split_tiles > per_split ? per_split : split_tiles);
   const int my_tiles = split_tiles > warp ? (split_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
 
-  // ---- per-warp pipeline over this warp's stages -------------------------------------------------------------
-  uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
-  uint8_t* my_pairs = smem + L::kPairRingOff + warp * kStages * T::kPairBytes;
-  uint64_t* my_bars = reinterpret_cast<uint64_t*>(smem + L::kBarOff) + warp * kStages;
-  if (lane == 0) {
-    for (int s = 0; s < kStages; ++s) ptx::mbarrier_init(&my_bars[s], 1);
-    ptx::fence_mbarrier_init();
-  }
-  __syncwarp();
   // First token of this warp's stage i (only taken for stages that start below len, so it fits int32).
   auto tile_tok0 = [&](int i) { return tile_base + (first_tile + warp + kDecodeWarps * i) * kRows; };
 

@@ -8,13 +8,15 @@
 #include "attention/decode/kernel.cuh"
 #include "attention/decode/problem.h"
 #include "common/check.h"
+#include "common/device_info.h"
+#include "common/pdl.h"
 #include "common/tensor_map.h"
 #include "ptx/math.cuh"
 
 namespace tessera::attention::detail {
 
 template <KVFormat kFormat>
-void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream);
+void launch_decode_format(const DecodeArgs& args, int grid, bool programmatic, cudaStream_t stream);
 
 namespace {
 
@@ -29,12 +31,15 @@ constexpr int kMergeSlices = 8;
 // splits j, j + 8, ..., so the merge costs one L2 round trip whatever the split count (v14 in docs/perf/decode.md;
 // a loop over the splits costs a round trip per few splits). Then the maximum and the weight total go through
 // shared memory, and the 8 slices' sums are added there.
-// Launched as a programmatic dependent of the decode kernel: its CTAs may start while the decode grid's last CTAs
-// run, and wait here until that grid has completed and its writes are visible.
+// Launched as a programmatic dependent of the decode kernel (common/pdl.h): its CTAs may start while the decode
+// grid's last CTAs run, and wait here until that grid has completed and its writes are visible.
 template <int kD, int kPer>
 __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(const DecodeArgs a) {
   constexpr int kQuads = kD / 4;
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  // The stream's next kernel (e.g. the next call's decode, a programmatic dependent) may be scheduled now, after the
+  // wait (see the trigger in kernel.cuh); it waits for this grid's completion before touching the workspace or o.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   __shared__ float slice_max[kMergeSlices], slice_total[kMergeSlices];
   __shared__ float4 slice_acc[kMergeSlices][kQuads];
   const int row = blockIdx.x;  // (b * S + i) * HQ + h
@@ -100,16 +105,8 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
 
 template <int kD, int kPer>
 void launch_merge(const DecodeArgs& a, int64_t rows, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(kMergeSlices * kD / 4);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  TESSERA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_merge_kernel<kD, kPer>, a));
+  ::tessera::detail::launch_programmatic(decode_merge_kernel<kD, kPer>, dim3(static_cast<unsigned>(rows)),
+                                         dim3(kMergeSlices * kD / 4), 0, stream, a);
 }
 
 // The key and value tensor maps (see DecodeArgs): boxes of whole rows, swizzled by min(rowB, 128), of the kernel's
@@ -174,14 +171,16 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
   if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");
   const int grid = static_cast<int>(grid64);
+  const bool pdl = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
+  a.programmatic = pdl;
   switch (pb.cache.format) {
-    case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, stream); break;
-    case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, stream); break;
-    case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, stream); break;
-    case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, stream); break;
-    case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
-    case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, stream); break;
-    case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, stream); break;
+    case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, pdl, stream); break;
+    case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, pdl, stream); break;
+    case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, pdl, stream); break;
+    case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, pdl, stream); break;
+    case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, pdl, stream); break;
+    case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, pdl, stream); break;
+    case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, pdl, stream); break;
   }
   if (pb.num_splits > 1) {
     const int64_t rows = int64_t{pb.batch} * pb.num_new * pb.num_q_heads;
