@@ -632,37 +632,47 @@ TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
 }
 
 // Decode grids of at most one CTA per SM are programmatic dependents of the stream's previous kernel, and the merge
-// lets the next kernel start early (v16, docs/perf/decode.md): a call's CTAs may be resident while the previous call's
-// merge still reads the workspace they write (here 1 and 16 splits: 6 and 96 CTAs; 64 splits, 384 CTAs, launch
-// plainly). Two problems of one shape with different data alternate on one stream over ONE workspace, with no sync
-// between calls, plainly and captured in a graph: each output must be its own problem's. A kernel that touched the
-// workspace (or q, the cache, the lengths) before its griddepcontrol.wait would mix them.
+// lets the next kernel start once it is past its own wait (v16, docs/perf/decode.md): a call's CTAs may be resident
+// while the previous call's merge still reads the workspace they are about to write. Two problems of one shape
+// alternate on one stream over ONE workspace (their own q, cache, lengths and outputs), with no sync between calls,
+// plainly and captured in a graph; each output must be its own problem's. Problem b's sequences are short, so its
+// decode has almost nothing to read before it writes its partials, and problem a's merge is made slow by many
+// splits: a decode that wrote the workspace before its griddepcontrol.wait would most likely overwrite a's partials
+// before a's merge had read them. Grids (B 3, HKV 2, one head tile: 6 CTAs a split): 16 splits 96 CTAs (programmatic
+// on a 132-SM H200), 128 splits 768 (plain).
 TEST_F(DecodeGpu, BackToBackCallsShareOneWorkspace) {
   for (int fi : {0, 4, 5, 8}) {
-    DecodeCase c = shape_case(kDecodeFormats[fi], 128, 3, 2, 8, 4096, fi % 2 ? 64 : 0);
-    c.seqlens = {4096, 1500, 33};
+    DecodeCase ca = shape_case(kDecodeFormats[fi], 128, 3, 2, 8, 4096, fi % 2 ? 64 : 0);
+    ca.seqlens = {4096, 1500, 33};
+    DecodeCase cb = ca;
+    cb.seqlens = {3, 1, 40};
     const uint64_t seed = test::fresh_seed();
-    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
-    const DecodeFixture fa(c, seed), fb(c, seed ^ 0x5bd1e995u);
-    for (int splits : {0, 1, 16, 64}) {
-      DecodeParams p;
-      p.num_splits = splits;
-      const auto ws = fa.workspace(p);
-      const DecodeRef ra = fa.reference(p, c.seqlens), rb = fb.reference(p, c.seqlens);
+    SCOPED_TRACE(ca.describe() + " (b: lens 3, 1, 40) " + test::seed_note(seed));
+    const DecodeFixture fa(ca, seed), fb(cb, seed ^ 0x5bd1e995u);
+    const struct {
+      int a, b;
+    } splits[] = {{16, 16}, {128, 16}, {16, 128}, {0, 0}};
+    for (const auto& sp : splits) {
+      DecodeParams pa, pb;
+      pa.num_splits = sp.a;
+      pb.num_splits = sp.b;
+      const auto wa = fa.workspace(pa), wb = fb.workspace(pb);
+      const DeviceBuffer<uint8_t>& ws = wa->size() >= wb->size() ? *wa : *wb;
+      const DecodeRef ra = fa.reference(pa, ca.seqlens), rb = fb.reference(pb, cb.seqlens);
       const cudaStream_t s = fa.stream();
       auto calls = [&] {
         for (int i = 0; i < 6; ++i) {
-          fa.launch_on(s, p, *ws);
-          fb.launch_on(s, p, *ws);
+          fa.launch_on(s, pa, ws);
+          fb.launch_on(s, pb, ws);
         }
-        fa.launch_on(s, p, *ws);
+        fa.launch_on(s, pa, ws);
       };
       auto expect_both = [&](const char* how) {
         TESSERA_CUDA_CHECK(cudaStreamSynchronize(s));
         const DecodeCheck a = fa.check(fa.download(), ra, grid_tolerance());
         const DecodeCheck b = fb.check(fb.download(), rb, grid_tolerance());
-        EXPECT_TRUE(a.ok) << how << ", splits " << splits << ", problem a: " << a.message;
-        EXPECT_TRUE(b.ok) << how << ", splits " << splits << ", problem b: " << b.message;
+        EXPECT_TRUE(a.ok) << how << ", splits " << sp.a << " / " << sp.b << ", problem a: " << a.message;
+        EXPECT_TRUE(b.ok) << how << ", splits " << sp.a << " / " << sp.b << ", problem b: " << b.message;
       };
       fa.poison_outputs();
       fb.poison_outputs();

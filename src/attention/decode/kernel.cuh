@@ -63,7 +63,30 @@ struct DecodeArgs {
   int window = 0;
   float* ws_o = nullptr;    // [B, S, HQ, splits, D] fp32, normalized partial outputs
   float* ws_lse = nullptr;  // [B, S, HQ, splits] fp32, log2 domain
+  // Measurement builds only (-DTESSERA_DECODE_TRACE, bench/decode_trace.cu): per CTA below trace_ctas, thread 0
+  // writes (%globaltimer, clock64) at kDecodeTraceEvents points of the decode kernel, then kMergeTraceEvents of the
+  // merge kernel's CTA of the same index, at trace (null: nothing written).
+  unsigned long long* trace = nullptr;
+  int trace_ctas = 0;
 };
+
+inline constexpr int kDecodeTraceEvents = 8, kMergeTraceEvents = 4;
+#ifdef TESSERA_DECODE_TRACE
+// Event ev of this CTA: region 0 the decode kernel's events, region 1 the merge's. Written before the kernel's
+// griddepcontrol.wait too (its first event), into a buffer no other kernel touches: measurement builds only.
+__device__ __forceinline__ void decode_trace_mark(const DecodeArgs& a, int region, int ev) {
+  if (a.trace == nullptr || threadIdx.x != 0 || static_cast<int>(blockIdx.x) >= a.trace_ctas) return;
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  const int64_t base = region == 0 ? int64_t{blockIdx.x} * kDecodeTraceEvents
+                                   : int64_t{a.trace_ctas} * kDecodeTraceEvents + int64_t{blockIdx.x} * kMergeTraceEvents;
+  a.trace[2 * (base + ev)] = g;
+  a.trace[2 * (base + ev) + 1] = static_cast<unsigned long long>(clock64());
+}
+#define TESSERA_DECODE_MARK(region, ev) decode_trace_mark(a, region, ev)
+#else
+#define TESSERA_DECODE_MARK(region, ev) ((void)0)
+#endif
 
 template <class T, int kNT>
 struct DecodeLayout {
@@ -127,9 +150,11 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   uint2* q_frag = reinterpret_cast<uint2*>(smem);
   uint8_t* staging = smem + L::kQBytes;  // the data ring; the merge area at the end overlaps it
 
-  // A plainly launched grid lets the stream's next kernel (the merge, a programmatic dependent that waits for this
-  // grid's completion before it reads anything) be scheduled once every CTA has started; a programmatic one does so
-  // after its own wait, below.
+  // A plainly launched grid lets the stream's next kernel, where that is a programmatic dependent (the merge, the
+  // next call's small decode, a user's kernel launched so; each waits for this grid's completion before it touches
+  // what this grid writes), be scheduled once every CTA has started; a programmatic grid does so after its own wait,
+  // below.
+  TESSERA_DECODE_MARK(0, 0);  // entry
   if (!a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
@@ -150,7 +175,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     ptx::fence_mbarrier_init();
   }
   __syncwarp();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && cd.capacity > 0) {  // capacity 0: no maps were built, and no copy is issued
     ptx::prefetch_tensormap(&a.k_map);
     ptx::prefetch_tensormap(&a.v_map);
   }
@@ -166,6 +191,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // the CTAs of several calls ahead became resident, each waiting on the one before, packed onto the SMs the running
   // grids left free, and the 8- and 4-bit rows at B <= 32 ran 10-64 % slower (v16's first form, docs/perf/decode.md).
   if (a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  TESSERA_DECODE_MARK(0, 1);  // past the wait
 
   // Query token i of the S new ones sits at position len - S + i and attends to keys [lo_i, lim_i): lim_i =
   // len - S + 1 + i (causal), lo_i = max(0, lim_i - window) (window 0: 0). Together they read keys [lo, len), in
@@ -287,6 +313,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
     if constexpr (T::kPairs) ptx::cp_async_commit();
   }
+  TESSERA_DECODE_MARK(0, 2);  // warp 0's first stages issued (the lengths read)
   int32_t next_pages[kHalves];
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) next_pages[h] = -1;
@@ -324,6 +351,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     *reinterpret_cast<uint4*>(smem + L::kConstOff) =
         make_uint4(T::kVCentreEven, T::kVCentreOdd, T::kVCentreEven, T::kVCentreOdd);
   __syncthreads();
+  TESSERA_DECODE_MARK(0, 3);  // query fragments in shared memory
 
   // Folded formats: Σ_d q_hd of the fp16 query values (qsum), and of the values as fed (qsum_fed: with int4's
   // odd D positions at 1/16; those are the fragments' second registers), for this lane's heads 2c, 2c + 1.
@@ -391,6 +419,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     ptx::mbarrier_wait_parity(&my_bars[stage], parity);
     // Every lane is past its reads of the previous stage (re-filled next), and sees the other lanes' pairs.
     __syncwarp();
+#ifdef TESSERA_DECODE_TRACE
+    if (i == 0) TESSERA_DECODE_MARK(0, 4);  // warp 0's first stage landed
+#endif
     if (i + kStages - 1 < my_tiles) {
       issue(i + kStages - 1, stage == 0 ? kStages - 1 : stage - 1, next_pages);
       if (i + kStages < my_tiles) stage_pages(i + kStages, next_pages);
@@ -692,6 +723,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
   }
   if constexpr (T::kPairs) ptx::cp_async_wait<0>();
+  TESSERA_DECODE_MARK(0, 5);  // warp 0's stages done
 
   // ---- merge the 4 warps ------------------------------------------------------------------------------------
 #pragma unroll
@@ -734,6 +766,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
     }
   }
   __syncthreads();
+  TESSERA_DECODE_MARK(0, 6);  // the warps' partial results in shared memory
 
   const bool final_out = a.num_splits == 1;
   for (int e = threadIdx.x; e < kHeads * kD; e += kDecodeThreads) {
@@ -766,6 +799,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
       if (d == 0) a.ws_lse[row_idx] = lse2;
     }
   }
+  TESSERA_DECODE_MARK(0, 7);  // thread 0's outputs written
 }
 
 }  // namespace tessera::attention::detail

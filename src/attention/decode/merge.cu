@@ -31,12 +31,15 @@ constexpr int kMergeSlices = 8;
 // splits j, j + 8, ..., so the merge costs one L2 round trip whatever the split count (v14 in docs/perf/decode.md;
 // a loop over the splits costs a round trip per few splits). Then the maximum and the weight total go through
 // shared memory, and the 8 slices' sums are added there.
-// Launched as a programmatic dependent of the decode kernel (common/pdl.h): its CTAs may start while the decode
-// grid's last CTAs run, and wait here until that grid has completed and its writes are visible.
+// Launched as a programmatic dependent of the decode kernel (common/pdl.h): its CTAs may start while the decode grid
+// runs (once every decode CTA has started, or passed its own wait where the decode is programmatic too), and wait
+// here until that grid has completed and its writes are visible.
 template <int kD, int kPer>
 __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(const DecodeArgs a) {
   constexpr int kQuads = kD / 4;
+  TESSERA_DECODE_MARK(1, 0);  // entry
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  TESSERA_DECODE_MARK(1, 1);  // past the wait
   // The stream's next kernel (e.g. the next call's decode, a programmatic dependent) may be scheduled now, after the
   // wait (see the trigger in kernel.cuh); it waits for this grid's completion before touching the workspace or o.
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -62,6 +65,7 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   for (int k = 1; k < kPer; ++k) m = fmaxf(m, l[k]);
   if (quad == 0) slice_max[slice] = m;
   __syncthreads();
+  TESSERA_DECODE_MARK(1, 2);  // the partials loaded
   m = slice_max[0];
 #pragma unroll
   for (int k = 1; k < kMergeSlices; ++k) m = fmaxf(m, slice_max[k]);
@@ -101,6 +105,7 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   const float out[4] = {acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv};
 #pragma unroll
   for (int k = 0; k < 4; ++k) store_output(a, b, i, h, 4 * quad + k, out[k], lse2, any);
+  TESSERA_DECODE_MARK(1, 3);  // thread 0's outputs written
 }
 
 template <int kD, int kPer>
@@ -132,10 +137,26 @@ void make_cache_maps(const CacheDesc& cd, int64_t batch, DecodeArgs& a) {
   a.v_map = make_tensor_map_u8(cd.v, 5, v_dims, v_strides, v_box, static_cast<int>(w), L2Promotion::k128B);
 }
 
+#ifdef TESSERA_DECODE_TRACE
+unsigned long long* g_trace = nullptr;
+int g_trace_ctas = 0, g_trace_slots = 0, g_trace_next = 0;
+#endif
+
 }  // namespace
 
+#ifdef TESSERA_DECODE_TRACE
+// Measurement builds: launch i (counted from this call) writes its events into slot i % slots of buf, each slot
+// ctas · 2 · (kDecodeTraceEvents + kMergeTraceEvents) words (bench/decode_trace.cu); buf null turns it off.
+void set_decode_trace(unsigned long long* buf, int ctas, int slots) {
+  g_trace = buf;
+  g_trace_ctas = ctas;
+  g_trace_slots = slots;
+  g_trace_next = 0;
+}
+#endif
+
 void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
-  DecodeArgs a;
+  DecodeArgs a{};  // zeroed: the tensor maps stay zero where make_cache_maps builds none (capacity 0)
   make_cache_maps(pb.cache, pb.batch, a);
   a.cache = pb.cache;
   a.q = pb.q;
@@ -173,6 +194,13 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   const int grid = static_cast<int>(grid64);
   const bool pdl = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
   a.programmatic = pdl;
+#ifdef TESSERA_DECODE_TRACE
+  if (g_trace != nullptr) {
+    const int slot = g_trace_next++ % g_trace_slots;
+    a.trace = g_trace + int64_t{slot} * g_trace_ctas * 2 * (kDecodeTraceEvents + kMergeTraceEvents);
+    a.trace_ctas = g_trace_ctas;
+  }
+#endif
   switch (pb.cache.format) {
     case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, pdl, stream); break;
     case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, pdl, stream); break;
