@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/check.h"
+#include "harness.h"
 #include "tessera/attention.h"
+#include "timing.h"
 
 #ifdef TESSERA_DECODE_TRACE
 namespace tessera::attention::detail {
@@ -36,23 +38,6 @@ namespace {
 constexpr int kDecodeEvents = 8, kMergeEvents = 4, kMaxCtas = 4096;
 constexpr int kSlotWords = kMaxCtas * 2 * (kDecodeEvents + kMergeEvents);
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
-
-struct Buffer {
-  void* p = nullptr;
-  explicit Buffer(size_t bytes) { CHECK(cudaMalloc(&p, bytes ? bytes : 16)); }
-  ~Buffer() { cudaFree(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
-
 // bf16 bits in (-1, 1), or any byte, from a 64-bit LCG.
 void fill(std::vector<uint16_t>& v, uint64_t seed, bool bf16) {
   uint64_t x = seed;
@@ -61,12 +46,6 @@ void fill(std::vector<uint16_t>& v, uint64_t seed, bool bf16) {
     const uint32_t r = static_cast<uint32_t>(x >> 33);
     e = bf16 ? static_cast<uint16_t>((r & 0x8000u) | 0x3C00u | (r & 0x03FFu)) : static_cast<uint16_t>(r);
   }
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Event {
@@ -78,6 +57,8 @@ struct Event {
 int main(int argc, char** argv) {
   using namespace tessera;
   using namespace tessera::attention;
+  using bench::DeviceBuffer;
+  using bench::median;
   std::string fmt = "native";
   int B = 1, T = 8192, HQ = 8, HKV = 1, calls = 16, splits = 0;
   const int D = 128;
@@ -101,82 +82,80 @@ int main(int argc, char** argv) {
   const int64_t rows = int64_t{B} * T * HKV;
 
   std::vector<uint16_t> host(rows * row_bytes / 2);
-  Buffer k(host.size() * 2), v(host.size() * 2);
+  DeviceBuffer k(host.size() * 2), v(host.size() * 2);
   fill(host, 1, format == KVFormat::kNative);
-  CHECK(cudaMemcpy(k.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  k.upload(host);
   fill(host, 2, format == KVFormat::kNative);
-  CHECK(cudaMemcpy(v.p, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+  v.upload(host);
   std::vector<uint16_t> pairs(rows * 2);
   for (int64_t r = 0; r < rows; ++r) {
     pairs[2 * r] = 0x211F;      // fp16 0.01
     pairs[2 * r + 1] = 0xBC00;  // fp16 -1
   }
-  Buffer ks(pairs.size() * 2), vs(pairs.size() * 2);
-  CHECK(cudaMemcpy(ks.p, pairs.data(), pairs.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(vs.p, pairs.data(), pairs.size() * 2, cudaMemcpyHostToDevice));
+  DeviceBuffer ks(pairs.size() * 2), vs(pairs.size() * 2);
+  ks.upload(pairs);
+  vs.upload(pairs);
   std::vector<uint16_t> qh(int64_t{B} * HQ * D);
   fill(qh, 3, true);
-  Buffer q(qh.size() * 2), o(qh.size() * 2);
-  CHECK(cudaMemcpy(q.p, qh.data(), qh.size() * 2, cudaMemcpyHostToDevice));
-  std::vector<int32_t> lens(B, T);
-  Buffer sl(B * 4);
-  CHECK(cudaMemcpy(sl.p, lens.data(), B * 4, cudaMemcpyHostToDevice));
+  DeviceBuffer q(qh.size() * 2), o(qh.size() * 2);
+  q.upload(qh);
+  DeviceBuffer sl(B * 4);
+  sl.upload(std::vector<int32_t>(B, T));
 
   KVCache cache;
   cache.format = format;
   const DType data_dtype = format == KVFormat::kNative ? DType::kBF16 : DType::kUInt8;
   const int64_t last = format == KVFormat::kNative ? D : row_bytes;
-  cache.k = TensorView::contiguous(k.p, data_dtype, {B, T, HKV, last});
-  cache.v = TensorView::contiguous(v.p, data_dtype, {B, T, HKV, last});
+  cache.k = TensorView::contiguous(k.get(), data_dtype, {B, T, HKV, last});
+  cache.v = TensorView::contiguous(v.get(), data_dtype, {B, T, HKV, last});
   if (format != KVFormat::kNative) {
-    cache.k_scale = TensorView::contiguous(ks.p, DType::kFP16, {B, T, HKV, 2});
-    cache.v_scale = TensorView::contiguous(vs.p, DType::kFP16, {B, T, HKV, 2});
+    cache.k_scale = TensorView::contiguous(ks.get(), DType::kFP16, {B, T, HKV, 2});
+    cache.v_scale = TensorView::contiguous(vs.get(), DType::kFP16, {B, T, HKV, 2});
   }
-  const TensorView qv = TensorView::contiguous(q.p, DType::kBF16, {B, HQ, D});
-  const TensorView ov = TensorView::contiguous(o.p, DType::kBF16, {B, HQ, D});
-  const TensorView lv = TensorView::contiguous(sl.p, DType::kInt32, {B});
+  const TensorView qv = TensorView::contiguous(q.get(), DType::kBF16, {B, HQ, D});
+  const TensorView ov = TensorView::contiguous(o.get(), DType::kBF16, {B, HQ, D});
+  const TensorView lv = TensorView::contiguous(sl.get(), DType::kInt32, {B});
   DecodeParams params;
   params.num_splits = splits;
   const size_t ws_bytes = decode_workspace_bytes(qv, cache, params);
-  Buffer ws(ws_bytes);
-  const Workspace w{ws.p, ws_bytes};
+  DeviceBuffer ws(ws_bytes);
+  const Workspace w{ws.get(), ws_bytes};
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  Buffer trace(size_t{kSlotWords} * calls * 8);
-  CHECK(cudaMemset(trace.p, 0, size_t{kSlotWords} * calls * 8));
+  TESSERA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer trace(size_t{kSlotWords} * calls * 8);
+  TESSERA_CUDA_CHECK(cudaMemset(trace.get(), 0, trace.bytes()));
 
   for (int i = 0; i < 20; ++i) decode(qv, cache, lv, ov, std::nullopt, w, params, stream);
-  CHECK(cudaStreamSynchronize(stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
 
   // The graph, each call with its own trace slot.
-  auto* tbuf = static_cast<unsigned long long*>(trace.p);
-  detail::set_decode_trace(tbuf, kMaxCtas, calls);
+  auto* tbuf = trace.as<unsigned long long>();
+  attention::detail::set_decode_trace(tbuf, kMaxCtas, calls);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  TESSERA_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   for (int i = 0; i < calls; ++i) decode(qv, cache, lv, ov, std::nullopt, w, params, stream);
-  CHECK(cudaStreamEndCapture(stream, &graph));
-  detail::set_decode_trace(nullptr, 0, 0);
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 20; ++i) CHECK(cudaGraphLaunch(exec, stream));
+  TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  attention::detail::set_decode_trace(nullptr, 0, 0);
+  TESSERA_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 20; ++i) TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
   cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&e0));
+  TESSERA_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> per_call;
   for (int i = 0; i < 20; ++i) {
-    CHECK(cudaEventRecord(e0, stream));
-    CHECK(cudaGraphLaunch(exec, stream));
-    CHECK(cudaEventRecord(e1, stream));
-    CHECK(cudaEventSynchronize(e1));
+    TESSERA_CUDA_CHECK(cudaEventRecord(e0, stream));
+    TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    TESSERA_CUDA_CHECK(cudaEventRecord(e1, stream));
+    TESSERA_CUDA_CHECK(cudaEventSynchronize(e1));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    TESSERA_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
     per_call.push_back(1000.0 * ms / calls);
   }
-  CHECK(cudaMemset(trace.p, 0, size_t{kSlotWords} * calls * 8));
-  CHECK(cudaGraphLaunch(exec, stream));
-  CHECK(cudaStreamSynchronize(stream));
-  std::vector<Event> ev(size_t{kSlotWords} * calls / 2);
-  CHECK(cudaMemcpy(ev.data(), trace.p, size_t{kSlotWords} * calls * 8, cudaMemcpyDeviceToHost));
+  TESSERA_CUDA_CHECK(cudaMemset(trace.get(), 0, trace.bytes()));
+  TESSERA_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  TESSERA_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<Event> ev = trace.download<Event>(size_t{kSlotWords} * calls / 2, stream);
 
   // The SM clock from the two clocks: per CTA, (last - first) cycles over (last - first) ns, the median.
   auto dec = [&](int call, int cta, int e) -> const Event& {
@@ -245,9 +224,11 @@ int main(int argc, char** argv) {
       std::printf("-\n");
     }
   }
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  CHECK(cudaStreamDestroy(stream));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(e0));
+  TESSERA_CUDA_CHECK(cudaEventDestroy(e1));
+  TESSERA_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TESSERA_CUDA_CHECK(cudaGraphDestroy(graph));
+  TESSERA_CUDA_CHECK(cudaStreamDestroy(stream));
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ptx/grid.cuh"
 #include "timing.h"
 
 namespace tessera::bench {
@@ -33,11 +34,9 @@ __global__ void __launch_bounds__(kThreads) read_stream(const uint4* __restrict_
 // One thread that waits `ns` nanoseconds of the GPU's global timer: holds the stream busy while the host times how
 // long it takes to issue calls behind it (time_host).
 __global__ void spin(uint64_t ns) {
-  uint64_t start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
+  const uint64_t start = ptx::globaltimer();
+  while (ptx::globaltimer() - start < ns) {
+  }
 }
 
 }  // namespace

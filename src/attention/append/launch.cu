@@ -17,6 +17,7 @@
 
 #include "attention/decode/problem.h"
 #include "common/check.h"
+#include "ptx/grid.cuh"
 
 namespace tessera::attention::detail {
 namespace {
@@ -290,7 +291,7 @@ template <int kHeadDim, bool kKeyChannel>
 __global__ void __launch_bounds__(kAppendThreads) append_kernel(const AppendProblem p, const AppendGrid grid) {
   // A decode launched next on the stream (a programmatic dependent, common/pdl.h) may start its set-up now; it waits
   // for this grid's completion before it reads the cache or the lengths.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ptx::launch_dependents();
   if constexpr (kKeyChannel) {
     if (blockIdx.x >= grid.row_ctas) {
       const int key_cta = static_cast<int>(blockIdx.x - grid.row_ctas);

@@ -25,6 +25,7 @@
 #include "attention/decode/problem.h"
 #include "common/numeric.cuh"
 #include "ptx/cp_async.cuh"
+#include "ptx/grid.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/mma.cuh"
@@ -76,8 +77,7 @@ inline constexpr int kDecodeTraceEvents = 8, kMergeTraceEvents = 4;
 // griddepcontrol.wait too (its first event), into a buffer no other kernel touches: measurement builds only.
 __device__ __forceinline__ void decode_trace_mark(const DecodeArgs& a, int region, int ev) {
   if (a.trace == nullptr || threadIdx.x != 0 || static_cast<int>(blockIdx.x) >= a.trace_ctas) return;
-  unsigned long long g;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g));
+  const unsigned long long g = ptx::globaltimer();
   const int64_t base = region == 0 ? int64_t{blockIdx.x} * kDecodeTraceEvents
                                    : int64_t{a.trace_ctas} * kDecodeTraceEvents + int64_t{blockIdx.x} * kMergeTraceEvents;
   a.trace[2 * (base + ev)] = g;
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // what this grid writes), be scheduled once every CTA has started; a programmatic grid does so after its own wait,
   // below.
   TESSERA_DECODE_MARK(0, 0);  // entry
-  if (!a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (!a.programmatic) ptx::launch_dependents();
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
   int idx = blockIdx.x;
@@ -184,13 +184,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // which touches no global memory but the kernel's own parameters; here they wait until that kernel has completed
   // and its writes (q, the cache, the lengths, and a previous merge's reads of the workspace) are settled. Nothing
   // in global memory is read or written before this line. Without the launch attribute the wait returns at once.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::grid_dependency_wait();
   // A programmatic grid lets the stream's next kernel (the merge, or the next call's decode) be scheduled once every
   // CTA of this grid has got here; it waits for this grid's completion before touching anything. Triggering after the
   // wait, not at the start, keeps the chain of early-launched grids short: with the trigger first (and the merge's),
   // the CTAs of several calls ahead became resident, each waiting on the one before, packed onto the SMs the running
   // grids left free, and the 8- and 4-bit rows at B <= 32 ran 10-64 % slower (v16's first form, docs/perf/decode.md).
-  if (a.programmatic) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (a.programmatic) ptx::launch_dependents();
   TESSERA_DECODE_MARK(0, 1);  // past the wait
 
   // The raw bits of this thread's query values (the fragments below), loaded before the lengths so that the two

@@ -2,6 +2,6 @@
 #include "attention/decode/launch.cuh"
 
 namespace tessera::attention::detail {
-template void launch_decode_format<KVFormat::kInt4>(const DecodeArgs&, int, bool, cudaStream_t);
-template void launch_decode_format<KVFormat::kInt4Group32>(const DecodeArgs&, int, bool, cudaStream_t);
+template void launch_decode_format<KVFormat::kInt4>(const DecodeArgs&, int, cudaStream_t);
+template void launch_decode_format<KVFormat::kInt4Group32>(const DecodeArgs&, int, cudaStream_t);
 }  // namespace tessera::attention::detail

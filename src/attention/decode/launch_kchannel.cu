@@ -3,6 +3,6 @@
 #include "attention/decode/launch.cuh"
 
 namespace tessera::attention::detail {
-template void launch_decode_format<KVFormat::kInt8KChannel>(const DecodeArgs&, int, bool, cudaStream_t);
-template void launch_decode_format<KVFormat::kInt4KChannel>(const DecodeArgs&, int, bool, cudaStream_t);
+template void launch_decode_format<KVFormat::kInt8KChannel>(const DecodeArgs&, int, cudaStream_t);
+template void launch_decode_format<KVFormat::kInt4KChannel>(const DecodeArgs&, int, cudaStream_t);
 }  // namespace tessera::attention::detail

@@ -2,5 +2,5 @@
 #include "attention/decode/launch.cuh"
 
 namespace tessera::attention::detail {
-template void launch_decode_format<KVFormat::kNative>(const DecodeArgs&, int, bool, cudaStream_t);
+template void launch_decode_format<KVFormat::kNative>(const DecodeArgs&, int, cudaStream_t);
 }  // namespace tessera::attention::detail

@@ -11,12 +11,13 @@
 #include "common/device_info.h"
 #include "common/pdl.h"
 #include "common/tensor_map.h"
+#include "ptx/grid.cuh"
 #include "ptx/math.cuh"
 
 namespace tessera::attention::detail {
 
 template <KVFormat kFormat>
-void launch_decode_format(const DecodeArgs& args, int grid, bool programmatic, cudaStream_t stream);
+void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream);
 
 namespace {
 
@@ -38,11 +39,11 @@ template <int kD, int kPer>
 __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(const DecodeArgs a) {
   constexpr int kQuads = kD / 4;
   TESSERA_DECODE_MARK(1, 0);  // entry
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ptx::grid_dependency_wait();
   TESSERA_DECODE_MARK(1, 1);  // past the wait
   // The stream's next kernel (e.g. the next call's decode, a programmatic dependent) may be scheduled now, after the
   // wait (see the trigger in kernel.cuh); it waits for this grid's completion before touching the workspace or o.
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ptx::launch_dependents();
   __shared__ float slice_max[kMergeSlices], slice_total[kMergeSlices];
   __shared__ float4 slice_acc[kMergeSlices][kQuads];
   const int row = blockIdx.x;  // (b * S + i) * HQ + h
@@ -192,8 +193,7 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
   if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");
   const int grid = static_cast<int>(grid64);
-  const bool pdl = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
-  a.programmatic = pdl;
+  a.programmatic = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
 #ifdef TESSERA_DECODE_TRACE
   if (g_trace != nullptr) {
     const int slot = g_trace_next++ % g_trace_slots;
@@ -202,13 +202,13 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   }
 #endif
   switch (pb.cache.format) {
-    case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, pdl, stream); break;
-    case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, pdl, stream); break;
-    case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, pdl, stream); break;
-    case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, pdl, stream); break;
-    case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, pdl, stream); break;
-    case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, pdl, stream); break;
-    case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, pdl, stream); break;
+    case KVFormat::kNative: launch_decode_format<KVFormat::kNative>(a, grid, stream); break;
+    case KVFormat::kFP8: launch_decode_format<KVFormat::kFP8>(a, grid, stream); break;
+    case KVFormat::kInt8: launch_decode_format<KVFormat::kInt8>(a, grid, stream); break;
+    case KVFormat::kInt4: launch_decode_format<KVFormat::kInt4>(a, grid, stream); break;
+    case KVFormat::kInt4Group32: launch_decode_format<KVFormat::kInt4Group32>(a, grid, stream); break;
+    case KVFormat::kInt8KChannel: launch_decode_format<KVFormat::kInt8KChannel>(a, grid, stream); break;
+    case KVFormat::kInt4KChannel: launch_decode_format<KVFormat::kInt4KChannel>(a, grid, stream); break;
   }
   if (pb.num_splits > 1) {
     const int64_t rows = int64_t{pb.batch} * pb.num_new * pb.num_q_heads;
