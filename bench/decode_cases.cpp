@@ -13,8 +13,8 @@
 //               long context B 1, T 131072 (native, int4)
 //   paged<P>    page size P in {16, 64}, every page of the batch in one pool in a random permutation (the block
 //               table): hq8kv1 B 128 and llama3_8b B 16 / 64 (native, int8, int4)
-//   zipf        hq8kv1 B 64, capacity 8192, lengths 8192 / r for the ranks r = 1..64 in a random order
-//   uniform     hq8kv1 B 64, capacity 8192, lengths uniform in [1, 8192]                       (native, int4)
+//   zipf        lengths T / r for the ranks r = 1..B in a random order: hq8kv1 B 8, 64, 256 and llama3_8b B 16
+//   uniform     lengths uniform in [1, T]: hq8kv1 B 64 and llama3_8b B 16               (both: native, int4)
 //   S<n>        n new query tokens per sequence, causal (speculative decoding): llama3_8b B 16 / 64 S 4 and
 //               hq8kv1 B 128 S 2 (native, int8, int4); compare.py has no peer row for them
 // Unless named, every sequence holds T tokens. Formats (kv_format_name): native (bf16), fp8 (e4m3, fp32 scale per
@@ -462,8 +462,11 @@ void add_decode_cases(std::vector<CaseSpec>& cases) {
     add_decode_shape_cases(cases, shape("hq8kv1", 128, 8, 1, 8192, P), paged_formats);
     for (int B : {16, 64}) add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, P), paged_formats);
   }
-  for (Lengths l : {Lengths::kZipf, Lengths::kUniform})
+  for (Lengths l : {Lengths::kZipf, Lengths::kUniform}) {
     add_decode_shape_cases(cases, shape("hq8kv1", 64, 8, 1, 8192, 0, l), bf16_int4);
+    add_decode_shape_cases(cases, shape("llama3_8b", 16, 32, 8, 4096, 0, l), bf16_int4);
+  }
+  for (int B : {8, 256}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192, 0, Lengths::kZipf), bf16_int4);
   // Speculative decoding: S new tokens per sequence, causal among themselves (S·G = 16 query rows per KV head).
   for (int B : {16, 64})
     add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, 0, Lengths::kFull, 4), paged_formats);

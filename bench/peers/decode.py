@@ -68,6 +68,9 @@ def registry():
             add(f"llama3_8b/B{B}/T4096/paged{P}", paged_formats)
     for dist in ("zipf", "uniform"):
         add(f"hq8kv1/B64/T8192/{dist}", bf16_int4)
+        add(f"llama3_8b/B16/T4096/{dist}", bf16_int4)
+    for B in (8, 256):
+        add(f"hq8kv1/B{B}/T8192/zipf", bf16_int4)
     for B in (16, 64):
         add(f"llama3_8b/B{B}/T4096/S4", paged_formats)
     add("hq8kv1/B128/T8192/S2", paged_formats)
