@@ -49,6 +49,7 @@ default_tests=(
   'AppendKvChannelGpu.CudaGraphReplaysWithNewPositionsAndInputs'
   'DecodeGpu.CudaGraphReplaysWithNewLengths'
   'DecodeGpu.BackToBackCallsShareOneWorkspace'
+  'DecodeGpu.SkewedBatchesSplitByLength'
   'PrefillGpu.RandomConfiguration'
   'PrefillGpu.GraphReplayWithNewLengthsAndDeterminism'
   'PrefillCacheGpu.GroupsWindowsSoftcapAndRandomConfiguration'

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "attention/decode/config.h"
 #include "attention/decode/problem.h"
 #include "attention/prefill/problem.h"
 #include "common/gpu_util.h"
@@ -174,7 +175,7 @@ void call_decode(const DecodeArgs& a) {
 void set_splits(DecodeArgs& a, int requested, int effective, int64_t missing_bytes = 0) {
   a.params.num_splits = requested;
   a.workspace.data = buffers().ws.data();
-  a.workspace.bytes = decode_workspace_bytes_for(kB, a.q.shape[1], kD, effective) - missing_bytes;
+  a.workspace.bytes = decode_workspace_bytes_for(kB, 1, a.q.shape[1], kD, effective) - missing_bytes;
 }
 
 // q and o as [B, S, HQ, D] with S new tokens (o with its own count when given).
@@ -480,7 +481,7 @@ const std::vector<DecodeCase>& decode_cases() {
 }
 
 TEST(DecodeValidation, EachRuleNamesItsArgument) {
-  ASSERT_GT(decode_workspace_bytes_for(kB, kHQ, kD, 4), 0u) << "the workspace cases need a non-empty workspace";
+  ASSERT_GT(decode_workspace_bytes_for(kB, 1, kHQ, kD, 4), 0u) << "the workspace cases need a non-empty workspace";
   int runs = 0;
   for (const DecodeCase& c : decode_cases())
     for (KVFormat f : kFormats)
@@ -498,7 +499,7 @@ TEST(DecodeValidation, EachRuleNamesItsArgument) {
 TEST(DecodeValidation, WorkspaceErrorGivesBothSizes) {
   DecodeArgs a = make_decode(KVFormat::kInt8, false);
   set_splits(a, 3, 3, 16);
-  const std::size_t needed = decode_workspace_bytes_for(kB, kHQ, kD, 3);
+  const std::size_t needed = decode_workspace_bytes_for(kB, 1, kHQ, kD, 3);
   expect_error([&] { call_decode(a); }, kDecode, "workspace",
                {"at least " + std::to_string(needed) + " bytes", "got " + std::to_string(needed - 16)});
 }
@@ -522,7 +523,7 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
          a.lse = view(a.lse->data, DType::kFP32, {kB, 8, kHQ});
          a.params.num_splits = 2;
          a.workspace.data = buffers().ws.data();
-         a.workspace.bytes = decode_workspace_bytes_for(kB * 8, kHQ, kD, 2);
+         a.workspace.bytes = decode_workspace_bytes_for(kB, 8, kHQ, kD, 2);
        }},
       {"4-D q with one new token", kAll,
        [](DecodeArgs& a) {
@@ -1174,6 +1175,29 @@ TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
   EXPECT_EQ(select_num_splits(512, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 1);
 }
 
+// The split workspace: one split needs none; 2..512 sequences with a budget of S >= 2 plan their splits by length
+// (B·S + B slots, then a 16-byte-aligned (first slot, count) pair per sequence); one sequence or more than 512 keep
+// S slots each. Sizes are 256-byte multiples.
+TEST(DecodeSplits, WorkspaceLayoutOfBalancedAndClassicPlans) {
+  EXPECT_EQ(decode_workspace_bytes_for(8, 1, 8, 128, 1), 0u);
+  const DecodeWorkspaceLayout one = decode_workspace_layout(1, 1, 8, 128, 64);
+  EXPECT_EQ(one.rows, 64 * 8);
+  EXPECT_EQ(one.meta_bytes, 0);
+  EXPECT_EQ(one.bytes, static_cast<std::size_t>((64 * 8 * 129 * 4 + 255) / 256 * 256));
+  const DecodeWorkspaceLayout bal = decode_workspace_layout(5, 3, 8, 64, 7);  // B 5, S 3, HQ 8, D 64, 7 splits
+  EXPECT_EQ(bal.rows, (5 * 7 + 5) * 3 * 8);
+  EXPECT_EQ(bal.meta_bytes, (bal.rows * 65 * 4 + 15) / 16 * 16);
+  EXPECT_EQ(bal.bytes, static_cast<std::size_t>((bal.meta_bytes + 5 * 8 + 255) / 256 * 256));
+  const DecodeWorkspaceLayout big = decode_workspace_layout(kDecodeBalanceMaxBatch + 1, 1, 8, 128, 2);
+  EXPECT_EQ(big.rows, (kDecodeBalanceMaxBatch + 1) * 2 * 8);
+  EXPECT_EQ(big.meta_bytes, 0);
+  EXPECT_TRUE(decode_balanced(2, 2) && decode_balanced(kDecodeBalanceMaxBatch, 128));
+  EXPECT_FALSE(decode_balanced(1, 64) || decode_balanced(kDecodeBalanceMaxBatch + 1, 2) || decode_balanced(64, 1));
+  EXPECT_EQ(decode_max_seq_splits(2), 32);
+  EXPECT_EQ(decode_max_seq_splits(64), 64);
+  EXPECT_EQ(decode_max_seq_splits(kDecodeMaxSplits), kDecodeMaxSplits);
+}
+
 // Above 8 splits only powers of two (a split's tiles go round-robin to 4 warps), never more than the capacity holds.
 TEST(DecodeSplits, CountsAboveEightArePowersOfTwo) {
   for (KVFormat f : {KVFormat::kNative, KVFormat::kFP8, KVFormat::kInt8, KVFormat::kInt4, KVFormat::kInt4Group32,
@@ -1345,13 +1369,13 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   const TensorView o = dview(at(5), DType::kFP16, {kB, kHQ, kD});
   const TensorView seqlens = dview(at(6), DType::kInt32, {kB});
   const Workspace ws{at(8), std::size_t{8} << 20};
-  ASSERT_GE(ws.bytes, decode_workspace_bytes_for(kB, kHQ, kD, kDecodeMaxSplits));
+  ASSERT_GE(ws.bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, kDecodeMaxSplits));
 
   DecodeParams params;
   params.num_splits = kDecodeMaxSplits;  // capped: 64 tokens of capacity make at most 4 useful splits
   DecodeProblem p = check_decode(kDecode, q, cache, seqlens, o, std::nullopt, ws, params);
   EXPECT_EQ(p.num_splits, 4);
-  EXPECT_EQ(p.workspace_bytes, decode_workspace_bytes_for(kB, kHQ, kD, 4));
+  EXPECT_EQ(p.workspace_bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, 4));
   EXPECT_FLOAT_EQ(p.softmax_scale, 1.0f / std::sqrt(128.0f));
   EXPECT_TRUE(p.fp16);
   EXPECT_EQ(p.batch, kB);
@@ -1378,7 +1402,7 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
     EXPECT_EQ(m.lse_stride_b, 3 * kHQ);
     EXPECT_EQ(m.lse_stride_s, kHQ);
     EXPECT_EQ(m.lse_stride_h, 1);
-    EXPECT_EQ(m.workspace_bytes, decode_workspace_bytes_for(kB * 3, kHQ, kD, 2));
+    EXPECT_EQ(m.workspace_bytes, decode_workspace_bytes_for(kB, 3, kHQ, kD, 2));
     EXPECT_EQ(decode_workspace_bytes(q3, cache, p3), m.workspace_bytes);
   }
 

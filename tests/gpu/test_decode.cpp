@@ -469,6 +469,57 @@ TEST_F(DecodeGpu, SplitCounts) {
   }
 }
 
+// Balanced split plans (config.h, decode_balanced): with 2..512 sequences and a split budget S >= 2, every CTA plans
+// the batch's splits from all the device lengths (one plan lane per sequence up to B 32, several above) and a long
+// sequence among short ones gets more splits than S. Each shape (B 7 to 512 balanced, 513 classic; contiguous and
+// paged; one and two new tokens) runs skewed batches on one filled cache: Zipf lengths (capacity / rank, shuffled),
+// one full sequence among empty ones, all empty, all full, uniform random, with the automatic budget and explicit
+// ones, a window on some; every output against the reference.
+TEST_F(DecodeGpu, SkewedBatchesSplitByLength) {
+  struct Shape {
+    int fi, D, B, HKV, HQ, S;
+    int64_t cap;
+    int page;
+  };
+  const Shape shapes[] = {{0, 128, 40, 1, 8, 1, 1024, 0}, {3, 128, 40, 2, 8, 1, 512, 64},
+                          {7, 64, 33, 1, 8, 1, 2048, 0},  {4, 64, 100, 1, 4, 2, 512, 16},
+                          {8, 64, 512, 1, 8, 1, 128, 0},  {5, 64, 513, 1, 8, 1, 128, 0},
+                          {1, 128, 7, 8, 32, 1, 1024, 0}, {6, 128, 64, 1, 8, 1, 512, 32}};
+  for (const Shape& sh : shapes) {
+    DecodeCase c = shape_case(kDecodeFormats[sh.fi], sh.D, sh.B, sh.HKV, sh.HQ, sh.cap, sh.page);
+    c.S = sh.S;
+    const int64_t cap = c.g.capacity;
+    const uint64_t seed = test::fresh_seed();
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<int32_t>> batches(5);
+    for (int b = 0; b < sh.B; ++b) {
+      batches[0].push_back(static_cast<int32_t>(cap / (b + 1)));  // Zipf
+      batches[1].push_back(b == 0 ? static_cast<int32_t>(cap) : 0);
+      batches[2].push_back(0);
+      batches[3].push_back(static_cast<int32_t>(cap));
+      batches[4].push_back(static_cast<int32_t>(rng() % (cap + 1)));
+    }
+    for (int i : {0, 1}) std::shuffle(batches[i].begin(), batches[i].end(), rng);
+    c.seqlens = batches[3];
+    SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
+    DecodeFixture fx(c, seed);  // every token filled: any of the batches reads written rows only
+    int run = 0;
+    for (const std::vector<int32_t>& lens : batches)
+      for (int splits : {0, 2, 16}) {
+        DecodeParams p;
+        p.num_splits = splits;
+        if (run++ % 4 == 3) p.window = 1 + static_cast<int>(rng() % 300);
+        auto ws = fx.workspace(p);
+        fx.set_seqlens(lens);
+        fx.poison_outputs();
+        fx.launch(p, *ws);
+        const DecodeCheck r = fx.check(fx.download(), fx.reference(p, lens), grid_tolerance());
+        EXPECT_TRUE(r.ok) << "lengths " << (&lens - batches.data()) << " (0 Zipf, 1 one full, 2 empty, 3 full, 4 random)"
+                          << ", splits " << splits << ", window " << p.window << ": " << r.message;
+      }
+  }
+}
+
 // softcap, window and softmax_scale, alone and together, over several formats and split counts.
 TEST_F(DecodeGpu, SoftcapWindowAndScale) {
   struct P {

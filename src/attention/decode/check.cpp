@@ -356,7 +356,7 @@ std::size_t check_decode_workspace(const char* op, const TensorView& q, const KV
                                    const DecodeParams& params) {
   const ArgCheck check(op);
   const DecodeShape s = check_query_cache_params(check, q, cache, params);
-  return decode_workspace_bytes_for(s.batch * s.num_new, s.num_q_heads, s.head_dim,
+  return decode_workspace_bytes_for(s.batch, s.num_new, s.num_q_heads, s.head_dim,
                                     resolve_num_splits(s, params.num_splits));
 }
 
@@ -405,7 +405,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   // ---- workspace: sized by the resolved split count; written, so apart from everything else too
   TensorView ws_view;
   const auto check_workspace = [&](int splits) {
-    const std::size_t needed = decode_workspace_bytes_for(B * S, HQ, D, splits);
+    const std::size_t needed = decode_workspace_bytes_for(B, S, HQ, D, splits);
     if (workspace.bytes < needed)
       check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
                                   " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));

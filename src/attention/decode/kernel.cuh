@@ -57,13 +57,19 @@ struct DecodeArgs {
   int num_new = 1;     // new query tokens per sequence (S), causal among themselves
   int rows = 0;        // query rows per KV head, S * G: row i * G + j is token i of head j
   int head_tiles = 0;  // decode_head_tiles(rows)
-  int num_splits = 1;
+  int batch = 0;       // B
+  int num_splits = 1;  // per sequence (classic), or the budget per sequence of a balanced plan (config.h)
+  bool balanced = false;  // decode_balanced(B, num_splits): the splits follow the device lengths
+  int max_seq_splits = 1;  // balanced: decode_max_seq_splits(num_splits)
   bool programmatic = false;  // launched as a programmatic dependent (config.h: decode_launch_programmatic)
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
-  float* ws_o = nullptr;    // [B, S, HQ, splits, D] fp32, normalized partial outputs
-  float* ws_lse = nullptr;  // [B, S, HQ, splits] fp32, log2 domain
+  // The split workspace (problem.h, DecodeWorkspaceLayout): row ((slot · S) + i) · HQ + h of slot
+  // b · splits + split (classic) or of the split's number in the balanced plan.
+  float* ws_o = nullptr;      // [slots, S, HQ, D] fp32, normalized partial outputs
+  float* ws_lse = nullptr;    // [slots, S, HQ] fp32, log2 domain
+  int2* ws_meta = nullptr;    // balanced: [B] (first slot, split count) of each sequence, for the merge
   // Measurement builds only (-DTESSERA_DECODE_TRACE, bench/decode_trace.cu): per CTA below trace_ctas, thread 0
   // writes (%globaltimer, clock64) at kDecodeTraceEvents points of the decode kernel, then kMergeTraceEvents of the
   // merge kernel's CTA of the same index, at trace (null: nothing written).
@@ -131,6 +137,93 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
 
 __device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
+// A sequence's length as the kernel uses it: the device value clamped to [0, capacity].
+__device__ __forceinline__ int decode_clamped_len(const DecodeArgs& a, int raw) {
+  return raw < 0 ? 0 : (raw > a.cache.capacity ? static_cast<int>(a.cache.capacity) : raw);
+}
+
+// Stages of kRows tokens a sequence of length len reads: from its first attended key's stage to len (see the kernel:
+// query token i attends to keys [lo_i, lim_i), lim_i = len - S + 1 + i, lo_i = max(0, lim_i - window)).
+// lo_i from lim_i: lim - window without wrapping (lim may be negative (S > L), window up to the capacity < 2^31).
+__device__ __forceinline__ int decode_lo(const DecodeArgs& a, int lim) {
+  return a.window > 0 && lim > a.window ? lim - a.window : 0;
+}
+template <int kRows>
+__device__ __forceinline__ int decode_num_tiles(const DecodeArgs& a, int len) {
+  const int lo = decode_lo(a, len - a.num_new + 1);
+  const int tile_base = lo & ~(kRows - 1);
+  return len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
+}
+
+// The split a CTA runs: sequence b, split `split` of `splits`, `slot` its workspace slot.
+struct DecodeSplit {
+  int b, split, splits, slot, len;
+};
+
+// The balanced plan (config.h, decode_balanced), computed by each warp alone from all B lengths (no shared memory,
+// no CTA barrier): lane l takes sequences [l·n, l·n + n), n = ceil(B / 32). Returns false for a slot past the plan's
+// splits (the CTA has nothing to do). Every warp of the CTA returns the same.
+template <int kRows>
+__device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int slot, int lane, DecodeSplit& out) {
+  const int per_lane = (a.batch + 31) / 32, first = lane * per_lane;
+  const int end = first + per_lane < a.batch ? first + per_lane : a.batch;
+  auto tiles_of = [&](int b) { return decode_num_tiles<kRows>(a, decode_clamped_len(a, a.seqlens[b])); };
+  long long total = 0;
+  int longest = 0;
+  for (int b = first; b < end; ++b) {
+    const int t = tiles_of(b);
+    total += t;
+    longest = t > longest ? t : longest;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    total += __shfl_xor_sync(0xffffffffu, total, o);
+    const int m = __shfl_xor_sync(0xffffffffu, longest, o);
+    longest = m > longest ? m : longest;
+  }
+  // Stages per split: the batch's stages over the budget, at least what keeps the longest sequence within its split
+  // cap, at least one stage per warp. int64: B·S stages of up to 2^31 / 16 tokens each.
+  const int64_t budget = int64_t{a.batch} * a.num_splits;
+  int64_t chunk = (static_cast<int64_t>(total) + budget - 1) / budget;
+  const int64_t by_cap = (longest + a.max_seq_splits - 1) / a.max_seq_splits;
+  chunk = chunk > by_cap ? chunk : by_cap;
+  chunk = chunk > kDecodeWarps ? chunk : kDecodeWarps;
+  auto splits_of = [&](int t) { return t > chunk ? static_cast<int>((t + chunk - 1) / chunk) : 1; };
+  int mine = 0;
+  for (int b = first; b < end; ++b) mine += splits_of(tiles_of(b));  // the lengths again (L1)
+  int incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  const int excl = incl - mine;
+  if (slot >= __shfl_sync(0xffffffffu, incl, 31)) return false;
+  const int owner = __ffs(__ballot_sync(0xffffffffu, slot >= excl && slot < incl)) - 1;
+  int found[4] = {0, 0, 1, 0};  // b, split, splits, len
+  if (lane == owner) {
+    int off = excl;
+    for (int b = first; b < end; ++b) {
+      const int len = decode_clamped_len(a, a.seqlens[b]);
+      const int s = splits_of(decode_num_tiles<kRows>(a, len));
+      if (slot < off + s) {
+        found[0] = b;
+        found[1] = slot - off;
+        found[2] = s;
+        found[3] = len;
+        break;
+      }
+      off += s;
+    }
+  }
+  out.b = __shfl_sync(0xffffffffu, found[0], owner);
+  out.split = __shfl_sync(0xffffffffu, found[1], owner);
+  out.splits = __shfl_sync(0xffffffffu, found[2], owner);
+  out.len = __shfl_sync(0xffffffffu, found[3], owner);
+  out.slot = slot;
+  return true;
+}
+
 template <class T, int kNT>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.ctas_per_sm)
     decode_kernel(const __grid_constant__ DecodeArgs a) {
@@ -158,13 +251,13 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   if (!a.programmatic) ptx::launch_dependents();
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  // blockIdx.x = (slot · HKV + kvh) · head_tiles + ht (balanced), ((b · splits + split) · HKV + kvh) · head_tiles + ht
+  // (classic): consecutive CTAs share a sequence and a split.
   int idx = blockIdx.x;
   const int ht = idx % a.head_tiles;
   idx /= a.head_tiles;
-  const int split = idx % a.num_splits;
-  idx /= a.num_splits;
   const int kvh = idx % cd.num_kv_heads;
-  const int b = idx / cd.num_kv_heads;
+  const int slot = idx / cd.num_kv_heads;
 
   // ---- per-warp pipeline over this warp's stages -------------------------------------------------------------
   uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
@@ -193,8 +286,15 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   if (a.programmatic) ptx::launch_dependents();
   TESSERA_DECODE_MARK(0, 1);  // past the wait
 
-  // The raw bits of this thread's query values (the fragments below), loaded before the lengths so that the two
-  // round trips overlap (v17: the lengths, then q, took ~0.6 + ~1.1 us at B 1, tessera-decode-trace).
+  // This CTA's sequence and split. Classic: from the grid index; the length is read below, after q's loads are
+  // issued, so that the two round trips overlap (v17: the lengths, then q, took ~0.6 + ~1.1 us at B 1,
+  // tessera-decode-trace). Balanced: the plan over all lengths first (q's address needs b); q's round trip then
+  // overlaps the first stages' copies instead.
+  DecodeSplit sp{slot / a.num_splits, slot % a.num_splits, a.num_splits, slot, 0};
+  if (a.balanced && !decode_balanced_split<kRows>(a, slot, lane, sp)) return;  // a slot past the plan
+  const int b = sp.b, split = sp.split;
+
+  // The raw bits of this thread's query values (the fragments below).
   constexpr int kQIters = (kNT * kKSteps * 32 + kDecodeThreads - 1) / kDecodeThreads;
   uint16_t q_raw[kQIters][4];
 #pragma unroll
@@ -217,17 +317,15 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // len - S + 1 + i (causal), lo_i = max(0, lim_i - window) (window 0: 0). Together they read keys [lo, len), in
   // stages of kRows tokens counted from tile_base (kRows-aligned); this split owns a contiguous run of stages.
   // Positions are int32: check_cache keeps the capacity below 2^31.
-  int len = a.seqlens[b];
-  len = len < 0 ? 0 : (len > cd.capacity ? static_cast<int>(cd.capacity) : len);
+  const int len = a.balanced ? sp.len : decode_clamped_len(a, a.seqlens[b]);
   // lim_0 (may be <= 0: the first tokens attend to nothing), lo_0 and lo_{S-1}; recomputed where needed from len
   // and the parameters rather than held in registers through the main loop.
   auto lim_first = [&] { return len - a.num_new + 1; };
-  // lim - window without wrapping: lim may be negative (S > L) and window up to the capacity (< 2^31).
-  auto lo_of = [&](int lim) { return a.window > 0 && lim > a.window ? lim - a.window : 0; };
+  auto lo_of = [&](int lim) { return decode_lo(a, lim); };
   const int lo = lo_of(lim_first());
   const int tile_base = lo & ~(kRows - 1);
-  const int num_tiles = len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
-  const int per_split = (num_tiles + a.num_splits - 1) / a.num_splits;
+  const int num_tiles = decode_num_tiles<kRows>(a, len);
+  const int per_split = (num_tiles + sp.splits - 1) / sp.splits;
   const int first_tile = split * per_split;
   int split_tiles = num_tiles - first_tile;
   split_tiles = split_tiles < 0 ? 0 : (split_tiles > per_split ? per_split : split_tiles);
@@ -814,7 +912,10 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   __syncthreads();
 
   // Each thread 4 consecutive columns of a row: o = Σ_w coef_w O_w.
-  const bool final_out = a.num_splits == 1;
+  const bool final_out = sp.splits == 1;
+  // The merge reads a balanced plan's splits of each sequence from the workspace (written once per sequence).
+  if (a.balanced && split == 0 && kvh == 0 && ht == 0 && threadIdx.x == 0)
+    a.ws_meta[b] = make_int2(sp.slot, sp.splits);
   constexpr int kQuads = kD / 4;
   for (int e = threadIdx.x; e < kHeads * kQuads; e += kDecodeThreads) {
     const int row = e / kQuads, d0 = 4 * (e % kQuads);
@@ -838,8 +939,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
       for (int k = 0; k < 4; ++k) store_output(a, b, tok, h, d0 + k, out[k], lse2, any);
     } else {
-      const int64_t row_idx =
-          ((static_cast<int64_t>(b) * a.num_new + tok) * a.num_q_heads + h) * a.num_splits + split;
+      const int64_t row_idx = (static_cast<int64_t>(sp.slot) * a.num_new + tok) * a.num_q_heads + h;
       *reinterpret_cast<float4*>(a.ws_o + row_idx * kD + d0) = acc;
       if (d0 == 0) a.ws_lse[row_idx] = lse2;
     }

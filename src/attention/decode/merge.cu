@@ -49,17 +49,26 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   const int row = blockIdx.x;  // (b * S + i) * HQ + h
   const int bi = row / a.num_q_heads, h = row % a.num_q_heads;
   const int b = bi / a.num_new, i = bi % a.num_new;
-  const int splits = a.num_splits;
+  // The sequence's splits: workspace slots first .. first + splits - 1 (kernel.cuh, DecodeArgs::ws_o). A balanced
+  // plan's sequence of one split wrote o itself.
+  int first = b * a.num_splits, splits = a.num_splits;
+  if (a.balanced) {
+    const int2 m = a.ws_meta[b];
+    first = m.x;
+    splits = m.y;
+    if (splits <= 1) return;
+  }
   const int quad = threadIdx.x % kQuads, slice = threadIdx.x / kQuads;
-  const float* lse = a.ws_lse + static_cast<int64_t>(row) * splits;
-  const float4* part = reinterpret_cast<const float4*>(a.ws_o + static_cast<int64_t>(row) * splits * kD) + quad;
+  const int64_t slot_rows = static_cast<int64_t>(a.num_new) * a.num_q_heads;  // rows between a row's slots
+  const int64_t base = (static_cast<int64_t>(first) * a.num_new + i) * a.num_q_heads + h;
   float l[kPer];
   float4 v[kPer];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int s = slice + k * kMergeSlices;
-    l[k] = s < splits ? lse[s] : -INFINITY;
-    v[k] = s < splits ? part[static_cast<int64_t>(s) * kQuads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const int64_t at = base + s * slot_rows;
+    l[k] = s < splits ? a.ws_lse[at] : -INFINITY;
+    v[k] = s < splits ? reinterpret_cast<const float4*>(a.ws_o + at * kD)[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   float m = l[0];
 #pragma unroll
@@ -179,21 +188,30 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.num_new = pb.num_new;
   a.rows = a.group * pb.num_new;
   a.head_tiles = decode_head_tiles(a.rows);
+  a.batch = pb.batch;
   a.num_splits = pb.num_splits;
+  a.balanced = decode_balanced(pb.batch, pb.num_splits);
+  a.max_seq_splits = a.balanced ? decode_max_seq_splits(pb.num_splits) : pb.num_splits;
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;
   // A window of at least the cache's capacity excludes nothing (every key is within it): 0, which also keeps the
   // kernel's int32 window arithmetic (lim - window) from wrapping for windows near INT32_MAX.
   a.window = pb.window >= pb.cache.capacity ? 0 : static_cast<int>(pb.window);
   if (pb.num_splits > 1) {
-    const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_new * pb.num_q_heads * pb.num_splits;
+    const DecodeWorkspaceLayout w =
+        decode_workspace_layout(pb.batch, pb.num_new, pb.num_q_heads, pb.cache.head_dim, pb.num_splits);
     a.ws_o = static_cast<float*>(pb.workspace);
-    a.ws_lse = a.ws_o + rows * pb.cache.head_dim;
+    a.ws_lse = a.ws_o + w.rows * pb.cache.head_dim;
+    if (a.balanced) a.ws_meta = reinterpret_cast<int2*>(static_cast<uint8_t*>(pb.workspace) + w.meta_bytes);
   }
-  const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
+  const int64_t per_slot = int64_t{pb.cache.num_kv_heads} * a.head_tiles;
+  const int64_t grid64 = decode_split_slots(pb.batch, pb.num_splits) * per_slot;
   if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");
   const int grid = static_cast<int>(grid64);
-  a.programmatic = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
+  // A balanced grid's B extra slots hold work only where lengths are skewed; its busy CTAs are B·S per KV head and
+  // head tile, as many as a classic grid's.
+  a.programmatic = decode_launch_programmatic(int64_t{pb.batch} * pb.num_splits * per_slot,
+                                              ::tessera::detail::current_device_info().num_sms);
 #ifdef TESSERA_DECODE_TRACE
   if (g_trace != nullptr) {
     const int slot = g_trace_next++ % g_trace_slots;
@@ -221,9 +239,9 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
       }
     };
     static_assert(16 * kMergeSlices == kDecodeMaxSplits, "16 splits per merge thread cover every split count");
-    if (pb.num_splits <= kMergeSlices)
+    if (a.max_seq_splits <= kMergeSlices)
       by_dim(std::integral_constant<int, 1>{});
-    else if (pb.num_splits <= 4 * kMergeSlices)
+    else if (a.max_seq_splits <= 4 * kMergeSlices)
       by_dim(std::integral_constant<int, 4>{});
     else
       by_dim(std::integral_constant<int, 16>{});

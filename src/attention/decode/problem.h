@@ -106,10 +106,23 @@ AppendProblem check_append(const char* op, const TensorView& k_new, const Tensor
                            const TensorView& positions, const KVCache& cache);
 
 // Split selection (config.h) and workspace size: pure functions of shapes, params and the SM count.
-// group_size: query rows per KV head (S * G); batch_rows: B * S.
+// group_size: query rows per KV head (S * G).
 int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
                       KVFormat format, int64_t head_dim);
-std::size_t decode_workspace_bytes_for(int64_t batch_rows, int64_t num_q_heads, int64_t head_dim, int num_splits);
+
+// The split workspace (none for one split): fp32 partial outputs [slots, S, HQ, D] and their log2-sum-exps
+// [slots, S, HQ], slots = decode_split_slots(B, splits) (config.h), row ((slot · S) + i) · HQ + h; a balanced plan's
+// slot is its split's number in the plan, a classic one's b · splits + split. After them, in a balanced plan, one
+// int32 pair per sequence (its first slot, its split count) for the merge, 16-byte aligned.
+struct DecodeWorkspaceLayout {
+  int64_t rows = 0;        // partial rows
+  int64_t meta_bytes = 0;  // byte offset of the per-sequence pairs (balanced plans)
+  std::size_t bytes = 0;   // the whole workspace, a multiple of 256
+};
+DecodeWorkspaceLayout decode_workspace_layout(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
+                                              int num_splits);
+std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
+                                       int num_splits);
 
 void launch_decode(const DecodeProblem& problem, cudaStream_t stream);
 void launch_append(const AppendProblem& problem, cudaStream_t stream);
