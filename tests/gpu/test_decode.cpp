@@ -488,6 +488,7 @@ TEST_F(DecodeGpu, SkewedBatchesSplitByLength) {
   for (const Shape& sh : shapes) {
     DecodeCase c = shape_case(kDecodeFormats[sh.fi], sh.D, sh.B, sh.HKV, sh.HQ, sh.cap, sh.page);
     c.S = sh.S;
+    c.q_dtype = is_native(c.g.fmt) ? c.g.fmt.dtype : DType::kBF16;
     const int64_t cap = c.g.capacity;
     const uint64_t seed = test::fresh_seed();
     std::mt19937_64 rng(seed);

@@ -65,10 +65,11 @@ struct DecodeArgs {
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
-  // The split workspace (problem.h, DecodeWorkspaceLayout): row ((slot · S) + i) · HQ + h of slot
-  // b · splits + split (classic) or of the split's number in the balanced plan.
-  float* ws_o = nullptr;      // [slots, S, HQ, D] fp32, normalized partial outputs
-  float* ws_lse = nullptr;    // [slots, S, HQ] fp32, log2 domain
+  // The split workspace (problem.h, DecodeWorkspaceLayout): sequence b's splits own the slots [f, f + n) (classic:
+  // f = b · splits, n = splits; balanced: from the plan), and so the rows [f · S · HQ, (f + n) · S · HQ), in which
+  // split j of query row (i, h) is row f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]).
+  float* ws_o = nullptr;      // [rows, D] fp32, normalized partial outputs
+  float* ws_lse = nullptr;    // [rows] fp32, log2 domain
   int2* ws_meta = nullptr;    // balanced: [B] (first slot, split count) of each sequence, for the merge
   // Measurement builds only (-DTESSERA_DECODE_TRACE, bench/decode_trace.cu): per CTA below trace_ctas, thread 0
   // writes (%globaltimer, clock64) at kDecodeTraceEvents points of the decode kernel, then kMergeTraceEvents of the
@@ -161,19 +162,23 @@ struct DecodeSplit {
 };
 
 // The balanced plan (config.h, decode_balanced), computed by each warp alone from all B lengths (no shared memory,
-// no CTA barrier): lane l takes sequences [l·n, l·n + n), n = ceil(B / 32). Returns false for a slot past the plan's
-// splits (the CTA has nothing to do). Every warp of the CTA returns the same.
+// no CTA barrier): lane l takes sequences [l·n, l·n + n), n = ceil(B / 32) <= 16, their stage counts held in
+// registers. Returns false for a slot past the plan's splits (the CTA has nothing to do). Every warp of the CTA
+// returns the same.
+inline constexpr int kDecodePlanPerLane = (kDecodeBalanceMaxBatch + 31) / 32;
 template <int kRows>
 __device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int slot, int lane, DecodeSplit& out) {
   const int per_lane = (a.batch + 31) / 32, first = lane * per_lane;
-  const int end = first + per_lane < a.batch ? first + per_lane : a.batch;
-  auto tiles_of = [&](int b) { return decode_num_tiles<kRows>(a, decode_clamped_len(a, a.seqlens[b])); };
+  int tiles[kDecodePlanPerLane];
   long long total = 0;
   int longest = 0;
-  for (int b = first; b < end; ++b) {
-    const int t = tiles_of(b);
-    total += t;
-    longest = t > longest ? t : longest;
+#pragma unroll
+  for (int k = 0; k < kDecodePlanPerLane; ++k) {
+    tiles[k] = k < per_lane && first + k < a.batch
+                   ? decode_num_tiles<kRows>(a, decode_clamped_len(a, a.seqlens[first + k]))
+                   : -1;  // no sequence
+    total += tiles[k] > 0 ? tiles[k] : 0;
+    longest = tiles[k] > longest ? tiles[k] : longest;
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -182,45 +187,43 @@ __device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int s
     longest = m > longest ? m : longest;
   }
   // Stages per split: the batch's stages over the budget, at least what keeps the longest sequence within its split
-  // cap, at least one stage per warp. int64: B·S stages of up to 2^31 / 16 tokens each.
-  const int64_t budget = int64_t{a.batch} * a.num_splits;
-  int64_t chunk = (static_cast<int64_t>(total) + budget - 1) / budget;
-  const int64_t by_cap = (longest + a.max_seq_splits - 1) / a.max_seq_splits;
+  // cap, at least one stage per warp (32-bit from here: a stage count is below 2^27).
+  const long long budget = static_cast<long long>(a.batch) * a.num_splits;
+  int chunk = static_cast<int>((total + budget - 1) / budget);
+  const int by_cap = (longest + a.max_seq_splits - 1) / a.max_seq_splits;
   chunk = chunk > by_cap ? chunk : by_cap;
   chunk = chunk > kDecodeWarps ? chunk : kDecodeWarps;
-  auto splits_of = [&](int t) { return t > chunk ? static_cast<int>((t + chunk - 1) / chunk) : 1; };
-  int mine = 0;
-  for (int b = first; b < end; ++b) mine += splits_of(tiles_of(b));  // the lengths again (L1)
+  int splits[kDecodePlanPerLane], mine = 0;
+#pragma unroll
+  for (int k = 0; k < kDecodePlanPerLane; ++k) {
+    splits[k] = tiles[k] < 0 ? 0 : (tiles[k] > chunk ? (tiles[k] + chunk - 1) / chunk : 1);
+    mine += splits[k];
+  }
   int incl = mine;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const int v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
   }
-  const int excl = incl - mine;
   if (slot >= __shfl_sync(0xffffffffu, incl, 31)) return false;
-  const int owner = __ffs(__ballot_sync(0xffffffffu, slot >= excl && slot < incl)) - 1;
-  int found[4] = {0, 0, 1, 0};  // b, split, splits, len
-  if (lane == owner) {
-    int off = excl;
-    for (int b = first; b < end; ++b) {
-      const int len = decode_clamped_len(a, a.seqlens[b]);
-      const int s = splits_of(decode_num_tiles<kRows>(a, len));
-      if (slot < off + s) {
-        found[0] = b;
-        found[1] = slot - off;
-        found[2] = s;
-        found[3] = len;
-        break;
-      }
-      off += s;
+  int found[3] = {0, 0, 1};  // b, split, splits
+  int off = incl - mine;
+  const bool owner_lane = slot >= off && slot < incl;
+#pragma unroll
+  for (int k = 0; k < kDecodePlanPerLane; ++k) {
+    if (owner_lane && slot >= off && slot < off + splits[k]) {
+      found[0] = first + k;
+      found[1] = slot - off;
+      found[2] = splits[k];
     }
+    off += splits[k];
   }
+  const int owner = __ffs(__ballot_sync(0xffffffffu, owner_lane)) - 1;
   out.b = __shfl_sync(0xffffffffu, found[0], owner);
   out.split = __shfl_sync(0xffffffffu, found[1], owner);
   out.splits = __shfl_sync(0xffffffffu, found[2], owner);
-  out.len = __shfl_sync(0xffffffffu, found[3], owner);
   out.slot = slot;
+  out.len = decode_clamped_len(a, a.seqlens[out.b]);  // an L1 hit: this warp read it above
   return true;
 }
 
@@ -251,13 +254,23 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   if (!a.programmatic) ptx::launch_dependents();
   const CacheDesc& cd = a.cache;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
-  // blockIdx.x = (slot · HKV + kvh) · head_tiles + ht (balanced), ((b · splits + split) · HKV + kvh) · head_tiles + ht
-  // (classic): consecutive CTAs share a sequence and a split.
+  // blockIdx.x = (slot · HKV + kvh) · head_tiles + ht (balanced: the slot's sequence and split come from the plan),
+  // ((b · HKV + kvh) · splits + split) · head_tiles + ht (classic).
   int idx = blockIdx.x;
   const int ht = idx % a.head_tiles;
   idx /= a.head_tiles;
-  const int kvh = idx % cd.num_kv_heads;
-  const int slot = idx / cd.num_kv_heads;
+  int kvh;
+  DecodeSplit sp{0, 0, a.num_splits, 0, 0};
+  if (a.balanced) {
+    kvh = idx % cd.num_kv_heads;
+    sp.slot = idx / cd.num_kv_heads;
+  } else {
+    sp.split = idx % a.num_splits;
+    idx /= a.num_splits;
+    kvh = idx % cd.num_kv_heads;
+    sp.b = idx / cd.num_kv_heads;
+    sp.slot = sp.b * a.num_splits + sp.split;
+  }
 
   // ---- per-warp pipeline over this warp's stages -------------------------------------------------------------
   uint8_t* my_data = staging + warp * kStages * T::kDataBytes;
@@ -290,8 +303,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // issued, so that the two round trips overlap (v17: the lengths, then q, took ~0.6 + ~1.1 us at B 1,
   // tessera-decode-trace). Balanced: the plan over all lengths first (q's address needs b); q's round trip then
   // overlaps the first stages' copies instead.
-  DecodeSplit sp{slot / a.num_splits, slot % a.num_splits, a.num_splits, slot, 0};
-  if (a.balanced && !decode_balanced_split<kRows>(a, slot, lane, sp)) return;  // a slot past the plan
+  if (a.balanced && !decode_balanced_split<kRows>(a, sp.slot, lane, sp)) return;  // a slot past the plan
   const int b = sp.b, split = sp.split;
 
   // The raw bits of this thread's query values (the fragments below).
@@ -939,7 +951,8 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 #pragma unroll
       for (int k = 0; k < 4; ++k) store_output(a, b, tok, h, d0 + k, out[k], lse2, any);
     } else {
-      const int64_t row_idx = (static_cast<int64_t>(sp.slot) * a.num_new + tok) * a.num_q_heads + h;
+      const int64_t row_idx = static_cast<int64_t>(sp.slot - split) * a.num_new * a.num_q_heads +
+                              static_cast<int64_t>(tok * a.num_q_heads + h) * sp.splits + split;
       *reinterpret_cast<float4*>(a.ws_o + row_idx * kD + d0) = acc;
       if (d0 == 0) a.ws_lse[row_idx] = lse2;
     }

@@ -59,16 +59,17 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
     if (splits <= 1) return;
   }
   const int quad = threadIdx.x % kQuads, slice = threadIdx.x / kQuads;
-  const int64_t slot_rows = static_cast<int64_t>(a.num_new) * a.num_q_heads;  // rows between a row's slots
-  const int64_t base = (static_cast<int64_t>(first) * a.num_new + i) * a.num_q_heads + h;
+  const int64_t base = static_cast<int64_t>(first) * a.num_new * a.num_q_heads +
+                       static_cast<int64_t>(i * a.num_q_heads + h) * splits;  // split 0 of this row
+  const float* lse = a.ws_lse + base;
+  const float4* part = reinterpret_cast<const float4*>(a.ws_o + base * kD) + quad;
   float l[kPer];
   float4 v[kPer];
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int s = slice + k * kMergeSlices;
-    const int64_t at = base + s * slot_rows;
-    l[k] = s < splits ? a.ws_lse[at] : -INFINITY;
-    v[k] = s < splits ? reinterpret_cast<const float4*>(a.ws_o + at * kD)[quad] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    l[k] = s < splits ? lse[s] : -INFINITY;
+    v[k] = s < splits ? part[static_cast<int64_t>(s) * kQuads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   float m = l[0];
 #pragma unroll
@@ -208,10 +209,7 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   const int64_t grid64 = decode_split_slots(pb.batch, pb.num_splits) * per_slot;
   if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");
   const int grid = static_cast<int>(grid64);
-  // A balanced grid's B extra slots hold work only where lengths are skewed; its busy CTAs are B·S per KV head and
-  // head tile, as many as a classic grid's.
-  a.programmatic = decode_launch_programmatic(int64_t{pb.batch} * pb.num_splits * per_slot,
-                                              ::tessera::detail::current_device_info().num_sms);
+  a.programmatic = decode_launch_programmatic(grid64, ::tessera::detail::current_device_info().num_sms);
 #ifdef TESSERA_DECODE_TRACE
   if (g_trace != nullptr) {
     const int slot = g_trace_next++ % g_trace_slots;

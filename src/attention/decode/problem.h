@@ -110,10 +110,11 @@ AppendProblem check_append(const char* op, const TensorView& k_new, const Tensor
 int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, int64_t capacity, int num_sms,
                       KVFormat format, int64_t head_dim);
 
-// The split workspace (none for one split): fp32 partial outputs [slots, S, HQ, D] and their log2-sum-exps
-// [slots, S, HQ], slots = decode_split_slots(B, splits) (config.h), row ((slot · S) + i) · HQ + h; a balanced plan's
-// slot is its split's number in the plan, a classic one's b · splits + split. After them, in a balanced plan, one
-// int32 pair per sequence (its first slot, its split count) for the merge, 16-byte aligned.
+// The split workspace (none for one split): fp32 partial outputs [rows, D] and their log2-sum-exps [rows], rows =
+// slots · S · HQ with slots = decode_split_slots(B, splits) (config.h). Sequence b's n splits own the slots
+// [f, f + n) (classic: f = b · splits; balanced: from the plan) and split j of its query row (i, h) is row
+// f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]). After them, in a balanced plan, one int32 pair per
+// sequence (f, n) for the merge, 16-byte aligned.
 struct DecodeWorkspaceLayout {
   int64_t rows = 0;        // partial rows
   int64_t meta_bytes = 0;  // byte offset of the per-sequence pairs (balanced plans)
