@@ -1175,24 +1175,15 @@ TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
   EXPECT_EQ(select_num_splits(512, 1, 8, 8192, kSms, KVFormat::kInt4, 128), 1);
 }
 
-// The split workspace: one split needs none; 2..512 sequences with a budget of S >= 2 plan their splits by length
-// (B·S + B slots, then a 16-byte-aligned (first slot, count) pair per sequence); one sequence or more than 512 keep
-// S slots each. Sizes are 256-byte multiples.
-TEST(DecodeSplits, WorkspaceLayoutOfBalancedAndClassicPlans) {
+// The split rules: balanced plans from kDecodeBalanceMinBatch to kDecodeBalanceMaxBatch sequences with S >= 2, a
+// sequence's split cap, and the workspace (the same for both plans): none for one split, else B·S·(S new)·HQ rows of
+// D + 1 floats, a 256-byte multiple.
+TEST(DecodeSplits, BalancedPlansAndTheirWorkspace) {
   EXPECT_EQ(decode_workspace_bytes_for(8, 1, 8, 128, 1), 0u);
-  const DecodeWorkspaceLayout one = decode_workspace_layout(1, 1, 8, 128, 64);
-  EXPECT_EQ(one.rows, 64 * 8);
-  EXPECT_EQ(one.meta_bytes, 0);
-  EXPECT_EQ(one.bytes, static_cast<std::size_t>((64 * 8 * 129 * 4 + 255) / 256 * 256));
-  const DecodeWorkspaceLayout bal = decode_workspace_layout(5, 3, 8, 64, 7);  // B 5, S 3, HQ 8, D 64, 7 splits
-  EXPECT_EQ(bal.rows, (5 * 7 + 5) * 3 * 8);
-  EXPECT_EQ(bal.meta_bytes, (bal.rows * 65 * 4 + 15) / 16 * 16);
-  EXPECT_EQ(bal.bytes, static_cast<std::size_t>((bal.meta_bytes + 5 * 8 + 255) / 256 * 256));
-  const DecodeWorkspaceLayout big = decode_workspace_layout(kDecodeBalanceMaxBatch + 1, 1, 8, 128, 2);
-  EXPECT_EQ(big.rows, (kDecodeBalanceMaxBatch + 1) * 2 * 8);
-  EXPECT_EQ(big.meta_bytes, 0);
-  EXPECT_TRUE(decode_balanced(2, 2) && decode_balanced(kDecodeBalanceMaxBatch, 128));
+  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7), static_cast<std::size_t>((5 * 7 * 3 * 8 * 65 * 4 + 255) / 256 * 256));
+  EXPECT_TRUE(decode_balanced(kDecodeBalanceMinBatch, 2) && decode_balanced(kDecodeBalanceMaxBatch, 128));
   EXPECT_FALSE(decode_balanced(1, 64) || decode_balanced(kDecodeBalanceMaxBatch + 1, 2) || decode_balanced(64, 1));
+  EXPECT_GE(kDecodeBalanceMinBatch, 2);
   EXPECT_EQ(decode_max_seq_splits(2), 32);
   EXPECT_EQ(decode_max_seq_splits(64), 64);
   EXPECT_EQ(decode_max_seq_splits(kDecodeMaxSplits), kDecodeMaxSplits);

@@ -63,23 +63,12 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
   return best;
 }
 
-DecodeWorkspaceLayout decode_workspace_layout(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
-                                              int num_splits) {
-  DecodeWorkspaceLayout w;
-  if (num_splits <= 1) return w;
-  w.rows = decode_split_slots(batch, num_splits) * num_new * num_q_heads;
-  int64_t bytes = w.rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
-  if (decode_balanced(batch, num_splits)) {
-    w.meta_bytes = (bytes + 15) / 16 * 16;
-    bytes = w.meta_bytes + batch * 2 * static_cast<int64_t>(sizeof(int32_t));
-  }
-  w.bytes = static_cast<std::size_t>((bytes + 255) / 256 * 256);
-  return w;
-}
-
 std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
                                        int num_splits) {
-  return decode_workspace_layout(batch, num_new, num_q_heads, head_dim, num_splits).bytes;
+  if (num_splits <= 1) return 0;
+  const int64_t rows = batch * num_new * num_q_heads * num_splits;
+  const int64_t bytes = rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
+  return static_cast<std::size_t>((bytes + 255) / 256 * 256);
 }
 
 }  // namespace detail

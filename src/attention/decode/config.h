@@ -35,27 +35,22 @@ constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(
 // or more gained nothing measurable.
 constexpr bool decode_launch_programmatic(long long grid, int num_sms) { return grid <= num_sms; }
 
-// Length-balanced splits (v18, docs/perf/decode.md): with 2..kDecodeBalanceMaxBatch sequences and a split count
-// S >= 2, S is a budget, not a per-sequence count: the batch's B·S splits (per KV head and head tile) go to the
-// sequences by their device lengths. Every CTA reads all B lengths and computes the same plan: W = the batch's
-// stages, chunk = max(ceil(W / (B·S)), ceil(longest / decode_max_seq_splits(S)), kDecodeWarps) stages per split,
-// sequence b gets max(1, ceil(tiles_b / chunk)) splits, numbered in order of b. Equal lengths give every sequence S
-// splits, as before; a skewed batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its longest
-// sequence on 2 CTAs of 4096 tokens each). At most B·S + B splits exist (the ceilings), so the grid has that many
-// per KV head and head tile; those past the plan's total exit at once. One sequence, or more than
-// kDecodeBalanceMaxBatch (every CTA reads all lengths), or one split: S splits per sequence (classic).
+// Length-balanced splits (v18, docs/perf/decode.md): with kDecodeBalanceMinBatch..kDecodeBalanceMaxBatch sequences
+// and a split count S >= 2, S is a budget, not a per-sequence count: the grid's B·S splits (per KV head and head
+// tile) go to the sequences by their device lengths. Every decode CTA, and every merge CTA, reads all B lengths and
+// computes the same plan (kernel.cuh, decode_plan): equal lengths give every sequence S splits, as before; a skewed
+// batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its longest sequence on 2 CTAs of 4096
+// tokens each). Not balanced: one sequence; more than kDecodeBalanceMaxBatch (every CTA would read all lengths); one
+// split (no workspace and no merge kernel to spend).
+inline constexpr int kDecodeBalanceMinBatch = 2;
 inline constexpr int kDecodeBalanceMaxBatch = 512;
 constexpr bool decode_balanced(long long batch, int splits) {
-  return batch >= 2 && batch <= kDecodeBalanceMaxBatch && splits >= 2;
+  return batch >= kDecodeBalanceMinBatch && batch <= kDecodeBalanceMaxBatch && splits >= 2;
 }
 // The most splits one sequence gets in a balanced plan (and so what the merge covers): the budget S, or 32 where that
 // is more (a long sequence among short ones), never above kDecodeMaxSplits.
 constexpr int decode_max_seq_splits(int splits) {
   return splits > 32 ? (splits < kDecodeMaxSplits ? splits : kDecodeMaxSplits) : 32;
-}
-// Split slots per (KV head, head tile): B·S, and B more in a balanced plan.
-constexpr long long decode_split_slots(long long batch, int splits) {
-  return batch * splits + (decode_balanced(batch, splits) ? batch : 0);
 }
 
 inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes

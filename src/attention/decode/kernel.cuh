@@ -61,16 +61,16 @@ struct DecodeArgs {
   int num_splits = 1;  // per sequence (classic), or the budget per sequence of a balanced plan (config.h)
   bool balanced = false;  // decode_balanced(B, num_splits): the splits follow the device lengths
   int max_seq_splits = 1;  // balanced: decode_max_seq_splits(num_splits)
+  int plan_rows_log2 = 5;  // balanced: log2 of the stage rows (decode_stage_rows), for the merge's copy of the plan
   bool programmatic = false;  // launched as a programmatic dependent (config.h: decode_launch_programmatic)
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
   int window = 0;
-  // The split workspace (problem.h, DecodeWorkspaceLayout): sequence b's splits own the slots [f, f + n) (classic:
-  // f = b · splits, n = splits; balanced: from the plan), and so the rows [f · S · HQ, (f + n) · S · HQ), in which
-  // split j of query row (i, h) is row f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]).
+  // The split workspace: B·splits slots of S·HQ rows; sequence b's n splits own the slots [f, f + n) (classic: f =
+  // b · splits, n = splits; balanced: from the plan), and split j of its query row (i, h) is row
+  // f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]).
   float* ws_o = nullptr;      // [rows, D] fp32, normalized partial outputs
   float* ws_lse = nullptr;    // [rows] fp32, log2 domain
-  int2* ws_meta = nullptr;    // balanced: [B] (first slot, split count) of each sequence, for the merge
   // Measurement builds only (-DTESSERA_DECODE_TRACE, bench/decode_trace.cu): per CTA below trace_ctas, thread 0
   // writes (%globaltimer, clock64) at kDecodeTraceEvents points of the decode kernel, then kMergeTraceEvents of the
   // merge kernel's CTA of the same index, at trace (null: nothing written).
@@ -139,21 +139,18 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
 __device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
 // A sequence's length as the kernel uses it: the device value clamped to [0, capacity].
-__device__ __forceinline__ int decode_clamped_len(const DecodeArgs& a, int raw) {
-  return raw < 0 ? 0 : (raw > a.cache.capacity ? static_cast<int>(a.cache.capacity) : raw);
+__device__ __forceinline__ int decode_clamped_len(int raw, int64_t capacity) {
+  return raw < 0 ? 0 : (raw > capacity ? static_cast<int>(capacity) : raw);
 }
 
-// Stages of kRows tokens a sequence of length len reads: from its first attended key's stage to len (see the kernel:
-// query token i attends to keys [lo_i, lim_i), lim_i = len - S + 1 + i, lo_i = max(0, lim_i - window)).
 // lo_i from lim_i: lim - window without wrapping (lim may be negative (S > L), window up to the capacity < 2^31).
-__device__ __forceinline__ int decode_lo(const DecodeArgs& a, int lim) {
-  return a.window > 0 && lim > a.window ? lim - a.window : 0;
-}
-template <int kRows>
-__device__ __forceinline__ int decode_num_tiles(const DecodeArgs& a, int len) {
-  const int lo = decode_lo(a, len - a.num_new + 1);
-  const int tile_base = lo & ~(kRows - 1);
-  return len > lo ? static_cast<int>((int64_t{len} - tile_base + kRows - 1) / kRows) : 0;
+__device__ __forceinline__ int decode_lo(int lim, int window) { return window > 0 && lim > window ? lim - window : 0; }
+// Stages of 2^rows_log2 tokens a sequence of length len reads: from its first attended key's stage to len (see the
+// kernel: query token i attends to keys [lo_i, lim_i), lim_i = len - S + 1 + i, lo_i = max(0, lim_i - window)).
+__device__ __forceinline__ int decode_num_tiles(int len, int num_new, int window, int rows_log2) {
+  const int lo = decode_lo(len - num_new + 1, window);
+  const int tile_base = (lo >> rows_log2) << rows_log2;
+  return len > lo ? static_cast<int>((int64_t{len} - tile_base + (1 << rows_log2) - 1) >> rows_log2) : 0;
 }
 
 // The split a CTA runs: sequence b, split `split` of `splits`, `slot` its workspace slot.
@@ -162,22 +159,40 @@ struct DecodeSplit {
 };
 
 // The balanced plan (config.h, decode_balanced), computed by each warp alone from all B lengths (no shared memory,
-// no CTA barrier): lane l takes sequences [l·n, l·n + n), n = ceil(B / 32) <= 16, their stage counts held in
-// registers. Returns false for a slot past the plan's splits (the CTA has nothing to do). Every warp of the CTA
-// returns the same.
+// no CTA barrier): lane l takes sequences [l·n, l·n + n), n = ceil(B / 32) <= kDecodePlanPerLane, all of its loads
+// issued at once and their stage counts held in registers (with a branch per sequence the loads went one round trip
+// after another, v18b). Stages per split: chunk = max(ceil(W / (B·S)), ceil(longest / max_seq_splits), 4) for the
+// batch's W stages, raised until the splits, max(1, ceil(tiles_b / chunk)) per sequence, number at most B·S (equal
+// lengths: S each at once; the ceilings of a skewed batch may need one or two more rounds). Split slots are numbered
+// in order of b. by_sequence false: key is a slot, returns (b, split, splits, 1), or w = 0 for a slot past the plan;
+// true: key is a sequence, returns (its first slot, its splits, 0, 1). Every warp returns the same. Out of line, so
+// that the classic kernel's code stays contiguous.
 inline constexpr int kDecodePlanPerLane = (kDecodeBalanceMaxBatch + 31) / 32;
-template <int kRows>
-__device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int slot, int lane, DecodeSplit& out) {
-  const int per_lane = (a.batch + 31) / 32, first = lane * per_lane;
-  int tiles[kDecodePlanPerLane];
+// What the plan reads, by value (in registers: the out-of-line function would otherwise load each field of the
+// kernel's parameters through generic addresses).
+struct DecodePlanArgs {
+  const int32_t* seqlens;
+  int64_t capacity;
+  int batch, num_splits, max_seq_splits, num_new, window, rows_log2;
+};
+template <int kPerLane>
+__device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key, bool by_sequence) {
+  const int lane = threadIdx.x % 32;
+  const int per_lane = kPerLane == 1 ? 1 : (a.batch + 31) / 32, first = lane * per_lane;
+  int tiles[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {  // every load first (an index inside [0, B) for each), then the arithmetic
+    const int b = first + k;
+    tiles[k] = a.seqlens[b < a.batch ? b : a.batch - 1];
+  }
   long long total = 0;
   int longest = 0;
 #pragma unroll
-  for (int k = 0; k < kDecodePlanPerLane; ++k) {
-    tiles[k] = k < per_lane && first + k < a.batch
-                   ? decode_num_tiles<kRows>(a, decode_clamped_len(a, a.seqlens[first + k]))
-                   : -1;  // no sequence
-    total += tiles[k] > 0 ? tiles[k] : 0;
+  for (int k = 0; k < kPerLane; ++k) {
+    const bool valid = k < per_lane && first + k < a.batch;
+    tiles[k] = valid ? decode_num_tiles(decode_clamped_len(tiles[k], a.capacity), a.num_new, a.window, a.rows_log2)
+                     : -1;  // -1: no sequence
+    total += valid ? tiles[k] : 0;
     longest = tiles[k] > longest ? tiles[k] : longest;
   }
 #pragma unroll
@@ -186,18 +201,24 @@ __device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int s
     const int m = __shfl_xor_sync(0xffffffffu, longest, o);
     longest = m > longest ? m : longest;
   }
-  // Stages per split: the batch's stages over the budget, at least what keeps the longest sequence within its split
-  // cap, at least one stage per warp (32-bit from here: a stage count is below 2^27).
-  const long long budget = static_cast<long long>(a.batch) * a.num_splits;
+  // 32-bit from here: a stage count is below 2^27, B·S at most 512 · 128.
+  const int budget = a.batch * a.num_splits;
   int chunk = static_cast<int>((total + budget - 1) / budget);
   const int by_cap = (longest + a.max_seq_splits - 1) / a.max_seq_splits;
   chunk = chunk > by_cap ? chunk : by_cap;
   chunk = chunk > kDecodeWarps ? chunk : kDecodeWarps;
-  int splits[kDecodePlanPerLane], mine = 0;
+  auto splits = [&](int k) { return tiles[k] < 0 ? 0 : (tiles[k] > chunk ? (tiles[k] + chunk - 1) / chunk : 1); };
+  int mine, count;
+  for (;;) {  // at most a few rounds: the count falls towards B <= B·S as the chunk grows
+    mine = 0;
 #pragma unroll
-  for (int k = 0; k < kDecodePlanPerLane; ++k) {
-    splits[k] = tiles[k] < 0 ? 0 : (tiles[k] > chunk ? (tiles[k] + chunk - 1) / chunk : 1);
-    mine += splits[k];
+    for (int k = 0; k < kPerLane; ++k) mine += splits(k);
+    count = mine;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
+    if (count <= budget) break;
+    const int scaled = static_cast<int>(static_cast<long long>(chunk) * count / budget);
+    chunk = scaled > chunk ? scaled : chunk + 1;
   }
   int incl = mine;
 #pragma unroll
@@ -205,29 +226,42 @@ __device__ __forceinline__ bool decode_balanced_split(const DecodeArgs& a, int s
     const int v = __shfl_up_sync(0xffffffffu, incl, o);
     if (lane >= o) incl += v;
   }
-  if (slot >= __shfl_sync(0xffffffffu, incl, 31)) return false;
-  int found[3] = {0, 0, 1};  // b, split, splits
   int off = incl - mine;
-  const bool owner_lane = slot >= off && slot < incl;
+  if (by_sequence) {  // the lane holding sequence key, and its position there
+    const int owner = key / per_lane, kk = key - owner * per_lane;
+    int4 r = make_int4(0, 1, 0, 1);
 #pragma unroll
-  for (int k = 0; k < kDecodePlanPerLane; ++k) {
-    if (owner_lane && slot >= off && slot < off + splits[k]) {
-      found[0] = first + k;
-      found[1] = slot - off;
-      found[2] = splits[k];
+    for (int k = 0; k < kPerLane; ++k) {
+      const int n = splits(k);
+      if (k == kk) r = make_int4(off, n, 0, 1);
+      off += n;
     }
-    off += splits[k];
+    return make_int4(__shfl_sync(0xffffffffu, r.x, owner), __shfl_sync(0xffffffffu, r.y, owner), 0, 1);
+  }
+  if (key >= count) return make_int4(0, 0, 1, 0);
+  int4 found = make_int4(0, 0, 1, 1);
+  const bool owner_lane = key >= off && key < incl;
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int n = splits(k);
+    if (owner_lane && key >= off && key < off + n) found = make_int4(first + k, key - off, n, 1);
+    off += n;
   }
   const int owner = __ffs(__ballot_sync(0xffffffffu, owner_lane)) - 1;
-  out.b = __shfl_sync(0xffffffffu, found[0], owner);
-  out.split = __shfl_sync(0xffffffffu, found[1], owner);
-  out.splits = __shfl_sync(0xffffffffu, found[2], owner);
-  out.slot = slot;
-  out.len = decode_clamped_len(a, a.seqlens[out.b]);  // an L1 hit: this warp read it above
-  return true;
+  return make_int4(__shfl_sync(0xffffffffu, found.x, owner), __shfl_sync(0xffffffffu, found.y, owner),
+                   __shfl_sync(0xffffffffu, found.z, owner), 1);
+}
+__device__ __forceinline__ int4 decode_plan_lookup(const DecodePlanArgs& pa, int key, bool by_sequence) {
+  return pa.batch <= 32 ? decode_plan<1>(pa, key, by_sequence) : decode_plan<kDecodePlanPerLane>(pa, key, by_sequence);
+}
+__device__ __forceinline__ DecodePlanArgs decode_plan_args(const DecodeArgs& a) {
+  return DecodePlanArgs{a.seqlens, a.cache.capacity, a.batch, a.num_splits, a.max_seq_splits, a.num_new, a.window,
+                        a.plan_rows_log2};
 }
 
-template <class T, int kNT>
+// kBalanced: a.balanced, a separate instantiation so that the plan's code and registers stay out of the classic
+// kernel (with one kernel for both, ptxas spilled up to ~110 more bytes in several instantiations).
+template <class T, int kNT, bool kBalanced>
 __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.ctas_per_sm)
     decode_kernel(const __grid_constant__ DecodeArgs a) {
   using L = DecodeLayout<T, kNT>;
@@ -261,7 +295,7 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   idx /= a.head_tiles;
   int kvh;
   DecodeSplit sp{0, 0, a.num_splits, 0, 0};
-  if (a.balanced) {
+  if constexpr (kBalanced) {
     kvh = idx % cd.num_kv_heads;
     sp.slot = idx / cd.num_kv_heads;
   } else {
@@ -303,7 +337,14 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // issued, so that the two round trips overlap (v17: the lengths, then q, took ~0.6 + ~1.1 us at B 1,
   // tessera-decode-trace). Balanced: the plan over all lengths first (q's address needs b); q's round trip then
   // overlaps the first stages' copies instead.
-  if (a.balanced && !decode_balanced_split<kRows>(a, sp.slot, lane, sp)) return;  // a slot past the plan
+  if constexpr (kBalanced) {
+    const int4 w = decode_plan_lookup(decode_plan_args(a), sp.slot, false);
+    if (w.w == 0) return;  // a slot past the plan
+    sp.b = w.x;
+    sp.split = w.y;
+    sp.splits = w.z;
+    sp.len = decode_clamped_len(a.seqlens[sp.b], cd.capacity);  // an L1 hit: this warp read it in the plan
+  }
   const int b = sp.b, split = sp.split;
 
   // The raw bits of this thread's query values (the fragments below).
@@ -329,14 +370,15 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // len - S + 1 + i (causal), lo_i = max(0, lim_i - window) (window 0: 0). Together they read keys [lo, len), in
   // stages of kRows tokens counted from tile_base (kRows-aligned); this split owns a contiguous run of stages.
   // Positions are int32: check_cache keeps the capacity below 2^31.
-  const int len = a.balanced ? sp.len : decode_clamped_len(a, a.seqlens[b]);
+  const int len = kBalanced ? sp.len : decode_clamped_len(a.seqlens[b], cd.capacity);
   // lim_0 (may be <= 0: the first tokens attend to nothing), lo_0 and lo_{S-1}; recomputed where needed from len
   // and the parameters rather than held in registers through the main loop.
   auto lim_first = [&] { return len - a.num_new + 1; };
-  auto lo_of = [&](int lim) { return decode_lo(a, lim); };
+  auto lo_of = [&](int lim) { return decode_lo(lim, a.window); };
   const int lo = lo_of(lim_first());
   const int tile_base = lo & ~(kRows - 1);
-  const int num_tiles = decode_num_tiles<kRows>(a, len);
+  static_assert((kRows & (kRows - 1)) == 0, "stages of a power-of-two rows");
+  const int num_tiles = decode_num_tiles(len, a.num_new, a.window, __builtin_ctz(kRows));
   const int per_split = (num_tiles + sp.splits - 1) / sp.splits;
   const int first_tile = split * per_split;
   int split_tiles = num_tiles - first_tile;
@@ -925,9 +967,6 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 
   // Each thread 4 consecutive columns of a row: o = Σ_w coef_w O_w.
   const bool final_out = sp.splits == 1;
-  // The merge reads a balanced plan's splits of each sequence from the workspace (written once per sequence).
-  if (a.balanced && split == 0 && kvh == 0 && ht == 0 && threadIdx.x == 0)
-    a.ws_meta[b] = make_int2(sp.slot, sp.splits);
   constexpr int kQuads = kD / 4;
   for (int e = threadIdx.x; e < kHeads * kQuads; e += kDecodeThreads) {
     const int row = e / kQuads, d0 = 4 * (e % kQuads);

@@ -18,10 +18,10 @@ namespace tessera::attention::detail {
 
 // One kernel instantiation: raise its shared-memory limit, launch (as a programmatic dependent of the stream's
 // previous kernel where args.programmatic, config.h: kernel.cuh waits for it before its first global access), check.
-template <KVFormat kFormat, int kHeadDim, bool kNativeFP16, int kNT>
+template <KVFormat kFormat, int kHeadDim, bool kNativeFP16, int kNT, bool kBalanced>
 void launch_decode_kernel(const DecodeArgs& args, int grid, cudaStream_t stream) {
   using T = KVTraits<kFormat, kHeadDim, kNativeFP16>;
-  auto kernel = decode_kernel<T, kNT>;
+  auto kernel = decode_kernel<T, kNT, kBalanced>;
   constexpr int kSmem = DecodeLayout<T, kNT>::kBytes;
   // Raises the dynamic shared-memory limit (once per device); the answer itself is not needed.
   (void)::tessera::detail::resident_blocks_per_sm(reinterpret_cast<const void*>(kernel), kDecodeThreads, kSmem);
@@ -33,18 +33,23 @@ void launch_decode_kernel(const DecodeArgs& args, int grid, cudaStream_t stream)
   }
 }
 
-// Dispatches head_dim, the n-tiles of query rows (1 for up to 8 rows per KV head, else 2) and the 16-bit type for kNative
-// to the instantiations of one format.
+// Dispatches head_dim, the n-tiles of query rows (1 for up to 8 rows per KV head, else 2), the 16-bit type for kNative
+// and the split plan (classic or balanced, config.h) to the instantiations of one format.
 template <KVFormat kFormat>
 void launch_decode_format(const DecodeArgs& args, int grid, cudaStream_t stream) {
   const CacheDesc& cd = args.cache;
   auto by_dim = [&](auto native_fp16, auto n_tiles) {
     constexpr bool kF16 = decltype(native_fp16)::value;
     constexpr int kNT = decltype(n_tiles)::value;
+    auto by_plan = [&](auto head_dim) {
+      constexpr int kD = decltype(head_dim)::value;
+      if (args.balanced) return launch_decode_kernel<kFormat, kD, kF16, kNT, true>(args, grid, stream);
+      launch_decode_kernel<kFormat, kD, kF16, kNT, false>(args, grid, stream);
+    };
     switch (cd.head_dim) {
-      case 64: return launch_decode_kernel<kFormat, 64, kF16, kNT>(args, grid, stream);
-      case 128: return launch_decode_kernel<kFormat, 128, kF16, kNT>(args, grid, stream);
-      case 256: return launch_decode_kernel<kFormat, 256, kF16, kNT>(args, grid, stream);
+      case 64: return by_plan(std::integral_constant<int, 64>{});
+      case 128: return by_plan(std::integral_constant<int, 128>{});
+      case 256: return by_plan(std::integral_constant<int, 256>{});
       default: throw Error("tessera::attention::decode: no kernel for head_dim " + std::to_string(cd.head_dim));
     }
   };

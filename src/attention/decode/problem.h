@@ -111,17 +111,7 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
                       KVFormat format, int64_t head_dim);
 
 // The split workspace (none for one split): fp32 partial outputs [rows, D] and their log2-sum-exps [rows], rows =
-// slots · S · HQ with slots = decode_split_slots(B, splits) (config.h). Sequence b's n splits own the slots
-// [f, f + n) (classic: f = b · splits; balanced: from the plan) and split j of its query row (i, h) is row
-// f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]). After them, in a balanced plan, one int32 pair per
-// sequence (f, n) for the merge, 16-byte aligned.
-struct DecodeWorkspaceLayout {
-  int64_t rows = 0;        // partial rows
-  int64_t meta_bytes = 0;  // byte offset of the per-sequence pairs (balanced plans)
-  std::size_t bytes = 0;   // the whole workspace, a multiple of 256
-};
-DecodeWorkspaceLayout decode_workspace_layout(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
-                                              int num_splits);
+// B · splits · S · HQ, laid out as kernel.cuh's DecodeArgs::ws_o says (the same size for both plans).
 std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
                                        int num_splits);
 
