@@ -1176,11 +1176,15 @@ TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
 }
 
 // The split rules: balanced plans from kDecodeBalanceMinBatch to kDecodeBalanceMaxBatch sequences with S >= 2, a
-// sequence's split cap, and the workspace (the same for both plans): none for one split, else B·S·(S new)·HQ rows of
-// D + 1 floats, a 256-byte multiple.
+// sequence's split cap, and the workspace: none for one split, else B·S·(S new)·HQ rows of D + 1 floats (and, balanced,
+// a (first slot, splits) pair per sequence), a 256-byte multiple.
 TEST(DecodeSplits, BalancedPlansAndTheirWorkspace) {
   EXPECT_EQ(decode_workspace_bytes_for(8, 1, 8, 128, 1), 0u);
-  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7), static_cast<std::size_t>((5 * 7 * 3 * 8 * 65 * 4 + 255) / 256 * 256));
+  // B 5, S 3, HQ 8, D 64, 7 splits: balanced, so the pairs follow the rows (16-byte aligned)
+  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7),
+            static_cast<std::size_t>(((5 * 7 * 3 * 8 * 65 * 4 + 15) / 16 * 16 + 5 * 8 + 255) / 256 * 256));
+  const int64_t big = kDecodeBalanceMaxBatch + 1;  // classic: the rows only
+  EXPECT_EQ(decode_workspace_bytes_for(big, 1, 8, 128, 2), static_cast<std::size_t>((big * 2 * 8 * 129 * 4 + 255) / 256 * 256));
   EXPECT_TRUE(decode_balanced(kDecodeBalanceMinBatch, 2) && decode_balanced(kDecodeBalanceMaxBatch, 128));
   EXPECT_FALSE(decode_balanced(1, 64) || decode_balanced(kDecodeBalanceMaxBatch + 1, 2) || decode_balanced(64, 1));
   EXPECT_GE(kDecodeBalanceMinBatch, 2);

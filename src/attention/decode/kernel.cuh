@@ -61,7 +61,6 @@ struct DecodeArgs {
   int num_splits = 1;  // per sequence (classic), or the budget per sequence of a balanced plan (config.h)
   bool balanced = false;  // decode_balanced(B, num_splits): the splits follow the device lengths
   int max_seq_splits = 1;  // balanced: decode_max_seq_splits(num_splits)
-  int plan_rows_log2 = 5;  // balanced: log2 of the stage rows (decode_stage_rows), for the merge's copy of the plan
   bool programmatic = false;  // launched as a programmatic dependent (config.h: decode_launch_programmatic)
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
   float softcap = 0;
@@ -71,6 +70,7 @@ struct DecodeArgs {
   // f · S · HQ + (i · HQ + h) · n + j (classic: [B, S, HQ, splits]).
   float* ws_o = nullptr;      // [rows, D] fp32, normalized partial outputs
   float* ws_lse = nullptr;    // [rows] fp32, log2 domain
+  int2* ws_plan = nullptr;    // balanced: [B] (first slot, splits) of each sequence, written by its split 0
   // Measurement builds only (-DTESSERA_DECODE_TRACE, bench/decode_trace.cu): per CTA below trace_ctas, thread 0
   // writes (%globaltimer, clock64) at kDecodeTraceEvents points of the decode kernel, then kMergeTraceEvents of the
   // merge kernel's CTA of the same index, at trace (null: nothing written).
@@ -164,9 +164,8 @@ struct DecodeSplit {
 // after another, v18b). Stages per split: chunk = max(ceil(W / (B·S)), ceil(longest / max_seq_splits), 4) for the
 // batch's W stages, raised until the splits, max(1, ceil(tiles_b / chunk)) per sequence, number at most B·S (equal
 // lengths: S each at once; the ceilings of a skewed batch may need one or two more rounds). Split slots are numbered
-// in order of b. by_sequence false: key is a slot, returns (b, split, splits, 1), or w = 0 for a slot past the plan;
-// true: key is a sequence, returns (its first slot, its splits, 0, 1). Every warp returns the same. Out of line, so
-// that the classic kernel's code stays contiguous.
+// in order of b. key is a slot: returns (b, split, splits, 1), or w = 0 for a slot past the plan. Every warp returns
+// the same. Out of line, so that its registers do not add to the main loop's.
 inline constexpr int kDecodePlanPerLane = (kDecodeBalanceMaxBatch + 31) / 32;
 // What the plan reads, by value (in registers: the out-of-line function would otherwise load each field of the
 // kernel's parameters through generic addresses).
@@ -176,7 +175,7 @@ struct DecodePlanArgs {
   int batch, num_splits, max_seq_splits, num_new, window, rows_log2;
 };
 template <int kPerLane>
-__device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key, bool by_sequence) {
+__device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key) {
   const int lane = threadIdx.x % 32;
   const int per_lane = kPerLane == 1 ? 1 : (a.batch + 31) / 32, first = lane * per_lane;
   int tiles[kPerLane];
@@ -227,17 +226,6 @@ __device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key, bool b
     if (lane >= o) incl += v;
   }
   int off = incl - mine;
-  if (by_sequence) {  // the lane holding sequence key, and its position there
-    const int owner = key / per_lane, kk = key - owner * per_lane;
-    int4 r = make_int4(0, 1, 0, 1);
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const int n = splits(k);
-      if (k == kk) r = make_int4(off, n, 0, 1);
-      off += n;
-    }
-    return make_int4(__shfl_sync(0xffffffffu, r.x, owner), __shfl_sync(0xffffffffu, r.y, owner), 0, 1);
-  }
   if (key >= count) return make_int4(0, 0, 1, 0);
   int4 found = make_int4(0, 0, 1, 1);
   const bool owner_lane = key >= off && key < incl;
@@ -251,13 +239,10 @@ __device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key, bool b
   return make_int4(__shfl_sync(0xffffffffu, found.x, owner), __shfl_sync(0xffffffffu, found.y, owner),
                    __shfl_sync(0xffffffffu, found.z, owner), 1);
 }
-__device__ __forceinline__ int4 decode_plan_lookup(const DecodePlanArgs& pa, int key, bool by_sequence) {
-  return pa.batch <= 32 ? decode_plan<1>(pa, key, by_sequence) : decode_plan<kDecodePlanPerLane>(pa, key, by_sequence);
+__device__ __forceinline__ int4 decode_plan_lookup(const DecodePlanArgs& pa, int slot) {
+  return pa.batch <= 32 ? decode_plan<1>(pa, slot) : decode_plan<kDecodePlanPerLane>(pa, slot);
 }
-__device__ __forceinline__ DecodePlanArgs decode_plan_args(const DecodeArgs& a) {
-  return DecodePlanArgs{a.seqlens, a.cache.capacity, a.batch, a.num_splits, a.max_seq_splits, a.num_new, a.window,
-                        a.plan_rows_log2};
-}
+
 
 // kBalanced: a.balanced, a separate instantiation so that the plan's code and registers stay out of the classic
 // kernel (with one kernel for both, ptxas spilled up to ~110 more bytes in several instantiations).
@@ -338,7 +323,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
   // tessera-decode-trace). Balanced: the plan over all lengths first (q's address needs b); q's round trip then
   // overlaps the first stages' copies instead.
   if constexpr (kBalanced) {
-    const int4 w = decode_plan_lookup(decode_plan_args(a), sp.slot, false);
+    const DecodePlanArgs pa{a.seqlens, cd.capacity, a.batch, a.num_splits, a.max_seq_splits, a.num_new, a.window,
+                            __builtin_ctz(static_cast<unsigned>(kRows))};
+    const int4 w = decode_plan_lookup(pa, sp.slot);
     if (w.w == 0) return;  // a slot past the plan
     sp.b = w.x;
     sp.split = w.y;
@@ -967,6 +954,9 @@ __global__ void __launch_bounds__(kDecodeThreads, DecodeLayout<T, kNT>::kCfg.cta
 
   // Each thread 4 consecutive columns of a row: o = Σ_w coef_w O_w.
   const bool final_out = sp.splits == 1;
+  if constexpr (kBalanced) {  // for the merge: where this sequence's splits are
+    if (split == 0 && kvh == 0 && ht == 0 && threadIdx.x == 0) a.ws_plan[b] = make_int2(sp.slot, sp.splits);
+  }
   constexpr int kQuads = kD / 4;
   for (int e = threadIdx.x; e < kHeads * kQuads; e += kDecodeThreads) {
     const int row = e / kQuads, d0 = 4 * (e % kQuads);

@@ -42,23 +42,22 @@ __global__ void __launch_bounds__(kMergeSlices * kD / 4) decode_merge_kernel(con
   const int row = blockIdx.x;  // (b * S + i) * HQ + h
   const int bi = row / a.num_q_heads, h = row % a.num_q_heads;
   const int b = bi / a.num_new, i = bi % a.num_new;
-  // The sequence's splits: workspace slots first .. first + splits - 1 (kernel.cuh, DecodeArgs::ws_o). A balanced
-  // plan is computed again here, from the lengths, BEFORE the wait, while the decode grid still runs: this grid is
-  // scheduled only once every decode CTA has started (a plain decode) or passed its own wait (a programmatic one),
-  // so whatever wrote the lengths has completed, and nothing writes them until this grid completes (a later kernel
-  // waits for that before it touches memory). A balanced plan's sequence of one split wrote o itself: nothing to do.
-  int first = b * a.num_splits, splits = a.num_splits;
-  if (a.balanced) {
-    const int4 m = decode_plan_lookup(decode_plan_args(a), b, true);
-    first = m.x;
-    splits = m.y;
-    if (splits <= 1) return;
-  }
   ptx::grid_dependency_wait();
   TESSERA_DECODE_MARK(1, 1);  // past the wait
   // The stream's next kernel (e.g. the next call's decode, a programmatic dependent) may be scheduled now, after the
   // wait (see the trigger in kernel.cuh); it waits for this grid's completion before touching the workspace or o.
   ptx::launch_dependents();
+  // The sequence's splits: workspace slots first .. first + splits - 1 (kernel.cuh, DecodeArgs::ws_o); a balanced
+  // plan's from the pair its split 0 wrote (v18c computed the plan here instead, before the wait, while the decode
+  // ran: B·HQ merge CTAs each reading all lengths slowed the decode by 10-45 %). A balanced plan's sequence of one
+  // split wrote o itself.
+  int first = b * a.num_splits, splits = a.num_splits;
+  if (a.balanced) {
+    const int2 m = a.ws_plan[b];
+    first = m.x;
+    splits = m.y;
+    if (splits <= 1) return;
+  }
   __shared__ float slice_max[kMergeSlices], slice_total[kMergeSlices];
   __shared__ float4 slice_acc[kMergeSlices][kQuads];
   const int quad = threadIdx.x % kQuads, slice = threadIdx.x / kQuads;
@@ -196,7 +195,6 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.num_splits = pb.num_splits;
   a.balanced = decode_balanced(pb.batch, pb.num_splits);
   a.max_seq_splits = a.balanced ? decode_max_seq_splits(pb.num_splits) : pb.num_splits;
-  a.plan_rows_log2 = __builtin_ctz(static_cast<unsigned>(decode_stage_rows(pb.cache.format, pb.cache.head_dim)));
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;
   // A window of at least the cache's capacity excludes nothing (every key is within it): 0, which also keeps the
@@ -206,6 +204,9 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
     const int64_t rows = static_cast<int64_t>(pb.batch) * pb.num_new * pb.num_q_heads * pb.num_splits;
     a.ws_o = static_cast<float*>(pb.workspace);
     a.ws_lse = a.ws_o + rows * pb.cache.head_dim;
+    if (a.balanced)
+      a.ws_plan = reinterpret_cast<int2*>(static_cast<uint8_t*>(pb.workspace) +
+                                          decode_workspace_plan_offset(rows, pb.cache.head_dim));
   }
   const int64_t grid64 = static_cast<int64_t>(pb.batch) * pb.cache.num_kv_heads * pb.num_splits * a.head_tiles;
   if (grid64 > INT32_MAX) throw Error("tessera::attention::decode: too many CTAs (" + std::to_string(grid64) + ")");

@@ -111,9 +111,13 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
                       KVFormat format, int64_t head_dim);
 
 // The split workspace (none for one split): fp32 partial outputs [rows, D] and their log2-sum-exps [rows], rows =
-// B · splits · S · HQ, laid out as kernel.cuh's DecodeArgs::ws_o says (the same size for both plans).
+// B · splits · S · HQ, laid out as kernel.cuh's DecodeArgs::ws_o says; a balanced plan (config.h) adds one int32 pair
+// per sequence (its first slot and split count, for the merge) at decode_workspace_plan_offset.
 std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
                                        int num_splits);
+inline int64_t decode_workspace_plan_offset(int64_t rows, int64_t head_dim) {
+  return (rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
+}
 
 void launch_decode(const DecodeProblem& problem, cudaStream_t stream);
 void launch_append(const AppendProblem& problem, cudaStream_t stream);
