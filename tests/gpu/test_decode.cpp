@@ -469,8 +469,8 @@ TEST_F(DecodeGpu, SplitCounts) {
   }
 }
 
-// Balanced split plans (config.h, decode_balanced): with 2..512 sequences and a split budget S >= 2, every decode and
-// merge CTA plans the batch's B·S splits from all the device lengths (one plan lane per sequence up to B 32, several
+// Balanced split plans (config.h, decode_balanced): with 2..512 sequences and a split budget S >= 2, every decode CTA
+// plans the batch's B·S splits from all the device lengths (one plan lane per sequence up to B 32, several
 // above; the chunk raised until the ceilings fit the budget) and a long sequence among short ones gets more than S. Each shape (B 7 to 512 balanced, 513 classic; contiguous and
 // paged; one and two new tokens) runs skewed batches on one filled cache: Zipf lengths (capacity / rank, shuffled),
 // one full sequence among empty ones, all empty, all full, uniform random, with the automatic budget and explicit
