@@ -6,7 +6,7 @@
 //   append_kv  B = 128 sequences, S = 1 new token, HKV = 8, D = 128, capacity 4096, contiguous: quantize the new
 //              bf16 K/V rows and write them at a random position per sequence
 //
-// Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform][/S<new tokens>]/<format>
+// Case names: <model>/B<batch>/T<capacity>[/paged<page size> | /zipf | /uniform][/S<new tokens>][/balanced]/<format>
 //   hq8kv1      HQ 8, HKV 1 (the seed grid): B in {1, 8, 32, 64, 128, 256, 512}, T 8192, every format (B 1 and 8: the
 //               small batches where fixed costs dominate, issue 16 part 2)
 //   llama3_8b   HQ 32, HKV 8 (Llama-3-8B): B in {1, 16, 64}, T 4096, every format;
@@ -15,6 +15,8 @@
 //               table): hq8kv1 B 128 and llama3_8b B 16 / 64 (native, int8, int4)
 //   zipf        lengths T / r for the ranks r = 1..B in a random order: hq8kv1 B 8, 64, 256 and llama3_8b B 16
 //   uniform     lengths uniform in [1, T]: hq8kv1 B 64 and llama3_8b B 16               (both: native, int4)
+//   balanced    DecodeParams::balance_splits: each zipf / uniform shape again, and hq8kv1 B 8 / 64 / 128 and
+//               llama3_8b B 16 with equal lengths (native, int4)
 //   S<n>        n new query tokens per sequence, causal (speculative decoding): llama3_8b B 16 / 64 S 4 and
 //               hq8kv1 B 128 S 2 (native, int8, int4); compare.py has no peer row for them
 // Unless named, every sequence holds T tokens. Formats (kv_format_name): native (bf16), fp8 (e4m3, fp32 scale per
@@ -118,6 +120,7 @@ struct DecodeShape {
   int64_t capacity = 0;  // T: tokens per sequence in the cache
   int page_size = 0;     // 0: contiguous
   Lengths lengths = Lengths::kFull;
+  bool balanced = false;  // DecodeParams::balance_splits (name suffix /balanced)
 
   bool paged() const { return page_size > 0; }
   int64_t pages_per_seq() const { return paged() ? capacity / page_size : 0; }
@@ -203,6 +206,7 @@ class DecodeCase final : public CaseInstance {
              KVFormat f)
       : sh_(sh), format_(f), device_(ctx.device), lengths_(decode_lengths(sh)), plan_(check_plan(sh, lengths_)) {
     const int64_t B = sh.batch, rows = sh.num_new * sh.hq, D = sh.d;  // rows: query rows per sequence (S·HQ)
+    params_.balance_splits = sh.balanced;
     sets_ = rotating_sets(ctx, decode_bytes(sh, f, lengths_));
     seqlens_ = upload_new(lengths_);
     if (sh.paged()) {  // one pool of B·T/P pages, a random permutation of them as the block table
@@ -462,11 +466,21 @@ void add_decode_cases(std::vector<CaseSpec>& cases) {
     add_decode_shape_cases(cases, shape("hq8kv1", 128, 8, 1, 8192, P), paged_formats);
     for (int B : {16, 64}) add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, P), paged_formats);
   }
+  // Each skewed shape, and equal-length ones, also with balanced splits (DecodeParams::balance_splits): /balanced.
+  std::vector<DecodeShape> balanced;
   for (Lengths l : {Lengths::kZipf, Lengths::kUniform}) {
-    add_decode_shape_cases(cases, shape("hq8kv1", 64, 8, 1, 8192, 0, l), bf16_int4);
-    add_decode_shape_cases(cases, shape("llama3_8b", 16, 32, 8, 4096, 0, l), bf16_int4);
+    balanced.push_back(shape("hq8kv1", 64, 8, 1, 8192, 0, l));
+    balanced.push_back(shape("llama3_8b", 16, 32, 8, 4096, 0, l));
   }
-  for (int B : {8, 256}) add_decode_shape_cases(cases, shape("hq8kv1", B, 8, 1, 8192, 0, Lengths::kZipf), bf16_int4);
+  for (int B : {8, 256}) balanced.push_back(shape("hq8kv1", B, 8, 1, 8192, 0, Lengths::kZipf));
+  for (const DecodeShape& sh : balanced) add_decode_shape_cases(cases, sh, bf16_int4);
+  for (int B : {8, 64, 128}) balanced.push_back(shape("hq8kv1", B, 8, 1, 8192));
+  balanced.push_back(shape("llama3_8b", 16, 32, 8, 4096));
+  for (DecodeShape sh : balanced) {
+    sh.name += "/balanced";
+    sh.balanced = true;
+    add_decode_shape_cases(cases, sh, bf16_int4);
+  }
   // Speculative decoding: S new tokens per sequence, causal among themselves (S·G = 16 query rows per KV head).
   for (int B : {16, 64})
     add_decode_shape_cases(cases, shape("llama3_8b", B, 32, 8, 4096, 0, Lengths::kFull, 4), paged_formats);

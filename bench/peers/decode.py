@@ -1,8 +1,8 @@
 """Attention decode peers: FlashInfer's paged decode (CUDA-core and tensor-core kernels, bf16 and fp8 KV), torch SDPA
 (cuDNN and flash backends) on a dense bf16 cache, and flash_attn.flash_attn_with_kvcache when importable.
 
-Cases: tessera-bench's (bench/decode_cases.cpp) '<model>/B<batch>/T<capacity>[/paged<P> | /zipf | /uniform][/S<n>]/
-<format>', D = 128, q/o bf16: hq8kv1 (HQ 8, HKV 1), llama3_8b (HQ 32, HKV 8); the same lengths (skewed ones from
+Cases: tessera-bench's (bench/decode_cases.cpp) '<model>/B<batch>/T<capacity>[/paged<P> | /zipf | /uniform][/S<n>]
+[/balanced]/<format>' (/balanced: tessera with balance_splits=True; the peers as without it), D = 128, q/o bf16: hq8kv1 (HQ 8, HKV 1), llama3_8b (HQ 32, HKV 8); the same lengths (skewed ones from
 the same seed and generator). Values N(0, 1) bf16, quantized in torch by attention.h's rule (the per-channel key
 formats 'int8_kchannel' / 'int4_kchannel': keys per channel over 32-token blocks, values per row); rotating input sets
 where a cache is under twice the L2. S<n> cases (several new tokens per sequence) have no Python peer here.
@@ -45,7 +45,7 @@ PEERS = ("flashinfer", "flashinfer_tc", "cudnn", "flash", "fa_kvcache", "flashin
 DEFAULT_PEERS = PEERS[:5]  # flashinfer_cudnn (its cuDNN paged decode graph, bf16 only) on request
 FI_LABELS = {"flashinfer": "FI", "flashinfer_tc": "FI tc", "flashinfer_cudnn": "FI cudnn"}
 FI_PAGE = 16  # FlashInfer's page size over a contiguous cache
-_NAME = re.compile(r"^(hq8kv1|llama3_8b)/B(\d+)/T(\d+)(?:/paged(\d+))?(?:/(zipf|uniform))?(?:/S(\d+))?/"
+_NAME = re.compile(r"^(hq8kv1|llama3_8b)/B(\d+)/T(\d+)(?:/paged(\d+))?(?:/(zipf|uniform))?(?:/S(\d+))?(/balanced)?/"
                    r"(native|fp8|int8|int4|int4_group32|int8_kchannel|int4_kchannel)$")
 
 
@@ -66,11 +66,15 @@ def registry():
         add(f"hq8kv1/B128/T8192/paged{P}", paged_formats)
         for B in (16, 64):
             add(f"llama3_8b/B{B}/T4096/paged{P}", paged_formats)
+    balanced = []
     for dist in ("zipf", "uniform"):
-        add(f"hq8kv1/B64/T8192/{dist}", bf16_int4)
-        add(f"llama3_8b/B16/T4096/{dist}", bf16_int4)
-    for B in (8, 256):
-        add(f"hq8kv1/B{B}/T8192/zipf", bf16_int4)
+        balanced += [f"hq8kv1/B64/T8192/{dist}", f"llama3_8b/B16/T4096/{dist}"]
+    balanced += [f"hq8kv1/B{B}/T8192/zipf" for B in (8, 256)]
+    for shape in balanced:
+        add(shape, bf16_int4)
+    balanced += [f"hq8kv1/B{B}/T8192" for B in (8, 64, 128)] + ["llama3_8b/B16/T4096"]
+    for shape in balanced:
+        add(f"{shape}/balanced", bf16_int4)
     for B in (16, 64):
         add(f"llama3_8b/B{B}/T4096/S4", paged_formats)
     add("hq8kv1/B128/T8192/S2", paged_formats)
@@ -84,7 +88,7 @@ def parse(op, name):
     hq, hkv = MODELS[m.group(1)]
     return dict(shape=name.rsplit("/", 1)[0], B=int(m.group(2)), HQ=hq, HKV=hkv, D=128, T=int(m.group(3)),
                 page_size=int(m.group(4) or 0), lengths=m.group(5) or "full", S=int(m.group(6) or 1),
-                format=m.group(7))
+                balanced=m.group(7) is not None, format=m.group(8))
 
 
 def decode_lengths(kind, batch, capacity, seed=LENGTH_SEED):
@@ -579,7 +583,8 @@ def decode_tessera(args, data, row, fmt, n_sets):
     out = torch.empty_like(q0)
 
     def kwargs(c):
-        return dict(format=fmt, k_scale=c["k_scale"], v_scale=c["v_scale"], block_table=data.block_table)
+        return dict(format=fmt, k_scale=c["k_scale"], v_scale=c["v_scale"], block_table=data.block_table,
+                    balance_splits=data.s.get("balanced", False))
 
     ws_bytes = C.tessera.decode_workspace_size(q0, caches[0]["k"], caches[0]["v"], **kwargs(caches[0]))
     workspace = torch.empty((ws_bytes,), dtype=torch.uint8, device=C.DEVICE) if ws_bytes else None

@@ -114,6 +114,12 @@ struct DecodeParams {
   // Split count for the sequence dimension: 0 = chosen from B·HKV, the SM count and the cache capacity;
   // otherwise the number to use (1..kDecodeMaxSplits). Never depends on the device lengths.
   int num_splits = 0;
+  // Length-balanced splits (2..512 sequences, a split count of at least 2): the B·num_splits splits of the batch go to
+  // the sequences by their device lengths, planned on the device by every CTA (a long sequence among short ones gets
+  // up to max(num_splits, 32)); off: each sequence gets num_splits. Faster where lengths differ widely (H200, hq8kv1
+  // B 64 with Zipf lengths: bf16 2.5x, int4 1.3x; B 256 int4 2.3x), slower by 2-14 % where they are equal
+  // (docs/perf/decode.md, v18). The workspace grows by 8 bytes per sequence.
+  bool balance_splits = false;
 };
 
 // Elements (D values) per group of kInt4Group32.

@@ -343,12 +343,13 @@ ta::KVCache kv_cache_of(const char* op, ta::KVFormat format, const py::object& k
   return cache;
 }
 
-ta::DecodeParams decode_params(float softmax_scale, float softcap, int window, int num_splits) {
+ta::DecodeParams decode_params(float softmax_scale, float softcap, int window, int num_splits, bool balance_splits) {
   ta::DecodeParams params;
   params.softmax_scale = softmax_scale;
   params.softcap = softcap;
   params.window = window;
   params.num_splits = num_splits;
+  params.balance_splits = balance_splits;
   return params;
 }
 
@@ -356,10 +357,10 @@ void attention_decode(const py::object& q, const py::object& k, const py::object
                       const py::object& v_scale, const py::object& block_table, const py::object& cache_seqlens,
                       const py::object& out, const py::object& lse, const py::object& workspace,
                       const std::string& format, float softmax_scale, float softcap, int window, int num_splits,
-                      std::uintptr_t stream, const py::object& k_residual) {
+                      std::uintptr_t stream, const py::object& k_residual, bool balance_splits) {
   constexpr const char* op = "tessera.attention_decode";
   const ta::KVFormat kv_format = parse_kv_format(format, op);
-  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
+  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits, balance_splits);
   const TensorView q_v = view_of(q, op, "q");
   const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
   const TensorView seqlens_v = view_of(cache_seqlens, op, "cache_seqlens");
@@ -374,10 +375,11 @@ void attention_decode(const py::object& q, const py::object& k, const py::object
 std::size_t decode_workspace_bytes(const py::object& q, const py::object& k, const py::object& v,
                                    const py::object& k_scale, const py::object& v_scale,
                                    const py::object& block_table, const std::string& format, float softmax_scale,
-                                   float softcap, int window, int num_splits, const py::object& k_residual) {
+                                   float softcap, int window, int num_splits, const py::object& k_residual,
+                                   bool balance_splits) {
   constexpr const char* op = "tessera.decode_workspace_size";
   const ta::KVFormat kv_format = parse_kv_format(format, op);
-  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits);
+  const ta::DecodeParams params = decode_params(softmax_scale, softcap, window, num_splits, balance_splits);
   const TensorView q_v = view_of(q, op, "q");
   const ta::KVCache cache = kv_cache_of(op, kv_format, k, v, k_scale, v_scale, block_table, k_residual);
   return ta::decode_workspace_bytes(q_v, cache, params);
@@ -1042,16 +1044,18 @@ PYBIND11_MODULE(_C, m) {
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("cache_seqlens"), py::arg("out"),
         py::arg("lse"), py::arg("workspace"), py::arg("format"), py::arg("softmax_scale"), py::arg("softcap"),
         py::arg("window"), py::arg("num_splits"), py::arg("stream"), py::arg("k_residual") = py::none(),
+        py::arg("balance_splits") = false,
         "One-token attention decode over a KV cache into preallocated out (and lse, or None). format: 'native' | "
         "'fp8' | 'int8' | 'int4' | 'int4_group32' | 'int8_kchannel' | 'int4_kchannel'; with 'fp8' the cache may "
         "be uint8 views (read as e4m3). softmax_scale 0 = 1/sqrt(D); workspace may be None when "
-        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read.",
+        "decode_workspace_bytes is 0. k_residual (per-channel key formats) is accepted and not read. "
+        "balance_splits: the splits planned by the device lengths (DecodeParams::balance_splits).",
         py::call_guard<CallCapsules>());
 
   m.def("decode_workspace_bytes", &decode_workspace_bytes, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
         py::arg("k_scale"), py::arg("v_scale"), py::arg("block_table"), py::arg("format"),
         py::arg("softmax_scale"), py::arg("softcap"), py::arg("window"), py::arg("num_splits"),
-        py::arg("k_residual") = py::none(),
+        py::arg("k_residual") = py::none(), py::arg("balance_splits") = false,
         "Bytes of device workspace attention_decode needs for these shapes and params (on the current device).",
         py::call_guard<CallCapsules>());
 

@@ -366,7 +366,7 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
                       const at::Tensor& out, const std::optional<at::Tensor>& lse,
                       const std::optional<at::Tensor>& workspace, std::string_view format, double softmax_scale,
                       double softcap, int64_t window, int64_t num_splits,
-                      const std::optional<at::Tensor>& k_residual) {
+                      const std::optional<at::Tensor>& k_residual, bool balance_splits) {
   constexpr const char* op = "tessera.attention_decode";
   {
     ta::DecodeParams params;
@@ -374,6 +374,7 @@ void attention_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::
     params.softcap = static_cast<float>(softcap);
     params.window = narrow(window, op, "window");
     params.num_splits = narrow(num_splits, op, "num_splits");
+    params.balance_splits = balance_splits;
     const c10::Device device = device_of(q, op, "q");
     const ta::KVCache cache = kv_cache_of(op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual);
     const TensorView qv = view_of(q, op, "q");
@@ -907,7 +908,7 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                const at::Tensor& out, const std::optional<at::Tensor>& lse,
                                const std::optional<at::Tensor>& workspace, std::string_view format,
                                double softmax_scale, double softcap, int64_t window, int64_t num_splits,
-                               const std::optional<at::Tensor>& k_residual);
+                               const std::optional<at::Tensor>& k_residual, bool balance_splits);
 
 AttentionOut attention_decode_eager(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& cache_seqlens,
@@ -915,7 +916,7 @@ AttentionOut attention_decode_eager(
     const std::optional<at::Tensor>& block_table, const std::optional<at::Tensor>& out,
     const std::optional<at::Tensor>& lse, bool return_lse, const std::optional<at::Tensor>& workspace,
     std::string_view format, std::optional<double> softmax_scale, double softcap, int64_t window,
-    int64_t num_splits, const std::optional<at::Tensor>& k_residual) {
+    int64_t num_splits, const std::optional<at::Tensor>& k_residual, std::optional<bool> balance_splits) {
   constexpr const char* op = "tessera.attention_decode";
   no_symbolic_sizes({&q});
   // Checks before anything is allocated: the scalar arguments first, as the torch layer checks them, then q's device
@@ -929,7 +930,8 @@ AttentionOut attention_decode_eager(
          "must be [B, HQ, D] or [B, S, HQ, D] (S new tokens per sequence), got shape " + sizes_str(q.sizes()));
   auto [o, m] = attention_outputs(q, out, lse, return_lse);
   attention_decode_dispatch(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, o, m, workspace,
-                            format, softmax_scale.value_or(0.0), softcap, window, num_splits, k_residual);
+                            format, softmax_scale.value_or(0.0), softcap, window, num_splits, k_residual,
+                            balance_splits.value_or(false));
   return attention_out(o, m, return_lse);
 }
 
@@ -1421,9 +1423,10 @@ void attention_decode_dispatch(const at::Tensor& q, const at::Tensor& k_cache, c
                                const at::Tensor& out, const std::optional<at::Tensor>& lse,
                                const std::optional<at::Tensor>& workspace, std::string_view format,
                                double softmax_scale, double softcap, int64_t window, int64_t num_splits,
-                               const std::optional<at::Tensor>& k_residual) {
+                               const std::optional<at::Tensor>& k_residual, bool balance_splits) {
   Entry<&attention_decode>::python(q, k_cache, v_cache, k_scale, v_scale, block_table, cache_seqlens, out, lse,
-                                   workspace, format, softmax_scale, softcap, window, num_splits, k_residual);
+                                   workspace, format, softmax_scale, softcap, window, num_splits, k_residual,
+                                   balance_splits);
 }
 
 void attention_prefill_dispatch(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
@@ -1564,7 +1567,8 @@ PYBIND11_MODULE(_torch_C, m) {
   m.def("attention_decode", &Entry<&attention_decode>::python, arg("q"), arg("k_cache"), arg("v_cache"), arg("k_scale"),
         arg("v_scale"), arg("block_table"), arg("cache_seqlens"), arg("out"), arg("lse"), arg("workspace"),
         arg("format"), arg("softmax_scale"), arg("softcap"), arg("window"), arg("num_splits"),
-        arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+        arg("k_residual") = pybind11::none(), arg("balance_splits") = false,
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("append_kv", &Entry<&append_kv>::python, arg("k_new"), arg("v_new"), arg("positions"), arg("k_cache"),
         arg("v_cache"), arg("k_scale"), arg("v_scale"), arg("block_table"), arg("format"),
         arg("k_residual") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -52,7 +52,7 @@ OPS = {
         "attention_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? k_scale, Tensor? v_scale, "
         "Tensor? block_table, Tensor cache_seqlens, Tensor(a!) out, Tensor(b!)? lse, Tensor(c!)? workspace, "
         "str format, float softmax_scale, float softcap, int window, int num_splits, "
-        "Tensor? k_residual=None) -> ()"),
+        "Tensor? k_residual=None, bool balance_splits=False) -> ()"),
     # k_scale / v_scale are written for the integer formats (one scale pair per appended row); for fp8 they are the
     # cache's static scales and only read. A schema cannot depend on `format`, so under torch.compile they are
     # treated as written either way (functionalization copies them back unchanged).

@@ -175,7 +175,7 @@ void call_decode(const DecodeArgs& a) {
 void set_splits(DecodeArgs& a, int requested, int effective, int64_t missing_bytes = 0) {
   a.params.num_splits = requested;
   a.workspace.data = buffers().ws.data();
-  a.workspace.bytes = decode_workspace_bytes_for(kB, 1, a.q.shape[1], kD, effective) - missing_bytes;
+  a.workspace.bytes = decode_workspace_bytes_for(kB, 1, a.q.shape[1], kD, effective, false) - missing_bytes;
 }
 
 // q and o as [B, S, HQ, D] with S new tokens (o with its own count when given).
@@ -481,7 +481,7 @@ const std::vector<DecodeCase>& decode_cases() {
 }
 
 TEST(DecodeValidation, EachRuleNamesItsArgument) {
-  ASSERT_GT(decode_workspace_bytes_for(kB, 1, kHQ, kD, 4), 0u) << "the workspace cases need a non-empty workspace";
+  ASSERT_GT(decode_workspace_bytes_for(kB, 1, kHQ, kD, 4, false), 0u) << "the workspace cases need a non-empty workspace";
   int runs = 0;
   for (const DecodeCase& c : decode_cases())
     for (KVFormat f : kFormats)
@@ -499,7 +499,7 @@ TEST(DecodeValidation, EachRuleNamesItsArgument) {
 TEST(DecodeValidation, WorkspaceErrorGivesBothSizes) {
   DecodeArgs a = make_decode(KVFormat::kInt8, false);
   set_splits(a, 3, 3, 16);
-  const std::size_t needed = decode_workspace_bytes_for(kB, 1, kHQ, kD, 3);
+  const std::size_t needed = decode_workspace_bytes_for(kB, 1, kHQ, kD, 3, false);
   expect_error([&] { call_decode(a); }, kDecode, "workspace",
                {"at least " + std::to_string(needed) + " bytes", "got " + std::to_string(needed - 16)});
 }
@@ -523,7 +523,7 @@ TEST(DecodeValidation, AcceptedArgumentsReachTheDeviceChecks) {
          a.lse = view(a.lse->data, DType::kFP32, {kB, 8, kHQ});
          a.params.num_splits = 2;
          a.workspace.data = buffers().ws.data();
-         a.workspace.bytes = decode_workspace_bytes_for(kB, 8, kHQ, kD, 2);
+         a.workspace.bytes = decode_workspace_bytes_for(kB, 8, kHQ, kD, 2, false);
        }},
       {"4-D q with one new token", kAll,
        [](DecodeArgs& a) {
@@ -1179,12 +1179,15 @@ TEST(DecodeSplits, SmallBatchesTakeTheSweepsCounts) {
 // sequence's split cap, and the workspace: none for one split, else B·S·(S new)·HQ rows of D + 1 floats (and, balanced,
 // a (first slot, splits) pair per sequence), a 256-byte multiple.
 TEST(DecodeSplits, BalancedPlansAndTheirWorkspace) {
-  EXPECT_EQ(decode_workspace_bytes_for(8, 1, 8, 128, 1), 0u);
-  // B 5, S 3, HQ 8, D 64, 7 splits: balanced, so the pairs follow the rows (16-byte aligned)
-  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7),
+  EXPECT_EQ(decode_workspace_bytes_for(8, 1, 8, 128, 1, true), 0u);
+  // B 5, S 3, HQ 8, D 64, 7 splits: balanced, so the pairs follow the rows (16-byte aligned); not asked: the rows only
+  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7, true),
             static_cast<std::size_t>(((5 * 7 * 3 * 8 * 65 * 4 + 15) / 16 * 16 + 5 * 8 + 255) / 256 * 256));
-  const int64_t big = kDecodeBalanceMaxBatch + 1;  // classic: the rows only
-  EXPECT_EQ(decode_workspace_bytes_for(big, 1, 8, 128, 2), static_cast<std::size_t>((big * 2 * 8 * 129 * 4 + 255) / 256 * 256));
+  EXPECT_EQ(decode_workspace_bytes_for(5, 3, 8, 64, 7, false),
+            static_cast<std::size_t>((5 * 7 * 3 * 8 * 65 * 4 + 255) / 256 * 256));
+  const int64_t big = kDecodeBalanceMaxBatch + 1;  // asked, but classic: the rows only
+  EXPECT_EQ(decode_workspace_bytes_for(big, 1, 8, 128, 2, true),
+            static_cast<std::size_t>((big * 2 * 8 * 129 * 4 + 255) / 256 * 256));
   EXPECT_TRUE(decode_balanced(kDecodeBalanceMinBatch, 2) && decode_balanced(kDecodeBalanceMaxBatch, 128));
   EXPECT_FALSE(decode_balanced(1, 64) || decode_balanced(kDecodeBalanceMaxBatch + 1, 2) || decode_balanced(64, 1));
   EXPECT_GE(kDecodeBalanceMinBatch, 2);
@@ -1364,13 +1367,13 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
   const TensorView o = dview(at(5), DType::kFP16, {kB, kHQ, kD});
   const TensorView seqlens = dview(at(6), DType::kInt32, {kB});
   const Workspace ws{at(8), std::size_t{8} << 20};
-  ASSERT_GE(ws.bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, kDecodeMaxSplits));
+  ASSERT_GE(ws.bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, kDecodeMaxSplits, true));
 
   DecodeParams params;
   params.num_splits = kDecodeMaxSplits;  // capped: 64 tokens of capacity make at most 4 useful splits
   DecodeProblem p = check_decode(kDecode, q, cache, seqlens, o, std::nullopt, ws, params);
   EXPECT_EQ(p.num_splits, 4);
-  EXPECT_EQ(p.workspace_bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, 4));
+  EXPECT_EQ(p.workspace_bytes, decode_workspace_bytes_for(kB, 1, kHQ, kD, 4, false));
   EXPECT_FLOAT_EQ(p.softmax_scale, 1.0f / std::sqrt(128.0f));
   EXPECT_TRUE(p.fp16);
   EXPECT_EQ(p.batch, kB);
@@ -1397,7 +1400,7 @@ TEST(DecodeValidation, ResolvedProblemOnTheDevice) {
     EXPECT_EQ(m.lse_stride_b, 3 * kHQ);
     EXPECT_EQ(m.lse_stride_s, kHQ);
     EXPECT_EQ(m.lse_stride_h, 1);
-    EXPECT_EQ(m.workspace_bytes, decode_workspace_bytes_for(kB, 3, kHQ, kD, 2));
+    EXPECT_EQ(m.workspace_bytes, decode_workspace_bytes_for(kB, 3, kHQ, kD, 2, false));
     EXPECT_EQ(decode_workspace_bytes(q3, cache, p3), m.workspace_bytes);
   }
 

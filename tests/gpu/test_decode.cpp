@@ -38,6 +38,7 @@ struct DecodeCase {
     s += " lens=[";
     for (size_t i = 0; i < seqlens.size(); ++i) s += (i ? "," : "") + std::to_string(seqlens[i]);
     s += "] splits=" + std::to_string(params.num_splits);
+    if (params.balance_splits) s += " balanced";
     if (params.softmax_scale != 0.0f) s += " scale=" + std::to_string(params.softmax_scale);
     if (params.softcap != 0.0f) s += " softcap=" + std::to_string(params.softcap);
     if (params.window) s += " window=" + std::to_string(params.window);
@@ -392,6 +393,7 @@ TEST_F(DecodeGpu, Grid) {
         c.q_dtype = is_native(fmt) ? fmt.dtype : (idx % 3 == 0 ? DType::kFP16 : DType::kBF16);
         c.seqlens = grid_lengths(idx, c.g.B, c.g.capacity, c.g.paged ? c.g.page_size : 64, rng);
         c.params.num_splits = splits[idx % 6];
+        c.params.balance_splits = idx % 2 == 0;
         if (idx % 7 == 3) c.params.softmax_scale = 0.06f;
         c.with_lse = idx % 5 != 4;
         c.strided_out = idx % 4 == 2;
@@ -435,6 +437,7 @@ TEST_F(DecodeGpu, SpeculativeTokens) {
       for (int64_t l : lens) c.seqlens.push_back(static_cast<int32_t>(std::min(l, cap)));
       std::shuffle(c.seqlens.begin(), c.seqlens.end(), rng);
       c.params.num_splits = splits[idx % 4];
+      c.params.balance_splits = idx % 3 != 1;
       if (idx % 4 == 1) c.params.window = 1 + static_cast<int>(rng() % 40);
       // Windows near INT32_MAX exclude nothing; with lengths below S the kernel's int32 (lim - window) once wrapped
       // and dropped every key (found in review).
@@ -460,19 +463,21 @@ TEST_F(DecodeGpu, SplitCounts) {
     SCOPED_TRACE(c.describe() + " " + test::seed_note(seed));
     DecodeFixture fx(c, seed);
     const DecodeRef ref = fx.reference(c.params, c.seqlens);
-    for (int s : {0, 1, 2, 3, 7, 16, 127, 128}) {
-      DecodeParams p;
-      p.num_splits = s;
-      const DecodeCheck r = fx.check(fx.run(p), ref, grid_tolerance());
-      EXPECT_TRUE(r.ok) << "num_splits " << s << ": " << r.message;
-    }
+    for (int s : {0, 1, 2, 3, 7, 16, 127, 128})
+      for (bool balanced : {false, true}) {
+        DecodeParams p;
+        p.num_splits = s;
+        p.balance_splits = balanced;
+        const DecodeCheck r = fx.check(fx.run(p), ref, grid_tolerance());
+        EXPECT_TRUE(r.ok) << "num_splits " << s << (balanced ? " balanced" : "") << ": " << r.message;
+      }
   }
 }
 
-// Balanced split plans (config.h, decode_balanced): with 2..512 sequences and a split budget S >= 2, every decode CTA
-// plans the batch's B·S splits from all the device lengths (one plan lane per sequence up to B 32, several
-// above; the chunk raised until the ceilings fit the budget) and a long sequence among short ones gets more than S. Each shape (B 7 to 512 balanced, 513 classic; contiguous and
-// paged; one and two new tokens) runs skewed batches on one filled cache: Zipf lengths (capacity / rank, shuffled),
+// Balanced split plans (params.balance_splits; config.h, decode_balanced): with 2..512 sequences and a split budget
+// S >= 2, every decode CTA plans the batch's B·S splits from all the device lengths (one plan lane per sequence up to
+// B 32, several above; the chunk raised until the ceilings fit the budget) and a long sequence among short ones gets
+// more than S. Each shape (B 7 to 512 balanced, 513 classic; contiguous and paged; one and two new tokens) runs skewed batches on one filled cache: Zipf lengths (capacity / rank, shuffled),
 // one full sequence among empty ones, all empty, all full, uniform random, with the automatic budget and explicit
 // ones, a window on some; every output against the reference.
 TEST_F(DecodeGpu, SkewedBatchesSplitByLength) {
@@ -509,6 +514,7 @@ TEST_F(DecodeGpu, SkewedBatchesSplitByLength) {
       for (int splits : {0, 2, 16}) {
         DecodeParams p;
         p.num_splits = splits;
+        p.balance_splits = true;
         if (run++ % 4 == 3) p.window = 1 + static_cast<int>(rng() % 300);
         auto ws = fx.workspace(p);
         fx.set_seqlens(lens);
@@ -670,6 +676,7 @@ TEST_F(DecodeGpu, CudaGraphReplaysWithNewLengths) {
     for (int splits : {0, 7}) {
       DecodeParams p;
       p.num_splits = splits;
+      p.balance_splits = splits == 7;
       auto ws = fx.workspace(p);
       const test::CapturedGraph graph(fx.stream(), [&] { fx.launch(p, *ws); });
       for (const auto& lens : {first, second, first}) {
@@ -708,6 +715,7 @@ TEST_F(DecodeGpu, BackToBackCallsShareOneWorkspace) {
       DecodeParams pa, pb;
       pa.num_splits = sp.a;
       pb.num_splits = sp.b;
+      pa.balance_splits = true;  // a balanced plan (its table in the shared workspace) beside a classic one
       const auto wa = fa.workspace(pa), wb = fb.workspace(pb);
       const DeviceBuffer<uint8_t>& ws = wa->size() >= wb->size() ? *wa : *wb;
       const DecodeRef ra = fa.reference(pa, ca.seqlens), rb = fb.reference(pb, cb.seqlens);
@@ -752,6 +760,7 @@ TEST_F(DecodeGpu, Deterministic) {
     for (int splits : {0, 1, 7, 128}) {
       DecodeParams p;
       p.num_splits = splits;
+      p.balance_splits = splits == 7;
       const DecodeOut a = fx.run(p), b = fx.run(p);
       const DecodeCheck r = fx.check(a, ref, grid_tolerance());
       EXPECT_TRUE(r.ok) << "splits " << splits << ": " << r.message;

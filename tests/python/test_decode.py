@@ -751,6 +751,27 @@ def test_num_splits(case):
 
 
 @gpu
+@pytest.mark.parametrize("case", ["native_bf16", "int4", "int4_kchannel"])
+def test_balance_splits_on_skewed_lengths(case):
+    # balance_splits: the batch's splits follow the device lengths (one long sequence among short and empty ones
+    # gets more than num_splits); the workspace query takes the flag too (a table of 8 bytes per sequence more).
+    lengths = [1024, 0, 3, 40, 1024, 1, 700, 0, 33]
+    HQ, HKV, D = 8, 2, 128
+    cache = Cache(case, len(lengths), HKV, D, 1024, page_size=32, seed=23)
+    fill(cache, lengths)
+    q = random_q(cache, HQ, 31)
+    kw = cache.kwargs()
+    for num_splits in (0, 2, 8):
+        plain = tessera.decode_workspace_size(q, cache.k, cache.v, num_splits=num_splits, **kw)
+        balanced = tessera.decode_workspace_size(q, cache.k, cache.v, num_splits=num_splits, balance_splits=True,
+                                                 **kw)
+        assert balanced >= plain
+        a = run_and_check(cache, q, lengths, num_splits=num_splits, balance_splits=True)
+        b = run_and_check(cache, q, lengths, num_splits=num_splits, balance_splits=True)
+        assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"num_splits={num_splits}: not deterministic"
+
+
+@gpu
 @pytest.mark.parametrize("case", ["native_bf16", "int8", "int4", "fp8_head", "int8_kchannel"])
 @pytest.mark.parametrize("S,HQ,HKV,params", [
     (4, 8, 2, {}),
@@ -1020,16 +1041,20 @@ def _channel_case(fmt):
 @needs_torch
 def test_channel_ops_pass_k_residual_to_the_operators():
     # Meta tensors (no GPU): the eager entries hand the calls to torch.ops.tessera.*, whose schemas carry k_residual
-    # last (append_kv writes it: (e!)), so a dispatch mode sees it in both calls. Calls without it keep working.
+    # last among the tensors (append_kv writes it: (e!); attention_decode's balance_splits flag follows it), so a
+    # dispatch mode sees it in both calls. Calls without it keep working.
     from tessera import _torch_ops
     from torch.utils._python_dispatch import TorchDispatchMode
 
     if not _torch_ops.available():
         pytest.skip(_torch_ops.load_error)
-    for name, writes in (("append_kv", True), ("attention_decode", False)):
-        arg = getattr(torch.ops.tessera, name).default._schema.arguments[-1]
+    for name, writes, at in (("append_kv", True, -1), ("attention_decode", False, -2)):
+        arguments = getattr(torch.ops.tessera, name).default._schema.arguments
+        arg = arguments[at]
         assert arg.name == "k_residual" and arg.default_value is None, name
         assert (arg.alias_info is not None and arg.alias_info.is_write) == writes, name
+    flag = torch.ops.tessera.attention_decode.default._schema.arguments[-1]
+    assert flag.name == "balance_splits" and flag.default_value is False
 
     class Recorder(TorchDispatchMode):
         def __init__(self):

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention/check_util.h"
+#include "attention/decode/config.h"
 #include "attention/decode/problem.h"
 #include "common/device_info.h"
 #include "common/validate.h"
@@ -356,8 +357,9 @@ std::size_t check_decode_workspace(const char* op, const TensorView& q, const KV
                                    const DecodeParams& params) {
   const ArgCheck check(op);
   const DecodeShape s = check_query_cache_params(check, q, cache, params);
-  return decode_workspace_bytes_for(s.batch, s.num_new, s.num_q_heads, s.head_dim,
-                                    resolve_num_splits(s, params.num_splits));
+  const int splits = resolve_num_splits(s, params.num_splits);
+  return decode_workspace_bytes_for(s.batch, s.num_new, s.num_q_heads, s.head_dim, splits,
+                                    params.balance_splits && decode_balanced(s.batch, splits));
 }
 
 DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache& cache, const TensorView& seqlens_in,
@@ -405,7 +407,8 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   // ---- workspace: sized by the resolved split count; written, so apart from everything else too
   TensorView ws_view;
   const auto check_workspace = [&](int splits) {
-    const std::size_t needed = decode_workspace_bytes_for(B, S, HQ, D, splits);
+    const std::size_t needed =
+        decode_workspace_bytes_for(B, S, HQ, D, splits, params.balance_splits && decode_balanced(B, splits));
     if (workspace.bytes < needed)
       check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
                                   " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));
@@ -462,6 +465,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   p.softcap = params.softcap;
   p.window = params.window;
   p.num_splits = splits;
+  p.balanced = params.balance_splits && decode_balanced(B, splits);
   p.workspace = ws_needed > 0 ? workspace.data : nullptr;
   p.workspace_bytes = ws_needed;  // what the launch uses (the caller may have given more)
   return p;

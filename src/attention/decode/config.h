@@ -35,14 +35,15 @@ constexpr int decode_head_tiles(int group) { return (group + 8 * decode_n_tiles(
 // or more gained nothing measurable.
 constexpr bool decode_launch_programmatic(long long grid, int num_sms) { return grid <= num_sms; }
 
-// Length-balanced splits (v18, docs/perf/decode.md): with kDecodeBalanceMinBatch..kDecodeBalanceMaxBatch sequences
-// and a split count S >= 2, S is a budget, not a per-sequence count: the grid's B·S splits (per KV head and head
-// tile) go to the sequences by their device lengths. Every decode CTA reads all B lengths and computes the same plan
-// (kernel.cuh, decode_plan; each sequence's split 0 leaves (first slot, splits) in the workspace for the merge):
-// equal lengths give every sequence S splits, as before; a skewed
-// batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its longest sequence on 2 CTAs of 4096
-// tokens each). Not balanced: one sequence; more than kDecodeBalanceMaxBatch (every CTA would read all lengths); one
-// split (no workspace and no merge kernel to spend).
+// Length-balanced splits (v18, docs/perf/decode.md), where DecodeParams::balance_splits asks for them: with
+// kDecodeBalanceMinBatch..kDecodeBalanceMaxBatch sequences and a split count S >= 2, S is a budget, not a
+// per-sequence count: the grid's B·S splits (per KV head and head tile) go to the sequences by their device lengths.
+// Every decode CTA reads all B lengths and computes the same plan (kernel.cuh, decode_plan; each sequence's split 0
+// leaves (first slot, splits) in the workspace for the merge): equal lengths give every sequence S splits, as
+// without it; a skewed batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its longest sequence on
+// 2 CTAs of 4096 tokens each). Not balanced: one sequence; more than kDecodeBalanceMaxBatch (every CTA would read
+// all lengths); one split (no workspace and no merge kernel to spend). Off by default: on equal lengths the plan
+// and the merge's table cost 2-14 % (v18d).
 inline constexpr int kDecodeBalanceMinBatch = 2;
 inline constexpr int kDecodeBalanceMaxBatch = 512;
 constexpr bool decode_balanced(long long batch, int splits) {

@@ -193,7 +193,7 @@ void launch_decode(const DecodeProblem& pb, cudaStream_t stream) {
   a.head_tiles = decode_head_tiles(a.rows);
   a.batch = pb.batch;
   a.num_splits = pb.num_splits;
-  a.balanced = decode_balanced(pb.batch, pb.num_splits);
+  a.balanced = pb.balanced;
   a.max_seq_splits = a.balanced ? decode_max_seq_splits(pb.num_splits) : pb.num_splits;
   a.qk_scale = pb.softmax_scale;
   a.softcap = pb.softcap;

@@ -74,6 +74,7 @@ struct DecodeProblem {
   float softcap = 0.0f;
   int window = 0;
   int num_splits = 1;          // resolved
+  bool balanced = false;       // params.balance_splits where decode_balanced (config.h) allows it
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };
@@ -114,7 +115,7 @@ int select_num_splits(int64_t batch, int64_t num_kv_heads, int64_t group_size, i
 // B · splits · S · HQ, laid out as kernel.cuh's DecodeArgs::ws_o says; a balanced plan (config.h) adds one int32 pair
 // per sequence (its first slot and split count, for the merge) at decode_workspace_plan_offset.
 std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t num_q_heads, int64_t head_dim,
-                                       int num_splits);
+                                       int num_splits, bool balanced);
 inline int64_t decode_workspace_plan_offset(int64_t rows, int64_t head_dim) {
   return (rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float)) + 15) / 16 * 16;
 }
