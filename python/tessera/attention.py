@@ -111,6 +111,13 @@ def _params(op, softmax_scale, softcap, window, num_splits):
     return (scale, _float(op, "softcap", softcap), window, _int(op, "num_splits", num_splits, 0))
 
 
+def _flag(op, arg, value):
+    """A bool argument (Python's or numpy's), refused otherwise: a string like "false" would be true."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{op}: '{arg}' must be a bool, got {type(value).__name__}")
+
+
 def _on_device(torch, device, fn):
     """Runs fn() with `device` current (the workspace query reads the current device's SM count)."""
     if device.index is not None and device.index != torch.cuda.current_device():
@@ -176,9 +183,9 @@ def decode_workspace_size(q, k_cache, v_cache, *, format="native", k_scale=None,
     workspace and stream are accepted so that one keyword dict serves both calls, and are ignored.
     """
     op = "tessera.decode_workspace_size"
+    balance = _flag(op, "balance_splits", balance_splits)
     torch, q, device, params = _decode_query(op, format, q, softmax_scale, softcap, window, num_splits)
     cache = _Cache(torch, op, format, k_cache, v_cache, k_scale, v_scale, block_table, k_residual)
-    balance = bool(balance_splits)
     return int(_on_device(torch, device, lambda: _workspace_bytes(cache, q, params, balance)))
 
 
@@ -224,18 +231,19 @@ def attention_decode(q, k_cache, v_cache, cache_seqlens, *, format="native", k_s
     stream         None: the current CUDA stream of q's device; else a torch.cuda.Stream or a raw cudaStream_t.
     Returns out, or (out, lse) when return_lse.
     """
+    balance_splits = _flag("tessera.attention_decode", "balance_splits", balance_splits)
     entry = fast_entry(stream)
     if entry is not None:
         try:  # the eager fast path (_dlpack.fast_entry): one crossing into C++
             return entry.attention_decode_eager(q, k_cache, v_cache, cache_seqlens, k_scale, v_scale, block_table, out,
                                                 lse, return_lse, workspace, format, softmax_scale, softcap, window,
-                                                num_splits, k_residual, bool(balance_splits))
+                                                num_splits, k_residual, balance_splits)
         except TypeError as e:
             if FALLBACK not in str(e):
                 raise
     return _attention_decode_checked(q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale, block_table,
                                      softmax_scale, softcap, window, num_splits, out, lse, return_lse, workspace,
-                                     k_residual, stream, bool(balance_splits))
+                                     k_residual, stream, balance_splits)
 
 
 def _attention_decode_checked(q, k_cache, v_cache, cache_seqlens, format, k_scale, v_scale, block_table, softmax_scale,

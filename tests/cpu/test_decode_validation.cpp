@@ -504,6 +504,20 @@ TEST(DecodeValidation, WorkspaceErrorGivesBothSizes) {
                {"at least " + std::to_string(needed) + " bytes", "got " + std::to_string(needed - 16)});
 }
 
+// A balanced plan's workspace holds the merge's per-sequence table too: one sized without the flag is refused, with
+// the flag named, before any launch; the size with the flag is accepted.
+TEST(DecodeValidation, BalancedSplitsNeedTheirWorkspace) {
+  DecodeArgs a = make_decode(KVFormat::kInt4, false);
+  set_splits(a, 4, 4);  // exactly the classic plan's bytes
+  a.params.balance_splits = true;
+  const std::size_t needed = decode_workspace_bytes_for(kB, 1, kHQ, kD, 4, true);
+  ASSERT_GT(needed, a.workspace.bytes);
+  expect_error([&] { call_decode(a); }, kDecode, "workspace",
+               {"at least " + std::to_string(needed) + " bytes for 4 balanced splits"});
+  a.workspace.bytes = needed;
+  EXPECT_EQ(decode_workspace_bytes(a.q, a.cache, a.params), needed);
+}
+
 struct Variant {
   const char* name;
   unsigned applies;

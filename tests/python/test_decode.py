@@ -103,6 +103,10 @@ def test_bad_params():
         tessera.attention_decode(o, o, o, o, softcap="x")
     with pytest.raises(TypeError, match="'softmax_scale'"):
         tessera.decode_workspace_size(o, o, o, softmax_scale=[1.0])
+    with pytest.raises(TypeError, match="'balance_splits'"):
+        tessera.attention_decode(o, o, o, o, balance_splits="false")
+    with pytest.raises(TypeError, match="'balance_splits'"):
+        tessera.decode_workspace_size(o, o, o, balance_splits=1)
 
 
 def test_binding_bad_format():

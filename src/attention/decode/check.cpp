@@ -411,6 +411,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
         decode_workspace_bytes_for(B, S, HQ, D, splits, params.balance_splits && decode_balanced(B, splits));
     if (workspace.bytes < needed)
       check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
+                                  (params.balance_splits && decode_balanced(B, splits) ? " balanced" : "") +
                                   " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));
     if (needed == 0) return needed;
     if (reinterpret_cast<std::uintptr_t>(workspace.data) % kVectorBytes != 0)
