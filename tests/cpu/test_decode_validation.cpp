@@ -7,10 +7,12 @@
 // rule. check_decode / check_append are called directly: the public ops only add the launch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -1208,6 +1210,72 @@ TEST(DecodeSplits, BalancedPlansAndTheirWorkspace) {
   EXPECT_EQ(decode_max_seq_splits(2), 32);
   EXPECT_EQ(decode_max_seq_splits(64), 64);
   EXPECT_EQ(decode_max_seq_splits(kDecodeMaxSplits), kDecodeMaxSplits);
+}
+
+// The balanced plan as decode_plan (kernel.cuh) computes it from config.h's arithmetic, with its warp sums and scan
+// as plain loops here: each sequence's split count.
+std::vector<int> balanced_plan(const std::vector<int>& lengths, int64_t capacity, int splits, int num_new, int window,
+                               int rows_log2) {
+  const int batch = static_cast<int>(lengths.size());
+  std::vector<int> tiles(batch), out(batch);
+  long long total = 0;
+  int longest = 0;
+  for (int b = 0; b < batch; ++b) {
+    tiles[b] = decode_num_tiles(decode_clamped_len(lengths[b], capacity), num_new, window, rows_log2);
+    total += tiles[b];
+    longest = std::max(longest, tiles[b]);
+  }
+  const int budget = batch * splits;
+  int chunk = decode_plan_first_chunk(total, longest, budget, decode_max_seq_splits(splits));
+  for (;;) {
+    int count = 0;
+    for (int b = 0; b < batch; ++b) count += out[b] = decode_plan_splits(tiles[b], chunk);
+    if (count <= budget) break;
+    chunk = decode_plan_next_chunk(chunk, count, budget);
+  }
+  return out;
+}
+
+// Every balanced plan fits the grid (at most B·S splits, so every split has a CTA), gives each sequence at least one
+// split (its split 0 writes o or the merge's table) and at most max(S, 32) (what the merge covers), and splits equal
+// lengths as the classic plan does: ceil(tiles / ceil(tiles / S)) non-empty splits where those hold 4 stages or more.
+// Random batches (Zipf, one long among short, uniform, equal, lengths past the capacity or negative), split counts,
+// new tokens, windows and stage sizes.
+TEST(DecodeSplits, BalancedPlanFitsItsBudget) {
+  const uint64_t seed = test::fresh_seed();
+  SCOPED_TRACE(test::seed_note(seed));
+  std::mt19937_64 rng(seed);
+  for (int run = 0; run < 20000; ++run) {
+    const int batch = std::uniform_int_distribution<int>(kDecodeBalanceMinBatch, kDecodeBalanceMaxBatch)(rng);
+    const int splits = std::uniform_int_distribution<int>(2, kDecodeMaxSplits)(rng);
+    const int64_t capacity = int64_t{1} << std::uniform_int_distribution<int>(4, 20)(rng);
+    const int num_new = std::uniform_int_distribution<int>(1, kDecodeMaxNewTokens)(rng);
+    const int window = run % 3 == 0 ? std::uniform_int_distribution<int>(1, 5000)(rng) : 0;
+    const int rows_log2 = run % 2 ? 4 : 5;
+    const int kind = run % 5;
+    std::vector<int> lengths(batch);
+    for (int b = 0; b < batch; ++b) {
+      const int cap = static_cast<int>(capacity);
+      lengths[b] = kind == 0   ? cap / (b + 1)
+                   : kind == 1 ? (b == 0 ? cap : std::uniform_int_distribution<int>(0, 40)(rng))
+                   : kind == 2 ? std::uniform_int_distribution<int>(-5, cap + 100)(rng)
+                               : cap;
+    }
+    const std::vector<int> plan = balanced_plan(lengths, capacity, splits, num_new, window, rows_log2);
+    int count = 0;
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_GE(plan[b], 1) << "run " << run << " b " << b;
+      ASSERT_LE(plan[b], decode_max_seq_splits(splits)) << "run " << run << " b " << b;
+      count += plan[b];
+    }
+    ASSERT_LE(count, batch * splits) << "run " << run << ": B " << batch << " S " << splits;
+    if (kind >= 3) {  // equal lengths
+      const int tiles = decode_num_tiles(decode_clamped_len(lengths[0], capacity), num_new, window, rows_log2);
+      const int per_split = (tiles + splits - 1) / splits;
+      if (tiles > 0 && per_split >= kDecodeWarps)
+        ASSERT_EQ(plan[0], (tiles + per_split - 1) / per_split) << "run " << run << ": tiles " << tiles << " S " << splits;
+    }
+  }
 }
 
 // Above 8 splits only powers of two (a split's tiles go round-robin to 4 warps), never more than the capacity holds.

@@ -55,6 +55,41 @@ constexpr int decode_max_seq_splits(int splits) {
   return splits > 32 ? (splits < kDecodeMaxSplits ? splits : kDecodeMaxSplits) : 32;
 }
 
+// ---- the balanced plan's arithmetic (kernel.cuh, decode_plan; host and device, so that the CPU tests check it) ----
+// A sequence's length as the kernel uses it: the device value clamped to [0, capacity].
+constexpr int decode_clamped_len(int raw, long long capacity) {
+  return raw < 0 ? 0 : (raw > capacity ? static_cast<int>(capacity) : raw);
+}
+// lo_i from lim_i: lim - window without wrapping (lim may be negative (S > L), window up to the capacity < 2^31).
+constexpr int decode_lo(int lim, int window) { return window > 0 && lim > window ? lim - window : 0; }
+// Stages of 2^rows_log2 tokens a sequence of length len reads: from its first attended key's stage to len (query
+// token i of num_new attends to keys [lo_i, lim_i), lim_i = len - num_new + 1 + i, lo_i = max(0, lim_i - window)).
+constexpr int decode_num_tiles(int len, int num_new, int window, int rows_log2) {
+  const int lo = decode_lo(len - num_new + 1, window);
+  const int tile_base = (lo >> rows_log2) << rows_log2;
+  return len > lo ? static_cast<int>((static_cast<long long>(len) - tile_base + (1 << rows_log2) - 1) >> rows_log2)
+                  : 0;
+}
+// The first stages-per-split of a plan over `total` stages (longest: the most of one sequence) and `budget` = B·S
+// splits: the stages over the budget, at least what keeps every sequence within max_seq_splits, at least one stage
+// per warp. 32-bit result: a stage count is below 2^27.
+constexpr int decode_plan_first_chunk(long long total, int longest, int budget, int max_seq_splits) {
+  int chunk = static_cast<int>((total + budget - 1) / budget);
+  const int by_cap = (longest + max_seq_splits - 1) / max_seq_splits;
+  chunk = chunk > by_cap ? chunk : by_cap;
+  return chunk > kDecodeWarps ? chunk : kDecodeWarps;
+}
+// A sequence's splits at `chunk` stages each: at least one (an empty sequence writes o = 0 and lse = -inf); tiles < 0
+// marks no sequence (0 splits).
+constexpr int decode_plan_splits(int tiles, int chunk) {
+  return tiles < 0 ? 0 : (tiles > chunk ? (tiles + chunk - 1) / chunk : 1);
+}
+// The next chunk when the splits' count exceeds the budget: scaled by count / budget, and at least one more.
+constexpr int decode_plan_next_chunk(int chunk, int count, int budget) {
+  const int scaled = static_cast<int>(static_cast<long long>(chunk) * count / budget);
+  return scaled > chunk ? scaled : chunk + 1;
+}
+
 inline constexpr int kDecodeSmemAlign = 1024;  // the 128-byte TMA swizzle repeats every 1024 bytes
 inline constexpr int kDecodeConstBytes = 16;   // shared constants: one uint4
 

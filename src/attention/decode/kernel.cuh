@@ -138,21 +138,6 @@ __device__ __forceinline__ void lds_words(const uint8_t* p, uint32_t (&w)[kBytes
 
 __device__ __forceinline__ float2 half2_to_float2(uint32_t u) { return __half22float2(as_half2(u)); }
 
-// A sequence's length as the kernel uses it: the device value clamped to [0, capacity].
-__device__ __forceinline__ int decode_clamped_len(int raw, int64_t capacity) {
-  return raw < 0 ? 0 : (raw > capacity ? static_cast<int>(capacity) : raw);
-}
-
-// lo_i from lim_i: lim - window without wrapping (lim may be negative (S > L), window up to the capacity < 2^31).
-__device__ __forceinline__ int decode_lo(int lim, int window) { return window > 0 && lim > window ? lim - window : 0; }
-// Stages of 2^rows_log2 tokens a sequence of length len reads: from its first attended key's stage to len (see the
-// kernel: query token i attends to keys [lo_i, lim_i), lim_i = len - S + 1 + i, lo_i = max(0, lim_i - window)).
-__device__ __forceinline__ int decode_num_tiles(int len, int num_new, int window, int rows_log2) {
-  const int lo = decode_lo(len - num_new + 1, window);
-  const int tile_base = (lo >> rows_log2) << rows_log2;
-  return len > lo ? static_cast<int>((int64_t{len} - tile_base + (1 << rows_log2) - 1) >> rows_log2) : 0;
-}
-
 // The split a CTA runs: sequence b, split `split` of `splits`, `slot` its workspace slot.
 struct DecodeSplit {
   int b, split, splits, slot, len;
@@ -200,13 +185,10 @@ __device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key) {
     const int m = __shfl_xor_sync(0xffffffffu, longest, o);
     longest = m > longest ? m : longest;
   }
-  // 32-bit from here: a stage count is below 2^27, B·S at most 512 · 128.
+  // config.h's plan arithmetic (shared with the CPU tests).
   const int budget = a.batch * a.num_splits;
-  int chunk = static_cast<int>((total + budget - 1) / budget);
-  const int by_cap = (longest + a.max_seq_splits - 1) / a.max_seq_splits;
-  chunk = chunk > by_cap ? chunk : by_cap;
-  chunk = chunk > kDecodeWarps ? chunk : kDecodeWarps;
-  auto splits = [&](int k) { return tiles[k] < 0 ? 0 : (tiles[k] > chunk ? (tiles[k] + chunk - 1) / chunk : 1); };
+  int chunk = decode_plan_first_chunk(total, longest, budget, a.max_seq_splits);
+  auto splits = [&](int k) { return decode_plan_splits(tiles[k], chunk); };
   int mine, count;
   for (;;) {  // at most a few rounds: the count falls towards B <= B·S as the chunk grows
     mine = 0;
@@ -216,8 +198,7 @@ __device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(0xffffffffu, count, o);
     if (count <= budget) break;
-    const int scaled = static_cast<int>(static_cast<long long>(chunk) * count / budget);
-    chunk = scaled > chunk ? scaled : chunk + 1;
+    chunk = decode_plan_next_chunk(chunk, count, budget);
   }
   int incl = mine;
 #pragma unroll
