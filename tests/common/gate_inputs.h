@@ -132,7 +132,20 @@ inline GateInputs make_inputs(int64_t T, int E, int64_t row_stride, bool with_bi
     }
   }
   if (with_bias)
-    for (int e = 0; e < E; ++e) b[e] = kind == Values::kCoarse ? 0.0f : 0.5f * normal(rng);
+    for (;;) {
+      for (int e = 0; e < E; ++e) b[e] = kind == Values::kCoarse ? 0.0f : 0.5f * normal(rng);
+      if (kind != Values::kFarNegative && kind != Values::kSteeredFarBelow) break;
+      // Far-negative and steered rows' keys are mostly their biases (the scores underflow or sit far below them):
+      // two biases closer than the checkers' tie margin (1e-6) make all those rows near-ties, and a test that skips
+      // near-ties compares too few (GateChecker.Fp32SelectionMatchesWhereTheMarginDecides failed so, 1 run in ~40:
+      // odd160, far-negative fp32 rows, biases 2.02503395 and 2.02503324 among the top six: 0 of 2000 rows
+      // compared). Drawn again until every two differ by 1e-5 or more.
+      std::vector<float> sorted(b);
+      std::sort(sorted.begin(), sorted.end());
+      bool apart = true;
+      for (int e = 1; e < E && apart; ++e) apart = sorted[e] - sorted[e - 1] >= 1e-5f;
+      if (apart) break;
+    }
   if (kind == Values::kSteeredFarBelow) {
     // The row's best logits (0) on experts of low bias, which the selection then passes over for experts far below
     // them. Even rows: one expert at 0 (the lowest bias), the others at -100 +- 8: their softmax scores are 0 in

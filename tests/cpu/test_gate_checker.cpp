@@ -108,8 +108,9 @@ TEST(GateChecker, Fp32SelectionMatchesWhereTheMarginDecides) {
           // The check above must not pass by comparing nothing, nor the GPU tests on these kinds. Smallest shares of
           // rows compared over 29 runs of this test (session 22): random 0.990, coarse 1.0, special 0.997, far
           // negative 0.667 (bf16: the rows near -25, whose scores move keys by less than 1e-6), steered 0.5 (the
-          // even rows without a bias, whose far experts differ by e^-100).
-          const int64_t floor_share[] = {90, 90, 0, 90, 60, 45};  // percent, by Values
+          // even rows without a bias, whose far experts differ by e^-100). Session 28, 60 more runs: far negative
+          // down to 0.503 (e500_g4, bf16, T 300), so its floor is 35 % (it was 60: 1 run in 60 failed).
+          const int64_t floor_share[] = {90, 90, 0, 90, 35, 45};  // percent, by Values
           EXPECT_GT(compared * 100, T * floor_share[static_cast<int>(kind)])
               << c.name << " " << dtype_name(dtype) << " values " << static_cast<int>(kind) << ": " << compared << " of "
               << T << " rows compared";
