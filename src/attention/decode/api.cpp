@@ -67,8 +67,9 @@ std::size_t decode_workspace_bytes_for(int64_t batch, int64_t num_new, int64_t n
                                        int num_splits, bool balanced) {
   if (num_splits <= 1) return 0;
   const int64_t rows = batch * num_new * num_q_heads * num_splits;
+  const int64_t table = batch * 2 * static_cast<int64_t>(sizeof(int32_t));  // (first slot, splits) per sequence
   const int64_t bytes = balanced && decode_balanced(batch, num_splits)
-                            ? decode_workspace_plan_offset(rows, head_dim) + batch * 2 * static_cast<int64_t>(sizeof(int32_t))
+                            ? decode_workspace_plan_offset(rows, head_dim) + table
                             : rows * (head_dim + 1) * static_cast<int64_t>(sizeof(float));
   return static_cast<std::size_t>((bytes + 255) / 256 * 256);
 }

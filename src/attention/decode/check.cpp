@@ -349,6 +349,12 @@ int resolve_num_splits(const DecodeShape& s, int requested) {
   return static_cast<int>(std::clamp<int64_t>(splits, 1, useful));
 }
 
+// Whether a call runs the balanced plan: asked for, and allowed for this batch and split count (config.h). The
+// workspace query, its check and the launch all take it from here.
+bool resolve_balanced(const DecodeParams& params, int64_t batch, int splits) {
+  return params.balance_splits && decode_balanced(batch, splits);
+}
+
 }  // namespace
 
 // For decode_workspace_bytes (to be declared in problem.h): the rules on q, the cache and the params, then the size
@@ -359,7 +365,7 @@ std::size_t check_decode_workspace(const char* op, const TensorView& q, const KV
   const DecodeShape s = check_query_cache_params(check, q, cache, params);
   const int splits = resolve_num_splits(s, params.num_splits);
   return decode_workspace_bytes_for(s.batch, s.num_new, s.num_q_heads, s.head_dim, splits,
-                                    params.balance_splits && decode_balanced(s.batch, splits));
+                                    resolve_balanced(params, s.batch, splits));
 }
 
 DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache& cache, const TensorView& seqlens_in,
@@ -407,11 +413,11 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   // ---- workspace: sized by the resolved split count; written, so apart from everything else too
   TensorView ws_view;
   const auto check_workspace = [&](int splits) {
-    const std::size_t needed =
-        decode_workspace_bytes_for(B, S, HQ, D, splits, params.balance_splits && decode_balanced(B, splits));
+    const bool balanced = resolve_balanced(params, B, splits);
+    const std::size_t needed = decode_workspace_bytes_for(B, S, HQ, D, splits, balanced);
     if (workspace.bytes < needed)
       check.fail("workspace", "must have at least " + std::to_string(needed) + " bytes for " + str(splits) +
-                                  (params.balance_splits && decode_balanced(B, splits) ? " balanced" : "") +
+                                  (balanced ? " balanced" : "") +
                                   " splits (decode_workspace_bytes), got " + std::to_string(workspace.bytes));
     if (needed == 0) return needed;
     if (reinterpret_cast<std::uintptr_t>(workspace.data) % kVectorBytes != 0)
@@ -466,7 +472,7 @@ DecodeProblem check_decode(const char* op, const TensorView& q_in, const KVCache
   p.softcap = params.softcap;
   p.window = params.window;
   p.num_splits = splits;
-  p.balanced = params.balance_splits && decode_balanced(B, splits);
+  p.balanced = resolve_balanced(params, B, splits);
   p.workspace = ws_needed > 0 ? workspace.data : nullptr;
   p.workspace_bytes = ws_needed;  // what the launch uses (the caller may have given more)
   return p;

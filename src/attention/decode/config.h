@@ -40,8 +40,8 @@ constexpr bool decode_launch_programmatic(long long grid, int num_sms) { return 
 // per-sequence count: the grid's B·S splits (per KV head and head tile) go to the sequences by their device lengths.
 // Every decode CTA reads all B lengths and computes the same plan (kernel.cuh, decode_plan; each sequence's split 0
 // leaves (first slot, splits) in the workspace for the merge): equal lengths are split as without it (ceil(stages /
-// S) stages a split; at least 4); a skewed batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its longest sequence on
-// 2 CTAs of 4096 tokens each). Not balanced: one sequence; more than kDecodeBalanceMaxBatch (every CTA would read
+// S) stages a split; at least 4); a skewed batch gives its long sequences more (a Zipf batch of 64 at S = 2 ran its
+// longest sequence on 2 CTAs of 4096 tokens each). Not balanced: one sequence; more than kDecodeBalanceMaxBatch (every CTA would read
 // all lengths); one split (no workspace and no merge kernel to spend). Off by default: on equal lengths the plan
 // and the merge's table cost 2-14 % (v18d).
 inline constexpr int kDecodeBalanceMinBatch = 2;

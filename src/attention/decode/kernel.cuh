@@ -59,7 +59,7 @@ struct DecodeArgs {
   int head_tiles = 0;  // decode_head_tiles(rows)
   int batch = 0;       // B
   int num_splits = 1;  // per sequence (classic), or the budget per sequence of a balanced plan (config.h)
-  bool balanced = false;  // decode_balanced(B, num_splits): the splits follow the device lengths
+  bool balanced = false;  // DecodeProblem::balanced: the splits follow the device lengths (the kBalanced kernel)
   int max_seq_splits = 1;  // balanced: decode_max_seq_splits(num_splits)
   bool programmatic = false;  // launched as a programmatic dependent (config.h: decode_launch_programmatic)
   float qk_scale = 0;  // softmax_scale (× the fp8 key scale is applied per head in the kernel)
@@ -148,7 +148,8 @@ struct DecodeSplit {
 // issued at once and their stage counts held in registers (with a branch per sequence the loads went one round trip
 // after another, v18b). Stages per split: chunk = max(ceil(W / (B·S)), ceil(longest / max_seq_splits), 4) for the
 // batch's W stages, raised until the splits, max(1, ceil(tiles_b / chunk)) per sequence, number at most B·S (equal
-// lengths: S each at once; the ceilings of a skewed batch may need one or two more rounds). Split slots are numbered
+// lengths fit at once, as many non-empty splits as the classic plan's; the ceilings of a skewed batch may need one or
+// two more rounds; config.h holds the arithmetic, which the CPU tests check). Split slots are numbered
 // in order of b. key is a slot: returns (b, split, splits, 1), or w = 0 for a slot past the plan. Every warp returns
 // the same. Out of line, so that its registers do not add to the main loop's.
 inline constexpr int kDecodePlanPerLane = (kDecodeBalanceMaxBatch + 31) / 32;
@@ -223,7 +224,6 @@ __device__ __noinline__ int4 decode_plan(const DecodePlanArgs a, int key) {
 __device__ __forceinline__ int4 decode_plan_lookup(const DecodePlanArgs& pa, int slot) {
   return pa.batch <= 32 ? decode_plan<1>(pa, slot) : decode_plan<kDecodePlanPerLane>(pa, slot);
 }
-
 
 // kBalanced: a.balanced, a separate instantiation so that the plan's code and registers stay out of the classic
 // kernel (with one kernel for both, ptxas spilled up to ~110 more bytes in several instantiations).
